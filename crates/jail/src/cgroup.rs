@@ -1,0 +1,262 @@
+//! Per-sandbox cgroups on cgroup v1 (one hierarchy per controller) or v2
+//! (unified). Each sandbox gets `forkbox/<name>` with a memory limit, a pids
+//! limit and the default CPU share; every process of the sandbox joins it,
+//! which is also how destroy finds and kills all of them.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::error::{Error, Result};
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+/// The v1 controllers we use; each is its own hierarchy.
+const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "freezer"];
+const PARENT: &str = "forkbox";
+
+/// Resource limits of one sandbox.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    pub pids: u64,
+    /// Relative CPU weight, 1..=10000 (100 = an ordinary process group).
+    pub cpu_weight: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+/// The host's cgroup hierarchy.
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    version: Version,
+    root: PathBuf,
+}
+
+/// One sandbox's cgroup (a directory per hierarchy on v1, one on v2).
+#[derive(Debug, Clone)]
+pub struct Cgroup {
+    version: Version,
+    dirs: Vec<PathBuf>,
+}
+
+impl Cgroups {
+    pub fn detect() -> Result<Cgroups> {
+        Self::at(Path::new(CGROUP_ROOT))
+    }
+
+    fn at(root: &Path) -> Result<Cgroups> {
+        let st = nix::sys::statfs::statfs(root).map_err(|e| Error::sys("statfs cgroup root", e))?;
+        let version = if st.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC { Version::V2 } else { Version::V1 };
+        let cg = Cgroups { version, root: root.to_path_buf() };
+        cg.prepare_parent()?;
+        Ok(cg)
+    }
+
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    fn parents(&self) -> Vec<PathBuf> {
+        match self.version {
+            Version::V2 => vec![self.root.join(PARENT)],
+            Version::V1 => V1_CONTROLLERS.iter().map(|c| self.root.join(c).join(PARENT)).collect(),
+        }
+    }
+
+    fn prepare_parent(&self) -> Result<()> {
+        if self.version == Version::V1 {
+            for c in V1_CONTROLLERS {
+                if !self.root.join(c).join("cgroup.procs").exists() {
+                    return Err(Error::Unsupported(format!("cgroup v1 controller `{c}` is not mounted at {}", self.root.display())));
+                }
+            }
+        }
+        for dir in self.parents() {
+            fs::create_dir_all(&dir).map_err(|e| Error::io("create cgroup parent", e))?;
+        }
+        if self.version == Version::V2 {
+            // Controllers must be enabled on every level above a leaf.
+            for dir in [self.root.clone(), self.root.join(PARENT)] {
+                write(&dir.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Create `forkbox/<name>` with `limits`.
+    pub fn create(&self, name: &str, limits: &Limits) -> Result<Cgroup> {
+        let cg = Cgroup { version: self.version, dirs: self.parents().into_iter().map(|p| p.join(name)).collect() };
+        for dir in &cg.dirs {
+            match fs::create_dir(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io("create cgroup", e)),
+            }
+        }
+        cg.apply(limits)?;
+        Ok(cg)
+    }
+
+    /// Names of the sandbox cgroups that exist now (e.g. left by a crash).
+    pub fn existing(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .parents()
+            .iter()
+            .filter_map(|p| fs::read_dir(p).ok())
+            .flat_map(|rd| rd.filter_map(|e| e.ok()))
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// The cgroup of an existing sandbox (without creating it).
+    pub fn open(&self, name: &str) -> Cgroup {
+        Cgroup { version: self.version, dirs: self.parents().into_iter().map(|p| p.join(name)).collect() }
+    }
+}
+
+impl Cgroup {
+    fn dir(&self, controller: &str) -> &Path {
+        match self.version {
+            Version::V2 => &self.dirs[0],
+            Version::V1 => {
+                let i = V1_CONTROLLERS.iter().position(|c| *c == controller).unwrap_or(0);
+                &self.dirs[i]
+            }
+        }
+    }
+
+    fn apply(&self, l: &Limits) -> Result<()> {
+        match self.version {
+            Version::V1 => {
+                write(&self.dir("memory").join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?;
+                // Without swap accounting this file does not exist; with it, no swap.
+                let memsw = self.dir("memory").join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    write(&memsw, &l.memory_bytes.to_string())?;
+                }
+                write(&self.dir("pids").join("pids.max"), &l.pids.to_string())?;
+                // v1 shares: 1024 is the default weight of a group.
+                write(&self.dir("cpu").join("cpu.shares"), &(l.cpu_weight * 1024 / 100).max(2).to_string())?;
+            }
+            Version::V2 => {
+                let d = &self.dirs[0];
+                write(&d.join("memory.max"), &l.memory_bytes.to_string())?;
+                let swap = d.join("memory.swap.max");
+                if swap.exists() {
+                    write(&swap, "0")?;
+                }
+                // Kill only the biggest process on OOM, never the whole group.
+                write(&d.join("memory.oom.group"), "0")?;
+                write(&d.join("pids.max"), &l.pids.to_string())?;
+                write(&d.join("cpu.weight"), &l.cpu_weight.clamp(1, 10000).to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The `cgroup.procs` files a process writes its pid to, to join.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    /// Host pids of every process in the cgroup.
+    pub fn pids(&self) -> Vec<i32> {
+        let file = self.dir("pids").join("cgroup.procs");
+        fs::read_to_string(file).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
+    }
+
+    /// How many processes the kernel's OOM killer has killed in this cgroup.
+    pub fn oom_kills(&self) -> u64 {
+        let (file, key) = match self.version {
+            Version::V1 => (self.dir("memory").join("memory.oom_control"), "oom_kill"),
+            Version::V2 => (self.dirs[0].join("memory.events"), "oom_kill"),
+        };
+        fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+
+    /// Memory in use now, in bytes.
+    pub fn memory_usage(&self) -> u64 {
+        let file = match self.version {
+            Version::V1 => self.dir("memory").join("memory.usage_in_bytes"),
+            Version::V2 => self.dirs[0].join("memory.current"),
+        };
+        fs::read_to_string(file).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    }
+
+    /// SIGKILL every process in the cgroup and wait until it is empty.
+    /// Processes forking meanwhile cannot escape: v2 kills atomically, v1
+    /// freezes the group first.
+    pub fn kill_all(&self, deadline: Duration) -> Result<()> {
+        let start = Instant::now();
+        if self.version == Version::V2 && self.dirs[0].join("cgroup.kill").exists() {
+            write(&self.dirs[0].join("cgroup.kill"), "1")?;
+        } else if self.version == Version::V1 {
+            let freezer = self.dir("freezer").join("freezer.state");
+            let _ = write(&freezer, "FROZEN");
+            loop {
+                let pids = self.pids();
+                for pid in &pids {
+                    let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+                }
+                if pids.is_empty() || start.elapsed() > deadline {
+                    break;
+                }
+                let _ = write(&freezer, "THAWED");
+                std::thread::sleep(Duration::from_millis(2));
+                let _ = write(&freezer, "FROZEN");
+            }
+            let _ = write(&freezer, "THAWED");
+        }
+        while !self.pids().is_empty() {
+            if start.elapsed() > deadline {
+                return Err(Error::Invalid("processes survived SIGKILL in a sandbox cgroup".into()));
+            }
+            for pid in self.pids() {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
+
+    /// Remove the (empty) cgroup directories.
+    pub fn remove(&self) -> Result<()> {
+        for dir in &self.dirs {
+            // rmdir can race with the last exiting process: retry briefly.
+            let mut tries = 0;
+            loop {
+                match fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(e) if tries < 200 => {
+                        tries += 1;
+                        let _ = e;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(e) => return Err(Error::io("remove cgroup", e)),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn write(path: &Path, value: &str) -> Result<()> {
+    fs::write(path, value).map_err(|e| Error::Io { what: "write cgroup file", source: std::io::Error::new(e.kind(), format!("{}: {e}", path.display())) })
+}

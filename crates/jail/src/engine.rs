@@ -1,0 +1,474 @@
+//! The engine's public face: `Jail` creates and destroys sandboxes, each
+//! backed by a family shim (one family per sandbox until fork arrives), a
+//! cgroup and a subvolume on the copy-on-write volume.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{oneshot, Mutex};
+
+use crate::cgroup::{Cgroup, Cgroups, Limits};
+use crate::channel;
+use crate::error::{Error, Result};
+use crate::ids::IdAllocator;
+use crate::shim::messages::*;
+use crate::volume::Volume;
+
+/// Settings of the engine.
+#[derive(Debug, Clone)]
+pub struct JailConfig {
+    pub state_dir: PathBuf,
+    /// The binary that runs `__shim` (normally the server's own executable).
+    pub shim_exe: PathBuf,
+    /// Size of a new sparse volume image, in GiB.
+    pub volume_gib: u64,
+}
+
+/// What a new sandbox is made of.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub id: String,
+    pub template_rootfs: PathBuf,
+    pub limits: Limits,
+}
+
+pub struct Jail {
+    config: JailConfig,
+    volume: Volume,
+    cgroups: Cgroups,
+    ids: StdMutex<IdAllocator>,
+}
+
+/// The server's end of a running REPL process.
+pub struct ReplProcess {
+    pub control: tokio::net::UnixStream,
+    pub stdout: tokio::net::unix::pipe::Receiver,
+    pub stderr: tokio::net::unix::pipe::Receiver,
+    pub pidfd: OwnedFd,
+    pub host_pid: i32,
+    /// Resolves with the REPL's exit status when it dies.
+    pub exited: oneshot::Receiver<ExitStatus>,
+}
+
+/// A command running in a sandbox (bash).
+pub struct CommandProcess {
+    pub stdout: tokio::net::unix::pipe::Receiver,
+    pub stderr: tokio::net::unix::pipe::Receiver,
+    pub exited: oneshot::Receiver<ExitStatus>,
+}
+
+/// One sandbox as the engine sees it.
+pub struct Sandbox {
+    pub id: String,
+    shim: Arc<ShimHandle>,
+    cgroup: Cgroup,
+    subvolume: PathBuf,
+    volume: Volume,
+    next_command: std::sync::atomic::AtomicU64,
+}
+
+const SANDBOXES_DIR: &str = "sandboxes";
+const DESTROY_DEADLINE: Duration = Duration::from_secs(10);
+
+impl Jail {
+    /// Open the engine: mount the volume, prepare cgroups, and clean up
+    /// whatever a crashed predecessor left behind.
+    pub fn open(config: JailConfig) -> Result<Jail> {
+        crate::tools::require_tool("mount", "mount")?;
+        std::fs::create_dir_all(&config.state_dir).map_err(|e| Error::io("create state dir", e))?;
+        let volume = Volume::open(&config.state_dir, config.volume_gib)?;
+        let cgroups = Cgroups::detect()?;
+        let jail = Jail { config, volume, cgroups, ids: StdMutex::new(IdAllocator::new()) };
+        jail.clean_stale()?;
+        Ok(jail)
+    }
+
+    pub fn volume_root(&self) -> &Path {
+        self.volume.root()
+    }
+
+    pub fn cgroup_version(&self) -> crate::cgroup::Version {
+        self.cgroups.version()
+    }
+
+    /// Kill leftover sandbox processes, remove their cgroups, subvolumes and
+    /// run directories. Called at start, before anything is created.
+    pub fn clean_stale(&self) -> Result<()> {
+        for name in self.cgroups.existing() {
+            let cg = self.cgroups.open(&name);
+            cg.kill_all(DESTROY_DEADLINE)?;
+            cg.remove()?;
+            tracing::info!(sandbox = %name, "removed a stale sandbox cgroup");
+        }
+        let run = self.config.state_dir.join("run");
+        let _ = std::fs::remove_dir_all(&run);
+        let dir = self.volume.root().join(SANDBOXES_DIR);
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            for e in entries.flatten() {
+                let path = e.path();
+                if let Err(err) = self.volume.delete_subvolume(&path) {
+                    tracing::warn!(path = %path.display(), %err, "could not delete a stale sandbox volume");
+                }
+            }
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("create sandboxes dir", e))?;
+        Ok(())
+    }
+
+    /// Create a sandbox: subvolume, cgroup, family shim, member.
+    pub async fn create(&self, spec: SandboxSpec) -> Result<Sandbox> {
+        let subvolume = self.volume.root().join(SANDBOXES_DIR).join(&spec.id);
+        self.volume.create_subvolume(&subvolume)?;
+        for d in ["upper", "work"] {
+            std::fs::create_dir(subvolume.join(d)).map_err(|e| Error::io("create layer dir", e))?;
+        }
+        let cgroup = match self.cgroups.create(&spec.id, &spec.limits) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = self.volume.delete_subvolume(&subvolume);
+                return Err(e);
+            }
+        };
+        let made = self.create_member(&spec, &cgroup, &subvolume).await;
+        match made {
+            Ok(shim) => Ok(Sandbox {
+                id: spec.id,
+                shim,
+                cgroup,
+                subvolume,
+                volume: self.volume.clone(),
+                next_command: std::sync::atomic::AtomicU64::new(1),
+            }),
+            Err(e) => {
+                let _ = cgroup.kill_all(DESTROY_DEADLINE);
+                let _ = cgroup.remove();
+                let _ = self.volume.delete_subvolume(&subvolume);
+                Err(e)
+            }
+        }
+    }
+
+    async fn create_member(&self, spec: &SandboxSpec, cgroup: &Cgroup, subvolume: &Path) -> Result<Arc<ShimHandle>> {
+        let range = self.ids.lock().map_err(|_| Error::Shim("id allocator poisoned".into()))?.allocate()?;
+        let config = ShimConfig {
+            family: spec.id.clone(),
+            id_base: range.base,
+            id_count: range.count,
+            template_rootfs: spec.template_rootfs.clone(),
+            run_dir: self.config.state_dir.join("run").join(&spec.id),
+        };
+        let shim = match ShimHandle::start(&self.config.shim_exe, &config, range).await {
+            Ok(s) => s,
+            Err(e) => {
+                self.ids.lock().map_err(|_| Error::Shim("id allocator poisoned".into()))?.release(range);
+                return Err(e);
+            }
+        };
+        let req = Request::CreateMember {
+            member: spec.id.clone(),
+            hostname: spec.id.clone(),
+            upper: subvolume.join("upper"),
+            work: subvolume.join("work"),
+            cgroup_procs: cgroup.procs_files(),
+        };
+        if let Err(e) = shim.call(req, &[]).await {
+            shim.shutdown().await;
+            self.ids.lock().map_err(|_| Error::Shim("id allocator poisoned".into()))?.release(range);
+            return Err(e);
+        }
+        Ok(shim)
+    }
+
+    /// Destroy a sandbox and free everything it used.
+    pub async fn destroy(&self, sandbox: &Sandbox) -> Result<()> {
+        let cgroup = sandbox.cgroup.clone();
+        tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE))
+            .await
+            .map_err(|e| Error::Shim(format!("join: {e}")))??;
+        let _ = sandbox
+            .shim
+            .call(Request::DestroyMember { member: sandbox.id.clone(), cgroup_procs: vec![] }, &[])
+            .await;
+        sandbox.shim.shutdown().await;
+        if let Ok(mut ids) = self.ids.lock() {
+            ids.release(sandbox.shim.range);
+        }
+        sandbox.cgroup.remove()?;
+        // The member's mount namespace is released asynchronously after its
+        // last process exits; retry while the subvolume is still busy.
+        let mut tries = 0;
+        loop {
+            match sandbox.volume.delete_subvolume(&sandbox.subvolume) {
+                Ok(()) => break,
+                Err(Error::Sys { source: nix::errno::Errno::EBUSY, .. }) if tries < 500 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Unmount the volume (at server shutdown, after every sandbox is gone).
+    pub fn close(&self) -> Result<()> {
+        self.volume.close()
+    }
+}
+
+impl Sandbox {
+    pub fn cgroup(&self) -> &Cgroup {
+        &self.cgroup
+    }
+
+    /// Start the sandbox's REPL: `argv`/`env` run in the sandbox with the
+    /// fd layout of docs/repl-protocol.md; `source` is offered on fd 4.
+    pub async fn start_repl(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, source: &[u8]) -> Result<ReplProcess> {
+        let (stdout_r, stdout_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
+        let (stderr_r, stderr_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(|e| Error::io("socketpair", e))?;
+        let memfd = source_memfd(source)?;
+        let theirs_fd = OwnedFd::from(theirs);
+        let fds = [stdout_w.as_raw_fd(), stderr_w.as_raw_fd(), theirs_fd.as_raw_fd(), memfd.as_raw_fd()];
+        let (exited_tx, exited_rx) = oneshot::channel();
+        self.shim.repl_exits.lock().await.insert(self.id.clone(), exited_tx);
+        let req = Request::SpawnRepl { member: self.id.clone(), cgroup_procs: self.cgroup.procs_files(), argv, env, cwd: cwd.to_string() };
+        let (reply, mut reply_fds) = self.shim.call(req, &fds).await?;
+        drop((stdout_w, stderr_w, theirs_fd, memfd));
+        let host_pid = match reply {
+            Reply::ReplSpawned { host_pid } => host_pid,
+            other => return Err(Error::Shim(format!("unexpected reply {other:?}"))),
+        };
+        let pidfd = reply_fds.pop().ok_or_else(|| Error::Shim("no pidfd for the REPL".into()))?;
+        ours.set_nonblocking(true).map_err(|e| Error::io("nonblocking", e))?;
+        Ok(ReplProcess {
+            control: tokio::net::UnixStream::from_std(ours).map_err(|e| Error::io("register control socket", e))?,
+            stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(|e| Error::io("register pipe", e))?,
+            stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(|e| Error::io("register pipe", e))?,
+            pidfd,
+            host_pid,
+            exited: exited_rx,
+        })
+    }
+
+    /// Run `argv` in the sandbox through its init (for bash calls).
+    pub async fn spawn_command(&self, argv: Vec<String>, env: Vec<String>, cwd: &str) -> Result<CommandProcess> {
+        let id = self.next_command.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (stdout_r, stdout_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
+        let (stderr_r, stderr_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
+        let null = OwnedFd::from(std::fs::File::open("/dev/null").map_err(|e| Error::io("open /dev/null", e))?);
+        let (tx, rx) = oneshot::channel();
+        self.shim.commands.lock().await.insert((self.id.clone(), id), tx);
+        let req = Request::SpawnCommand { member: self.id.clone(), id, argv, env, cwd: cwd.to_string() };
+        let sent = self.shim.call(req, &[null.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()]).await;
+        drop((stdout_w, stderr_w, null));
+        if let Err(e) = sent {
+            self.shim.commands.lock().await.remove(&(self.id.clone(), id));
+            return Err(e);
+        }
+        Ok(CommandProcess {
+            stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(|e| Error::io("register pipe", e))?,
+            stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(|e| Error::io("register pipe", e))?,
+            exited: rx,
+        })
+    }
+
+    /// Whether the member's init (and so the sandbox's namespaces) is alive.
+    pub fn init_alive(&self) -> bool {
+        !self.shim.init_dead.load(std::sync::atomic::Ordering::Relaxed) && self.shim.alive()
+    }
+}
+
+fn source_memfd(source: &[u8]) -> Result<OwnedFd> {
+    use std::io::{Seek, Write};
+    let fd = nix::sys::memfd::memfd_create(c"forkbox-repl", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+        .map_err(|e| Error::sys("memfd_create", e))?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(source).map_err(|e| Error::io("write REPL source", e))?;
+    file.rewind().map_err(|e| Error::io("rewind REPL source", e))?;
+    Ok(OwnedFd::from(file))
+}
+
+type Pending = HashMap<u64, oneshot::Sender<(Reply, Vec<OwnedFd>)>>;
+
+/// The server's connection to one family's shim.
+pub(crate) struct ShimHandle {
+    sock: AsyncFd<OwnedFd>,
+    child: StdMutex<Option<std::process::Child>>,
+    send_lock: Mutex<()>,
+    next_req: std::sync::atomic::AtomicU64,
+    pending: Mutex<Pending>,
+    repl_exits: Mutex<HashMap<String, oneshot::Sender<ExitStatus>>>,
+    commands: Mutex<HashMap<(String, u64), oneshot::Sender<ExitStatus>>>,
+    init_dead: std::sync::atomic::AtomicBool,
+    closed: std::sync::atomic::AtomicBool,
+    range: crate::ids::IdRange,
+}
+
+impl ShimHandle {
+    async fn start(exe: &Path, config: &ShimConfig, range: crate::ids::IdRange) -> Result<Arc<ShimHandle>> {
+        use std::os::unix::process::CommandExt;
+        let (ours, theirs) = channel::pair()?;
+        let theirs_raw = theirs.as_raw_fd();
+        let json = serde_json::to_string(config).map_err(|e| Error::Shim(e.to_string()))?;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("__shim").arg(json).stdin(std::process::Stdio::null());
+        // SAFETY: only async-signal-safe calls (dup2/fcntl) in the child.
+        unsafe {
+            cmd.pre_exec(move || {
+                crate::sys::dup_to(theirs_raw, crate::shim::SHIM_SOCKET_FD).map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| Error::io("start sandbox supervisor", e))?;
+        drop(theirs);
+        nix::fcntl::fcntl(&ours, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).map_err(|e| Error::sys("nonblocking", e))?;
+        // SAFETY: the AsyncFd owns `ours`, so the descriptor stays open and
+        // the same for the AsyncFd's whole life.
+        let sock = unsafe { AsyncFd::register(ours) }.map_err(|e| Error::io("register shim socket", e.into_parts().1))?;
+        let handle = Arc::new(ShimHandle {
+            sock,
+            child: StdMutex::new(Some(child)),
+            send_lock: Mutex::new(()),
+            next_req: std::sync::atomic::AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            repl_exits: Mutex::new(HashMap::new()),
+            commands: Mutex::new(HashMap::new()),
+            init_dead: std::sync::atomic::AtomicBool::new(false),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            range,
+        });
+        // The first message says whether the family came up.
+        let first = tokio::time::timeout(Duration::from_secs(30), handle.recv()).await;
+        match first {
+            Ok(Ok(Some((ShimMessage::Ready, _)))) => {}
+            Ok(Ok(Some((ShimMessage::Reply { reply: Reply::Failed { error }, .. }, _)))) => {
+                handle.shutdown().await;
+                return Err(Error::Shim(error));
+            }
+            Ok(Ok(other)) => {
+                handle.shutdown().await;
+                return Err(Error::Shim(format!("supervisor did not start: {:?}", other.map(|m| m.0))));
+            }
+            Ok(Err(e)) => {
+                handle.shutdown().await;
+                return Err(e);
+            }
+            Err(_) => {
+                handle.shutdown().await;
+                return Err(Error::Shim("supervisor did not start within 30 s".into()));
+            }
+        }
+        tokio::spawn(Arc::clone(&handle).read_loop());
+        Ok(handle)
+    }
+
+    fn alive(&self) -> bool {
+        !self.closed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    async fn recv(&self) -> Result<Option<(ShimMessage, Vec<OwnedFd>)>> {
+        loop {
+            let mut guard = self.sock.readable().await.map_err(|e| Error::io("wait for shim", e))?;
+            match channel::recv::<ShimMessage>(self.sock.get_ref().as_fd()) {
+                Ok(Some(r)) => return Ok(Some((r.msg, r.fds))),
+                Ok(None) => return Ok(None),
+                Err(Error::Sys { source: nix::errno::Errno::EAGAIN, .. }) => guard.clear_ready(),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn read_loop(self: Arc<Self>) {
+        loop {
+            match self.recv().await {
+                Ok(Some((ShimMessage::Reply { req, reply }, fds))) => {
+                    if let Some(tx) = self.pending.lock().await.remove(&req) {
+                        let _ = tx.send((reply, fds));
+                    }
+                }
+                Ok(Some((ShimMessage::Event(ev), _))) => self.on_event(ev).await,
+                Ok(Some((ShimMessage::Ready, _))) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Fail everything still waiting on this shim.
+        self.pending.lock().await.clear();
+        self.repl_exits.lock().await.clear();
+        self.commands.lock().await.clear();
+    }
+
+    async fn on_event(&self, ev: ShimEvent) {
+        match ev {
+            ShimEvent::ReplExited { member, status, .. } => {
+                if let Some(tx) = self.repl_exits.lock().await.remove(&member) {
+                    let _ = tx.send(status);
+                }
+            }
+            ShimEvent::CommandExited { member, id, status } => {
+                if let Some(tx) = self.commands.lock().await.remove(&(member, id)) {
+                    let _ = tx.send(status);
+                }
+            }
+            ShimEvent::InitExited { .. } => {
+                self.init_dead.store(true, std::sync::atomic::Ordering::Relaxed);
+                self.commands.lock().await.clear();
+            }
+        }
+    }
+
+    async fn call(&self, request: Request, fds: &[i32]) -> Result<(Reply, Vec<OwnedFd>)> {
+        if !self.alive() {
+            return Err(Error::Shim("sandbox supervisor is gone".into()));
+        }
+        let req = self.next_req.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().await.insert(req, tx);
+        {
+            let _g = self.send_lock.lock().await;
+            let env = Envelope { req, request };
+            loop {
+                let mut guard = self.sock.writable().await.map_err(|e| Error::io("wait for shim", e))?;
+                match channel::send(self.sock.get_ref().as_fd(), &env, fds) {
+                    Ok(()) => break,
+                    Err(Error::Sys { source: nix::errno::Errno::EAGAIN, .. }) => guard.clear_ready(),
+                    Err(e) => {
+                        self.pending.lock().await.remove(&req);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let (reply, fds) = rx.await.map_err(|_| Error::Shim("sandbox supervisor is gone".into()))?;
+        match reply {
+            Reply::Failed { error } => Err(Error::Shim(error)),
+            r => Ok((r, fds)),
+        }
+    }
+
+    /// Stop the shim: closing our socket tells it to exit; its reaper dies
+    /// with it and takes the family's processes along.
+    async fn shutdown(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = nix::sys::socket::shutdown(self.sock.get_ref().as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        let child = self.child.lock().ok().and_then(|mut c| c.take());
+        if let Some(mut child) = child {
+            let _ = tokio::task::spawn_blocking(move || {
+                for _ in 0..500 {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            })
+            .await;
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! The `jail` engine: sandboxes made of Linux namespaces, cgroups, seccomp and
+//! an overlay root on a copy-on-write volume (DESIGN.md §3.1).
+//!
+//! Layout: `engine` is the API the server uses; `shim` is the per-family
+//! supervisor process (and the member init it forks); `channel` carries typed
+//! messages between them; `cgroup`, `volume`, `ids` and `policy` are the
+//! resources and rules each sandbox gets; `sys` wraps raw syscalls.
+
+pub mod cgroup;
+pub mod channel;
+pub mod engine;
+pub mod error;
+pub mod ids;
+pub mod policy;
+pub mod shim;
+pub mod sys;
+pub mod tools;
+pub mod volume;
+
+pub use cgroup::Limits;
+pub use engine::{CommandProcess, Jail, JailConfig, ReplProcess, Sandbox, SandboxSpec};
+pub use error::{Error, Result};
+pub use shim::messages::ExitStatus;

@@ -1,0 +1,61 @@
+//! The last steps before a sandbox process runs user code: capabilities cut
+//! to the container-default set, no_new_privs, the seccomp filter, a clean
+//! signal state, then execve. Runs in a freshly forked child.
+
+use std::ffi::CString;
+
+use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal};
+
+use crate::policy::SeccompPolicy;
+use crate::sys;
+
+/// What a confined process may keep.
+pub struct Confinement {
+    pub seccomp: SeccompPolicy,
+    pub capabilities: Vec<caps::Capability>,
+}
+
+impl Confinement {
+    pub fn load() -> Result<Confinement, crate::policy::PolicyError> {
+        Ok(Confinement { seccomp: crate::policy::seccomp()?, capabilities: crate::policy::capabilities()? })
+    }
+
+    /// Drop privileges and exec `argv` with `env`. Only returns on failure.
+    pub fn exec(&self, argv: &[String], env: &[String]) -> String {
+        match self.exec_inner(argv, env) {
+            Ok(never) => match never {},
+            Err(e) => e,
+        }
+    }
+
+    fn exec_inner(&self, argv: &[String], env: &[String]) -> Result<std::convert::Infallible, String> {
+        reset_signals();
+        let argv_c: Vec<CString> = argv.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().map_err(|_| "NUL in argv")?;
+        let env_c: Vec<CString> = env.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().map_err(|_| "NUL in env")?;
+        let program = argv_c.first().ok_or("empty argv")?.clone();
+        for cap in caps::all() {
+            if !self.capabilities.contains(&cap) {
+                caps::drop(None, caps::CapSet::Bounding, cap).map_err(|e| format!("drop {cap}: {e}"))?;
+            }
+        }
+        caps::clear(None, caps::CapSet::Inheritable).map_err(|e| format!("clear inheritable: {e}"))?;
+        caps::clear(None, caps::CapSet::Ambient).map_err(|e| format!("clear ambient: {e}"))?;
+        sys::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
+        crate::policy::install(&self.seccomp).map_err(|e| format!("seccomp: {e}"))?;
+        let err = nix::unistd::execvpe(&program, &argv_c, &env_c).unwrap_err();
+        Err(format!("exec {}: {err}", argv[0]))
+    }
+}
+
+/// Default dispositions and an empty mask: both survive execve otherwise
+/// (Rust ignores SIGPIPE, init blocks SIGCHLD).
+pub fn reset_signals() {
+    let dfl = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    for sig in Signal::iterator() {
+        if sig != Signal::SIGKILL && sig != Signal::SIGSTOP {
+            // SAFETY: installing SIG_DFL is always sound.
+            let _ = unsafe { sigaction(sig, &dfl) };
+        }
+    }
+    let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+}

@@ -1,0 +1,197 @@
+//! A member's init: PID 1 of the member's leaf pid namespace. It finishes the
+//! sandbox's root (proc, dev, pivot_root), then runs commands for the shim
+//! (bash, later PTYs) and reaps every process of the member.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::symlink;
+use std::path::Path;
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::SignalFd;
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{chdir, pivot_root, sethostname, Pid};
+
+use super::confine::Confinement;
+use super::messages::{ExitStatus, InitMessage, InitRequest};
+use crate::channel;
+use crate::sys::{self, Forked};
+
+/// Device nodes bound from the host (they are namespace-safe).
+const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+/// Host kernel interfaces hidden inside, as container runtimes do.
+const MASKED_FILES: [&str; 5] = ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sysrq-trigger", "/proc/latency_stats"];
+const MASKED_DIRS: [&str; 4] = ["/proc/acpi", "/proc/scsi", "/sys/firmware", "/proc/driver"];
+
+pub fn run(sock: OwnedFd, root: &Path, hostname: &str) -> ! {
+    let result = setup(root, hostname);
+    if let Err(e) = result {
+        let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: e }, &[]);
+        std::process::exit(1);
+    }
+    // Keep only the socket to the shim.
+    let _ = sys::dup_to(sock.as_raw_fd(), 3);
+    std::mem::forget(sock);
+    sys::close_fds_from(4);
+    // SAFETY: fd 3 is the socket we just placed there.
+    let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(3) };
+    let confinement = match Confinement::load() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: e.to_string() }, &[]);
+            std::process::exit(1);
+        }
+    };
+    if channel::send_with_credentials(sock.as_fd(), &InitMessage::Ready).is_err() {
+        std::process::exit(1);
+    }
+    serve(sock, &confinement)
+}
+
+fn setup(root: &Path, hostname: &str) -> Result<(), String> {
+    sys::set_not_dumpable().map_err(|e| format!("dumpable: {e}"))?;
+    sethostname(hostname).map_err(|e| format!("sethostname: {e}"))?;
+    sys::loopback_up().map_err(|e| format!("loopback: {e}"))?;
+    let none: Option<&str> = None;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).map_err(|e| format!("make / private: {e}"))?;
+    // The overlay came from the shim's more privileged mount namespace, so it
+    // is locked here and pivot_root refuses it; a bind of it made here is not.
+    mount(Some(root), root, none, MsFlags::MS_BIND | MsFlags::MS_REC, none).map_err(|e| format!("bind root: {e}"))?;
+    let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let at = |p: &str| root.join(p.trim_start_matches('/'));
+    ensure_dir(&at("proc"))?;
+    mount(Some("proc"), &at("proc"), Some("proc"), nosuid, none).map_err(|e| format!("mount proc: {e}"))?;
+    // /dev: a small tmpfs with the host's harmless device nodes bound in.
+    let dev = at("dev");
+    ensure_dir(&dev)?;
+    mount(Some("tmpfs"), &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=1024k"))
+        .map_err(|e| format!("mount /dev: {e}"))?;
+    for name in DEVICES {
+        let target = dev.join(name);
+        fs::write(&target, b"").map_err(|e| format!("create /dev/{name}: {e}"))?;
+        mount(Some(Path::new("/dev").join(name).as_path()), &target, none, MsFlags::MS_BIND, none)
+            .map_err(|e| format!("bind /dev/{name}: {e}"))?;
+    }
+    ensure_dir(&dev.join("pts"))?;
+    mount(Some("devpts"), &dev.join("pts"), Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("newinstance,ptmxmode=0666,mode=0620,gid=5"))
+        .map_err(|e| format!("mount devpts: {e}"))?;
+    ensure_dir(&dev.join("shm"))?;
+    mount(Some("shm"), &dev.join("shm"), Some("tmpfs"), nosuid, Some("mode=1777"))
+        .map_err(|e| format!("mount /dev/shm: {e}"))?;
+    ensure_dir(&dev.join("mqueue"))?;
+    let _ = mount(Some("mqueue"), &dev.join("mqueue"), Some("mqueue"), nosuid, none);
+    for (link, to) in [("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+        symlink(to, dev.join(link)).map_err(|e| format!("symlink /dev/{link}: {e}"))?;
+    }
+    ensure_dir(&at("sys"))?;
+    // Read-only sysfs, as container runtimes give; optional where refused.
+    let _ = mount(Some("sysfs"), &at("sys"), Some("sysfs"), nosuid | MsFlags::MS_RDONLY, none);
+    for file in MASKED_FILES {
+        let target = at(file);
+        if target.exists() {
+            let _ = mount(Some("/dev/null"), &target, none, MsFlags::MS_BIND, none);
+        }
+    }
+    for dir in MASKED_DIRS {
+        let target = at(dir);
+        if target.is_dir() {
+            let _ = mount(Some("tmpfs"), &target, Some("tmpfs"), nosuid | MsFlags::MS_RDONLY, Some("size=0"));
+        }
+    }
+    ensure_dir(&at("tmp"))?;
+    chdir(root).map_err(|e| format!("chdir root: {e}"))?;
+    pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
+    chdir("/").map_err(|e| format!("chdir /: {e}"))?;
+    Ok(())
+}
+
+fn ensure_dir(p: &Path) -> Result<(), String> {
+    fs::create_dir_all(p).map_err(|e| format!("mkdir {}: {e}", p.display()))
+}
+
+/// Serve the shim's requests and reap children until the shim goes away.
+fn serve(sock: OwnedFd, confinement: &Confinement) -> ! {
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    let _ = mask.thread_block();
+    let sigfd = match SignalFd::new(&mask) {
+        Ok(fd) => fd,
+        Err(_) => std::process::exit(1),
+    };
+    let mut running: HashMap<i32, u64> = HashMap::new();
+    loop {
+        let (sock_ready, sig_ready) = {
+            let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => (fds[0].any().unwrap_or(false), fds[1].any().unwrap_or(false)),
+                Err(nix::errno::Errno::EINTR) => (false, false),
+                Err(_) => std::process::exit(1),
+            }
+        };
+        if sig_ready {
+            let _ = sigfd.read_signal();
+            reap(&sock, &mut running);
+        }
+        if sock_ready {
+            match channel::recv::<InitRequest>(sock.as_fd()) {
+                Ok(Some(req)) => handle(&sock, req.msg, req.fds, confinement, &mut running),
+                // The shim is gone: so is this sandbox.
+                _ => std::process::exit(0),
+            }
+        }
+    }
+}
+
+fn reap(sock: &OwnedFd, running: &mut HashMap<i32, u64>) {
+    loop {
+        let status = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) => (pid, ExitStatus::Code(code)),
+            Ok(WaitStatus::Signaled(pid, sig, _)) => (pid, ExitStatus::Signal(sig as i32)),
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(_) => continue,
+        };
+        if let Some(id) = running.remove(&status.0.as_raw()) {
+            let _ = channel::send(sock.as_fd(), &InitMessage::Exited { id, status: status.1 }, &[]);
+        }
+    }
+}
+
+fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Confinement, running: &mut HashMap<i32, u64>) {
+    let InitRequest::Spawn { id, argv, env, cwd } = req;
+    if fds.len() != 3 {
+        let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: "spawn needs 3 descriptors".into() }, &[]);
+        return;
+    }
+    // SAFETY: init is single-threaded.
+    match unsafe { sys::fork_with(0) } {
+        Ok(Forked::Child) => {
+            let _ = nix::unistd::setsid();
+            for (i, fd) in fds.iter().enumerate() {
+                let _ = sys::dup_to(fd.as_raw_fd(), i as i32);
+            }
+            sys::close_fds_from(3);
+            // Init is exempt from the OOM killer; its children are not.
+            let _ = fs::write("/proc/self/oom_score_adj", "0");
+            if chdir(cwd.as_str()).is_err() {
+                let _ = chdir("/");
+            }
+            let err = confinement.exec(&argv, &env);
+            let msg = format!("forkbox: {err}\n");
+            // SAFETY: writing a buffer to stderr, then leaving the forked child.
+            unsafe {
+                libc::write(2, msg.as_ptr().cast(), msg.len());
+                libc::_exit(127)
+            }
+        }
+        Ok(Forked::Parent(pid)) => {
+            running.insert(pid.as_raw(), id);
+        }
+        Err(e) => {
+            let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: format!("fork: {e}") }, &[]);
+        }
+    }
+}

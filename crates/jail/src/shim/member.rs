@@ -1,0 +1,184 @@
+//! A member (one sandbox): an overlay root over the family's template, its
+//! own mount, net, uts and ipc namespaces and a leaf pid namespace whose PID 1
+//! is the member's init. All namespaces are owned by the family's user
+//! namespace; the leaf is a child of the family's pid namespace, never of
+//! another member's, so nothing nests per generation.
+
+use std::fs;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{setns, unshare, CloneFlags};
+use nix::sys::wait::waitpid;
+use nix::unistd::{setresgid, setresuid, Gid, Pid, Uid};
+
+use super::family::{open_ns, Family};
+use super::init;
+use super::messages::InitMessage;
+use crate::channel;
+use crate::error::{Error, Result};
+use crate::sys::{self, Forked};
+
+/// Namespaces of a member, held open by the shim.
+pub struct MemberNs {
+    pub mnt: OwnedFd,
+    pub net: OwnedFd,
+    pub uts: OwnedFd,
+    pub ipc: OwnedFd,
+    /// The leaf pid namespace (pid_for_children of the member's REPL).
+    pub pid: OwnedFd,
+}
+
+pub struct Member {
+    pub name: String,
+    pub root: PathBuf,
+    pub ns: MemberNs,
+    pub init_pid: Pid,
+    /// Seqpacket socket to the member's init.
+    pub init: OwnedFd,
+}
+
+/// The overlay for a member, mounted in the shim's private mount namespace.
+pub fn mount_root(family: &Family, run_dir: &Path, name: &str, upper: &Path, work: &Path) -> Result<PathBuf> {
+    let root = run_dir.join(name).join("root");
+    fs::create_dir_all(&root).map_err(|e| Error::io("create root mount point", e))?;
+    let opts = format!("lowerdir={},upperdir={},workdir={}", family.lower.display(), upper.display(), work.display());
+    if opts.contains(',') && [&family.lower, upper, work].iter().any(|p| p.to_string_lossy().contains([',', ':'])) {
+        return Err(Error::Invalid("paths with ',' or ':' cannot be overlay layers".into()));
+    }
+    mount(Some("overlay"), &root, Some("overlay"), MsFlags::empty(), Some(opts.as_str()))
+        .map_err(|e| Error::sys("mount overlay", e))?;
+    Ok(root)
+}
+
+pub fn unmount_root(root: &Path) {
+    let _ = umount2(root, MntFlags::MNT_DETACH);
+    if let Some(dir) = root.parent() {
+        let _ = fs::remove_dir_all(dir);
+    }
+}
+
+/// Join the cgroup, enter the family's user namespace as its root.
+/// Runs in a forked child of the shim.
+pub fn enter_family(family: &Family, cgroup_procs: &[PathBuf]) -> std::result::Result<(), String> {
+    for file in cgroup_procs {
+        fs::write(file, "0").map_err(|e| format!("join cgroup {}: {e}", file.display()))?;
+    }
+    // Supplementary groups of host root must not follow us in.
+    nix::unistd::setgroups(&[]).map_err(|e| format!("setgroups: {e}"))?;
+    setns(family.userns.as_fd(), CloneFlags::CLONE_NEWUSER).map_err(|e| format!("enter user namespace: {e}"))?;
+    setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)).map_err(|e| format!("setresgid: {e}"))?;
+    setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).map_err(|e| format!("setresuid: {e}"))?;
+    Ok(())
+}
+
+/// Create the member's namespaces and init. Returns once init reported ready.
+pub fn create(family: &Family, name: &str, hostname: &str, root: &Path, cgroup_procs: &[PathBuf]) -> Result<Member> {
+    let (ours, theirs) = channel::pair()?;
+    channel::pass_credentials(ours.as_fd())?;
+    // SAFETY: the shim is single-threaded.
+    match unsafe { sys::fork_with(0) }.map_err(|e| Error::sys("fork", e))? {
+        Forked::Child => {
+            drop(ours);
+            let code = match build_in_child(family, hostname, root, cgroup_procs, theirs) {
+                Ok(()) => 0,
+                Err((sock, e)) => {
+                    let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: e }, &[]);
+                    1
+                }
+            };
+            // SAFETY: leaving a forked child without running the parent's destructors.
+            unsafe { libc::_exit(code) }
+        }
+        Forked::Parent(helper) => {
+            drop(theirs);
+            let first = channel::recv::<InitMessage>(ours.as_fd());
+            let _ = waitpid(helper, None);
+            let got = first?.ok_or_else(|| Error::Shim("member init died during setup".into()))?;
+            match got.msg {
+                InitMessage::Ready => {
+                    let pid = Pid::from_raw(got.sender_pid.ok_or_else(|| Error::Shim("init sent no credentials".into()))?);
+                    // The OOM killer must pick user processes, never init.
+                    let _ = fs::write(format!("/proc/{pid}/oom_score_adj"), "-1000");
+                    let ns = MemberNs {
+                        mnt: open_ns(pid, "mnt")?,
+                        net: open_ns(pid, "net")?,
+                        uts: open_ns(pid, "uts")?,
+                        ipc: open_ns(pid, "ipc")?,
+                        pid: open_ns(pid, "pid")?,
+                    };
+                    Ok(Member { name: name.to_string(), root: root.to_path_buf(), ns, init_pid: pid, init: ours })
+                }
+                InitMessage::SetupFailed { error } => Err(Error::Shim(format!("sandbox setup: {error}"))),
+                other => Err(Error::Shim(format!("unexpected first message from init: {other:?}"))),
+            }
+        }
+    }
+}
+
+/// In the forked helper: enter the family, then fork into the family's pid
+/// namespace (so the new leaf becomes its child), unshare the member's
+/// namespaces and fork init.
+fn build_in_child(
+    family: &Family,
+    hostname: &str,
+    root: &Path,
+    cgroup_procs: &[PathBuf],
+    sock: OwnedFd,
+) -> std::result::Result<(), (OwnedFd, String)> {
+    if let Err(e) = enter_family(family, cgroup_procs) {
+        return Err((sock, e));
+    }
+    if let Err(e) = setns(family.pidns.as_fd(), CloneFlags::CLONE_NEWPID) {
+        return Err((sock, format!("enter family pid namespace: {e}")));
+    }
+    // SAFETY: single-threaded (forked from the single-threaded shim).
+    match unsafe { sys::fork_with(0) } {
+        Err(e) => Err((sock, format!("fork into family: {e}"))),
+        Ok(Forked::Parent(child)) => {
+            drop(sock);
+            let _ = waitpid(child, None);
+            Ok(())
+        }
+        Ok(Forked::Child) => {
+            let flags = CloneFlags::CLONE_NEWNS
+                | CloneFlags::CLONE_NEWNET
+                | CloneFlags::CLONE_NEWUTS
+                | CloneFlags::CLONE_NEWIPC
+                | CloneFlags::CLONE_NEWPID;
+            if let Err(e) = unshare(flags) {
+                let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: format!("unshare: {e}") }, &[]);
+                // SAFETY: leaving a forked child.
+                unsafe { libc::_exit(1) }
+            }
+            // SAFETY: single-threaded.
+            match unsafe { sys::fork_with(0) } {
+                Ok(Forked::Child) => init::run(sock, root, hostname),
+                Ok(Forked::Parent(_)) => {
+                    // SAFETY: leaving a forked child; init is reparented to the reaper.
+                    unsafe { libc::_exit(0) }
+                }
+                Err(e) => {
+                    let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: format!("fork init: {e}") }, &[]);
+                    // SAFETY: leaving a forked child.
+                    unsafe { libc::_exit(1) }
+                }
+            }
+        }
+    }
+}
+
+/// Enter a member's namespaces (from a process already in the family).
+pub fn enter_member(ns: &MemberNs) -> std::result::Result<(), String> {
+    for (fd, flag, what) in [
+        (&ns.mnt, CloneFlags::CLONE_NEWNS, "mnt"),
+        (&ns.net, CloneFlags::CLONE_NEWNET, "net"),
+        (&ns.uts, CloneFlags::CLONE_NEWUTS, "uts"),
+        (&ns.ipc, CloneFlags::CLONE_NEWIPC, "ipc"),
+        (&ns.pid, CloneFlags::CLONE_NEWPID, "pid"),
+    ] {
+        setns(fd.as_fd(), flag).map_err(|e| format!("enter {what} namespace: {e}"))?;
+    }
+    Ok(())
+}

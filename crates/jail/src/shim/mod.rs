@@ -1,0 +1,326 @@
+//! The per-family supervisor ("shim"): a small single-threaded process, one
+//! per family, started by the server as `forkbox __shim <config>`. It owns the
+//! family's namespaces, builds members, spawns their REPLs and commands, and
+//! reports deaths. Being single-threaded it may fork freely; being separate
+//! from the server, a crash here touches only this family.
+//!
+//! It lives in a private mount namespace, so the overlay and id-mapped mounts
+//! it makes are never visible on the host and vanish with it.
+
+mod confine;
+mod family;
+mod init;
+mod member;
+pub mod messages;
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+
+use nix::mount::{mount, MsFlags};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sched::{setns, unshare, CloneFlags};
+use nix::sys::wait::waitpid;
+use nix::unistd::{chdir, pipe, Pid};
+
+use crate::channel;
+use crate::error::{Error, Result};
+use crate::sys::{self, Forked};
+use confine::Confinement;
+use family::Family;
+use member::Member;
+use messages::*;
+
+/// The descriptor the server passes the shim's socket on.
+pub const SHIM_SOCKET_FD: i32 = 3;
+
+struct Shim {
+    config: ShimConfig,
+    sock: OwnedFd,
+    family: Family,
+    members: HashMap<String, Member>,
+    /// REPL pid in the family pid namespace → (member, host pid).
+    repls: HashMap<i32, (String, i32)>,
+    confinement: Confinement,
+}
+
+/// Entry point of `forkbox __shim`. Never returns.
+pub fn main(config_json: &str) -> ! {
+    // SAFETY: the server passed the socket on this descriptor.
+    let sock = unsafe { OwnedFd::from_raw_fd(SHIM_SOCKET_FD) };
+    let code = match run(config_json, sock) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("forkbox shim: {e}");
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
+    let config: ShimConfig = serde_json::from_str(config_json).map_err(|e| Error::Shim(format!("bad config: {e}")))?;
+    let _ = fcntl_cloexec(sock.as_raw_fd());
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| Error::sys("private mount namespace", e))?;
+    let none: Option<&str> = None;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).map_err(|e| Error::sys("make / private", e))?;
+    fs::create_dir_all(&config.run_dir).map_err(|e| Error::io("create run dir", e))?;
+    let confinement = Confinement::load().map_err(|e| Error::Shim(e.to_string()))?;
+    let family = match Family::create(config.id_base, config.id_count, &config.template_rootfs, &config.run_dir) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = channel::send(sock.as_fd(), &ShimMessage::Reply { req: 0, reply: Reply::Failed { error: e.to_string() } }, &[]);
+            return Err(e);
+        }
+    };
+    channel::send(sock.as_fd(), &ShimMessage::Ready, &[])?;
+    let mut shim = Shim { config, sock, family, members: HashMap::new(), repls: HashMap::new(), confinement };
+    let result = shim.serve();
+    let _ = fs::remove_dir_all(&shim.config.run_dir);
+    result
+}
+
+fn fcntl_cloexec(fd: i32) -> nix::Result<()> {
+    // SAFETY: fcntl on an fd number.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    Ok(())
+}
+
+impl Shim {
+    fn serve(&mut self) -> Result<()> {
+        loop {
+            let names: Vec<String> = self.members.keys().cloned().collect();
+            let ready: Vec<bool> = {
+                let mut fds = vec![
+                    PollFd::new(self.sock.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(self.family.deaths.as_fd(), PollFlags::POLLIN),
+                ];
+                for n in &names {
+                    fds.push(PollFd::new(self.members[n].init.as_fd(), PollFlags::POLLIN));
+                }
+                match poll(&mut fds, PollTimeout::NONE) {
+                    Ok(_) => fds.iter().map(|f| f.any().unwrap_or(false)).collect(),
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => return Err(Error::sys("poll", e)),
+                }
+            };
+            if ready[1] {
+                match self.family.read_death() {
+                    Some(d) => self.on_death(d.pid, d.status)?,
+                    None => return Err(Error::Shim("family reaper died".into())),
+                }
+            }
+            for (i, name) in names.iter().enumerate() {
+                if ready[2 + i] {
+                    self.on_init_message(name)?;
+                }
+            }
+            if ready[0] {
+                match channel::recv::<Envelope>(self.sock.as_fd())? {
+                    Some(env) => self.on_request(env.msg, env.fds)?,
+                    // The server is gone: the family goes with us.
+                    None => return Ok(()),
+                }
+            }
+        }
+    }
+
+    fn send(&self, msg: &ShimMessage, fds: &[i32]) -> Result<()> {
+        channel::send(self.sock.as_fd(), msg, fds)
+    }
+
+    fn on_death(&mut self, pid: i32, status: ExitStatus) -> Result<()> {
+        if let Some((member, host_pid)) = self.repls.remove(&pid) {
+            self.send(&ShimMessage::Event(ShimEvent::ReplExited { member, host_pid, status }), &[])?;
+        }
+        Ok(())
+    }
+
+    fn on_init_message(&mut self, name: &str) -> Result<()> {
+        let got = match channel::recv::<InitMessage>(self.members[name].init.as_fd()) {
+            Ok(Some(m)) => m.msg,
+            _ => {
+                // Init died: keep the member record (destroy cleans up) but
+                // stop polling a dead socket.
+                if let Some(m) = self.members.get_mut(name) {
+                    let (dead, _) = channel::pair()?;
+                    m.init = dead;
+                }
+                return self.send(&ShimMessage::Event(ShimEvent::InitExited { member: name.to_string() }), &[]);
+            }
+        };
+        let member = name.to_string();
+        match got {
+            InitMessage::Exited { id, status } => self.send(&ShimMessage::Event(ShimEvent::CommandExited { member, id, status }), &[]),
+            InitMessage::SpawnFailed { id, error } => {
+                tracing::debug!(%error, "spawn failed");
+                self.send(&ShimMessage::Event(ShimEvent::CommandExited { member, id, status: ExitStatus::Code(127) }), &[])
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn on_request(&mut self, env: Envelope, fds: Vec<OwnedFd>) -> Result<()> {
+        let req = env.req;
+        let (reply, out_fds) = match self.handle(env.request, fds) {
+            Ok(r) => r,
+            Err(e) => (Reply::Failed { error: e.to_string() }, vec![]),
+        };
+        let raw: Vec<i32> = out_fds.iter().map(|f| f.as_raw_fd()).collect();
+        self.send(&ShimMessage::Reply { req, reply }, &raw)
+    }
+
+    fn handle(&mut self, request: Request, fds: Vec<OwnedFd>) -> Result<(Reply, Vec<OwnedFd>)> {
+        match request {
+            Request::CreateMember { member: name, hostname, upper, work, cgroup_procs } => {
+                if self.members.contains_key(&name) {
+                    return Err(Error::Invalid(format!("member {name} exists")));
+                }
+                let root = member::mount_root(&self.family, &self.config.run_dir, &name, &upper, &work)?;
+                match member::create(&self.family, &name, &hostname, &root, &cgroup_procs) {
+                    Ok(m) => {
+                        self.members.insert(name, m);
+                        Ok((Reply::Done, vec![]))
+                    }
+                    Err(e) => {
+                        member::unmount_root(&root);
+                        Err(e)
+                    }
+                }
+            }
+            Request::SpawnRepl { member: name, cgroup_procs, argv, env, cwd } => {
+                let pidfd = self.spawn_repl(&name, &cgroup_procs, &argv, &env, &cwd, fds)?;
+                Ok((Reply::ReplSpawned { host_pid: pidfd.0 }, vec![pidfd.1]))
+            }
+            Request::SpawnCommand { member: name, id, argv, env, cwd } => {
+                let m = self.members.get(&name).ok_or_else(|| Error::Invalid(format!("no member {name}")))?;
+                let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+                channel::send(m.init.as_fd(), &InitRequest::Spawn { id, argv, env, cwd }, &raw)?;
+                Ok((Reply::Done, vec![]))
+            }
+            Request::DestroyMember { member: name, cgroup_procs: _ } => {
+                if let Some(m) = self.members.remove(&name) {
+                    self.repls.retain(|_, (mem, _)| *mem != name);
+                    member::unmount_root(&m.root);
+                }
+                Ok((Reply::Done, vec![]))
+            }
+        }
+    }
+
+    /// Fork a helper that enters the family and forks the REPL into the
+    /// family's pid namespace, then into the member's other namespaces with
+    /// pid_for_children = the member's leaf. Returns (host pid, pidfd).
+    fn spawn_repl(
+        &mut self,
+        name: &str,
+        cgroup_procs: &[std::path::PathBuf],
+        argv: &[String],
+        env: &[String],
+        cwd: &str,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(i32, OwnedFd)> {
+        let m = self.members.get(name).ok_or_else(|| Error::Invalid(format!("no member {name}")))?;
+        if fds.len() != 4 {
+            return Err(Error::Invalid("spawn repl needs 4 descriptors".into()));
+        }
+        let (report_r, report_w) = pipe().map_err(|e| Error::sys("pipe", e))?;
+        // SAFETY: the shim is single-threaded.
+        match unsafe { sys::fork_with(0) }.map_err(|e| Error::sys("fork", e))? {
+            Forked::Child => {
+                drop(report_r);
+                let code = repl_helper(&self.family, m, cgroup_procs, argv, env, cwd, &fds, report_w, &self.confinement);
+                // SAFETY: leaving a forked child.
+                unsafe { libc::_exit(code) }
+            }
+            Forked::Parent(helper) => {
+                drop(report_w);
+                let mut buf = [0u8; 4];
+                let n = nix::unistd::read(report_r.as_fd(), &mut buf).unwrap_or(0);
+                let _ = waitpid(helper, None);
+                if n != 4 {
+                    return Err(Error::Shim("REPL helper failed before starting the REPL".into()));
+                }
+                let host_pid = i32::from_ne_bytes(buf);
+                let pidfd = sys::pidfd_open(Pid::from_raw(host_pid)).map_err(|e| Error::sys("pidfd_open", e))?;
+                let ns_pid = family_ns_pid(host_pid).ok_or_else(|| Error::Shim("REPL died at start".into()))?;
+                self.repls.insert(ns_pid, (name.to_string(), host_pid));
+                Ok((host_pid, pidfd))
+            }
+        }
+    }
+}
+
+/// The pid of a host process as seen in the family's pid namespace.
+fn family_ns_pid(host_pid: i32) -> Option<i32> {
+    let status = fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn repl_helper(
+    family: &Family,
+    m: &Member,
+    cgroup_procs: &[std::path::PathBuf],
+    argv: &[String],
+    env: &[String],
+    cwd: &str,
+    fds: &[OwnedFd],
+    report: OwnedFd,
+    confinement: &Confinement,
+) -> i32 {
+    if let Err(e) = member::enter_family(family, cgroup_procs) {
+        eprintln!("forkbox shim: {e}");
+        return 1;
+    }
+    if let Err(e) = setns(family.pidns.as_fd(), CloneFlags::CLONE_NEWPID) {
+        eprintln!("forkbox shim: enter family pid namespace: {e}");
+        return 1;
+    }
+    // SAFETY: single-threaded.
+    match unsafe { sys::fork_with(0) } {
+        Ok(Forked::Parent(pid)) => {
+            let _ = nix::unistd::write(report.as_fd(), &pid.as_raw().to_ne_bytes());
+            0
+        }
+        Ok(Forked::Child) => {
+            drop(report);
+            if let Err(e) = member::enter_member(&m.ns) {
+                let msg = format!("forkbox: {e}\n");
+                let _ = nix::unistd::write(fds[1].as_fd(), msg.as_bytes());
+                return 1;
+            }
+            // fds: 0 = /dev/null inside, 1/2 = pipes, 3 = control, 4 = source.
+            let null = match fs::File::open("/dev/null") {
+                Ok(f) => OwnedFd::from(f),
+                Err(_) => return 1,
+            };
+            let sources = [null.as_raw_fd(), fds[0].as_raw_fd(), fds[1].as_raw_fd(), fds[2].as_raw_fd(), fds[3].as_raw_fd()];
+            // Copy every source above the targets first, so no dup2 clobbers
+            // a source that happens to sit on a target number.
+            // SAFETY: fcntl duplicating descriptors we hold.
+            let high: Vec<i32> = sources.iter().map(|fd| unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) }).collect();
+            for (target, fd) in high.iter().enumerate() {
+                let _ = sys::dup_to(*fd, target as i32);
+            }
+            sys::close_fds_from(5);
+            if chdir(cwd).is_err() {
+                let _ = chdir("/");
+            }
+            let err = confinement.exec(argv, env);
+            let msg = format!("forkbox: {err}\n");
+            // SAFETY: writing to stderr and leaving the forked child.
+            unsafe {
+                libc::write(2, msg.as_ptr().cast(), msg.len());
+                libc::_exit(127)
+            }
+        }
+        Err(e) => {
+            eprintln!("forkbox shim: fork repl: {e}");
+            1
+        }
+    }
+}

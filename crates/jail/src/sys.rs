@@ -1,0 +1,193 @@
+//! Thin, safe wrappers over the few Linux syscalls that `nix` does not cover
+//! (the new mount API, pidfds, fork-with-namespace-flags). Each returns
+//! `nix::Result` so callers use one error type for all syscalls.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::unistd::Pid;
+
+fn cstr(path: &Path) -> nix::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)
+}
+
+fn check(ret: libc::c_long) -> nix::Result<libc::c_long> {
+    if ret < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `open_tree(AT_FDCWD, path, OPEN_TREE_CLONE | AT_RECURSIVE)`: a detached copy
+/// of the mount tree at `path`, to be changed and attached elsewhere.
+pub fn open_tree_clone(path: &Path) -> nix::Result<OwnedFd> {
+    let p = cstr(path)?;
+    let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as libc::c_uint;
+    // SAFETY: `p` is a valid NUL-terminated string that outlives the call.
+    let fd = check(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, p.as_ptr(), flags) })?;
+    // SAFETY: the kernel returned a new file descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Make the detached mount `tree` id-mapped through the user namespace
+/// `userns` (on-disk uid 0 appears as that namespace's uid 0) and read-only.
+pub fn mount_setattr_idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>, read_only: bool) -> nix::Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_IDMAP | if read_only { MOUNT_ATTR_RDONLY } else { 0 },
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    let empty = c"";
+    // SAFETY: `attr` is a properly laid out `struct mount_attr` whose size we pass.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })?;
+    Ok(())
+}
+
+/// Attach the detached mount `tree` at `target`.
+pub fn move_mount_to(tree: BorrowedFd<'_>, target: &Path) -> nix::Result<()> {
+    let t = cstr(target)?;
+    let empty = c"";
+    // SAFETY: both strings are valid for the duration of the call.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
+/// A pidfd for `pid` (a pid in the caller's pid namespace).
+pub fn pidfd_open(pid: Pid) -> nix::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) })?;
+    // SAFETY: the kernel returned a new descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Send `signal` through a pidfd (race-free against pid reuse).
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: nix::sys::signal::Signal) -> nix::Result<()> {
+    // SAFETY: plain syscall; a null siginfo means "as kill(2) would".
+    check(unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal as libc::c_int, std::ptr::null::<libc::siginfo_t>(), 0)
+    })?;
+    Ok(())
+}
+
+/// What `fork_with` returns in each process.
+pub enum Forked {
+    Parent(Pid),
+    Child,
+}
+
+/// `clone(flags | SIGCHLD)` with fork semantics (no shared memory, the child
+/// continues on a copy of the caller's stack). Used to create a process
+/// directly in new namespaces.
+///
+/// # Safety
+/// As for `fork(2)`: the caller must be single-threaded, or the child must
+/// only call async-signal-safe functions.
+pub unsafe fn fork_with(flags: libc::c_int) -> nix::Result<Forked> {
+    // SAFETY: the caller upholds fork's contract; a null stack with no CLONE_VM
+    // makes clone behave like fork.
+    let ret = check(unsafe {
+        libc::syscall(libc::SYS_clone, (flags | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize)
+    })?;
+    Ok(if ret == 0 { Forked::Child } else { Forked::Parent(Pid::from_raw(ret as i32)) })
+}
+
+/// Close every descriptor from `first` up, except those listed in `keep`
+/// (which must all be below `first`).
+pub fn close_fds_from(first: RawFd) {
+    // SAFETY: close_range only closes descriptors; no memory is touched.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint);
+    }
+}
+
+/// `prctl(PR_SET_PDEATHSIG, sig)`.
+pub fn set_parent_death_signal(sig: nix::sys::signal::Signal) -> nix::Result<()> {
+    // SAFETY: plain prctl with integer arguments.
+    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) } as libc::c_long)?;
+    Ok(())
+}
+
+/// `prctl(PR_SET_DUMPABLE, 0)`: nobody without CAP_SYS_PTRACE may inspect us.
+pub fn set_not_dumpable() -> nix::Result<()> {
+    // SAFETY: plain prctl with integer arguments.
+    check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } as libc::c_long)?;
+    Ok(())
+}
+
+/// `prctl(PR_SET_NO_NEW_PRIVS, 1)`.
+pub fn set_no_new_privs() -> nix::Result<()> {
+    // SAFETY: plain prctl with integer arguments.
+    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } as libc::c_long)?;
+    Ok(())
+}
+
+/// Bring the loopback interface of the caller's network namespace up.
+pub fn loopback_up() -> nix::Result<()> {
+    // SAFETY: socket/ioctl/close on a descriptor we own, with a zeroed ifreq
+    // whose name we fill with a NUL-terminated "lo".
+    unsafe {
+        let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if sock < 0 {
+            return Err(Errno::last());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        req.ifr_name[0] = b'l' as libc::c_char;
+        req.ifr_name[1] = b'o' as libc::c_char;
+        let mut res = libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req);
+        if res == 0 {
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            res = libc::ioctl(sock, libc::SIOCSIFFLAGS, &req);
+        }
+        let err = Errno::last();
+        libc::close(sock);
+        if res != 0 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// `dup2(old, new)`: `new` becomes a copy of `old` without close-on-exec.
+/// When `old == new`, only clears close-on-exec.
+pub fn dup_to(old: RawFd, new: RawFd) -> nix::Result<()> {
+    if old == new {
+        // SAFETY: fcntl on a descriptor number; no memory involved.
+        check(unsafe { libc::fcntl(old, libc::F_SETFD, 0) } as libc::c_long)?;
+        return Ok(());
+    }
+    // SAFETY: dup2 only manipulates the descriptor table.
+    check(unsafe { libc::dup2(old, new) } as libc::c_long)?;
+    Ok(())
+}

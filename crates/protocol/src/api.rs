@@ -1,0 +1,98 @@
+//! Request and response bodies of the `/v1` routes.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Largest `code` accepted by `exec` (bigger bodies answer 413).
+pub const MAX_CODE_BYTES: usize = 10 * 1024 * 1024;
+
+/// Body of `POST /v1/sandboxes`. Every field is optional; the server fills in
+/// its defaults and caps.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// Template name (`default`, `python-datasci`, ...).
+    pub template: Option<String>,
+    /// Lifetime in seconds, after which the sandbox is destroyed.
+    pub timeout_seconds: Option<u64>,
+    /// Seconds without an exec after which the sandbox is destroyed.
+    pub idle_timeout_seconds: Option<u64>,
+    /// Memory limit in MiB (REPL and every process of the sandbox together).
+    pub ram_mib: Option<u64>,
+    /// Size of the writable root filesystem in GiB.
+    pub rootfs_gb: Option<u64>,
+    /// Freeze instead of destroy on idle (not yet supported: must be false).
+    pub persistent: Option<bool>,
+    /// Outbound network (not yet supported: must be false).
+    pub egress: Option<bool>,
+}
+
+/// Answer of `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Created {
+    pub id: String,
+    pub state: String,
+}
+
+/// Body of `POST /v1/sandboxes/{id}/exec`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    pub code: String,
+    /// `python` (default) or `bash`.
+    #[serde(default)]
+    pub language: Option<String>,
+    /// Interrupt the call after this many milliseconds (default 300000).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// `GET /v1/sandboxes/{id}` and the items of `GET /v1/sandboxes`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub state: String,
+    pub template: String,
+    pub ram_mib: u64,
+    pub rootfs_gb: u64,
+    pub egress: bool,
+    pub persistent: bool,
+    /// Unix milliseconds.
+    pub created_at: u64,
+    /// Unix milliseconds of the last exec start or end.
+    pub last_active_at: u64,
+    /// Unix milliseconds at which the lifetime ends.
+    pub expires_at: u64,
+    pub timeout_seconds: u64,
+    pub idle_timeout_seconds: u64,
+    /// Number of execs run so far.
+    pub execs: u64,
+    /// How many times the REPL was replaced after dying (state was lost each time).
+    pub repl_restarts: u64,
+}
+
+/// `GET /v1/sandboxes`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<SandboxInfo>,
+}
+
+/// Every error answer: a status code and `{"error": "..."}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+    /// Present on 503 while a template builds: 0.0 ..= 1.0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<f32>,
+}
+
+/// `GET /v1/templates` items: built-in templates and their build state.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TemplateInfo {
+    pub name: String,
+    /// `ready`, `building`, `queued` or `failed`.
+    pub state: String,
+    pub progress: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
