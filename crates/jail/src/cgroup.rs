@@ -1,5 +1,5 @@
 //! Per-sandbox cgroups on cgroup v1 (one hierarchy per controller) or v2
-//! (unified). Each sandbox gets `forkbox/<name>` with a memory limit, a pids
+//! (unified). Each sandbox gets `forkbox-<instance>/<name>` with a memory limit, a pids
 //! limit and the default CPU share; every process of the sandbox joins it,
 //! which is also how destroy finds and kills all of them.
 
@@ -16,7 +16,6 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 /// The v1 controllers we use; each is its own hierarchy.
 const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "freezer"];
-const PARENT: &str = "forkbox";
 
 /// Resource limits of one sandbox.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +37,9 @@ pub enum Version {
 pub struct Cgroups {
     version: Version,
     root: PathBuf,
+    /// `forkbox-<instance>`: one parent per server instance, so a server
+    /// cleaning up after a crash never touches another server's sandboxes.
+    parent: String,
 }
 
 /// One sandbox's cgroup (a directory per hierarchy on v1, one on v2).
@@ -48,14 +50,14 @@ pub struct Cgroup {
 }
 
 impl Cgroups {
-    pub fn detect() -> Result<Cgroups> {
-        Self::at(Path::new(CGROUP_ROOT))
+    pub fn detect(instance: &str) -> Result<Cgroups> {
+        Self::at(Path::new(CGROUP_ROOT), instance)
     }
 
-    fn at(root: &Path) -> Result<Cgroups> {
+    fn at(root: &Path, instance: &str) -> Result<Cgroups> {
         let st = nix::sys::statfs::statfs(root).map_err(|e| Error::sys("statfs cgroup root", e))?;
         let version = if st.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC { Version::V2 } else { Version::V1 };
-        let cg = Cgroups { version, root: root.to_path_buf() };
+        let cg = Cgroups { version, root: root.to_path_buf(), parent: format!("forkbox-{instance}") };
         cg.prepare_parent()?;
         Ok(cg)
     }
@@ -66,8 +68,8 @@ impl Cgroups {
 
     fn parents(&self) -> Vec<PathBuf> {
         match self.version {
-            Version::V2 => vec![self.root.join(PARENT)],
-            Version::V1 => V1_CONTROLLERS.iter().map(|c| self.root.join(c).join(PARENT)).collect(),
+            Version::V2 => vec![self.root.join(&self.parent)],
+            Version::V1 => V1_CONTROLLERS.iter().map(|c| self.root.join(c).join(&self.parent)).collect(),
         }
     }
 
@@ -84,7 +86,7 @@ impl Cgroups {
         }
         if self.version == Version::V2 {
             // Controllers must be enabled on every level above a leaf.
-            for dir in [self.root.clone(), self.root.join(PARENT)] {
+            for dir in [self.root.clone(), self.root.join(&self.parent)] {
                 write(&dir.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
             }
         }

@@ -41,6 +41,31 @@ pub struct Jail {
     volume: Volume,
     cgroups: Cgroups,
     ids: StdMutex<IdAllocator>,
+    _lock: std::fs::File,
+}
+
+/// A short stable name for the instance owning `state_dir`.
+fn instance_name(state_dir: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    state_dir.hash(&mut h);
+    format!("{:08x}", h.finish() as u32)
+}
+
+/// Hold an exclusive lock on the state directory for the engine's life: two
+/// servers on one state directory would destroy each other's sandboxes.
+fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(state_dir.join("server.lock"))
+        .map_err(|e| Error::io("open state lock", e))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(Error::Invalid(format!("another forkbox server is using {}", state_dir.display())));
+    }
+    Ok(file)
 }
 
 /// The server's end of a running REPL process.
@@ -59,6 +84,17 @@ pub struct CommandProcess {
     pub stdout: tokio::net::unix::pipe::Receiver,
     pub stderr: tokio::net::unix::pipe::Receiver,
     pub exited: oneshot::Receiver<ExitStatus>,
+    shim: Arc<ShimHandle>,
+    member: String,
+    id: u64,
+}
+
+impl CommandProcess {
+    /// SIGKILL the command and everything it started in its process group.
+    pub async fn kill(&self) {
+        let req = Request::SignalCommand { member: self.member.clone(), id: self.id, signal: libc::SIGKILL };
+        let _ = self.shim.call(req, &[]).await;
+    }
 }
 
 /// One sandbox as the engine sees it.
@@ -80,9 +116,10 @@ impl Jail {
     pub fn open(config: JailConfig) -> Result<Jail> {
         crate::tools::require_tool("mount", "mount")?;
         std::fs::create_dir_all(&config.state_dir).map_err(|e| Error::io("create state dir", e))?;
+        let lock = lock_state_dir(&config.state_dir)?;
         let volume = Volume::open(&config.state_dir, config.volume_gib)?;
-        let cgroups = Cgroups::detect()?;
-        let jail = Jail { config, volume, cgroups, ids: StdMutex::new(IdAllocator::new()) };
+        let cgroups = Cgroups::detect(&instance_name(&config.state_dir))?;
+        let jail = Jail { config, volume, cgroups, ids: StdMutex::new(IdAllocator::new()), _lock: lock };
         jail.clean_stale()?;
         Ok(jail)
     }
@@ -274,6 +311,9 @@ impl Sandbox {
             stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(|e| Error::io("register pipe", e))?,
             stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(|e| Error::io("register pipe", e))?,
             exited: rx,
+            shim: Arc::clone(&self.shim),
+            member: self.id.clone(),
+            id,
         })
     }
 

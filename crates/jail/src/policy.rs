@@ -547,7 +547,13 @@ mod tests {
     }
 
     /// Calls `nr` and records a failure unless it fails with `want`.
-    fn expect_err(what: &str, nr: libc::c_long, args: &[libc::c_long], want: i32, failures: &mut Vec<String>) {
+    fn expect_err(
+        what: &str,
+        nr: libc::c_long,
+        args: &[libc::c_long],
+        want: i32,
+        failures: &mut Vec<String>,
+    ) {
         let ret = sys(nr, args);
         let e = errno();
         if ret == 0 && nr == libc::SYS_clone {
@@ -557,7 +563,9 @@ mod tests {
             unsafe { libc::_exit(0) };
         }
         if ret != -1 || e != want {
-            failures.push(format!("{what}: got ret={ret} errno={e}, want errno {want}"));
+            failures.push(format!(
+                "{what}: got ret={ret} errno={e}, want errno {want}"
+            ));
         }
     }
 
@@ -589,43 +597,106 @@ mod tests {
         // capability check).
         expect_err("mount", libc::SYS_mount, &[bad, bad, bad, 0, 0], EPERM, f);
         expect_err("umount2", libc::SYS_umount2, &[bad, 0], EPERM, f);
-        expect_err("unshare(CLONE_NEWUSER)", libc::SYS_unshare, &[libc::CLONE_NEWUSER as L], EPERM, f);
+        expect_err(
+            "unshare(CLONE_NEWUSER)",
+            libc::SYS_unshare,
+            &[libc::CLONE_NEWUSER as L],
+            EPERM,
+            f,
+        );
         // Unfiltered: succeeds.
         expect_err("unshare(0)", libc::SYS_unshare, &[0], EPERM, f);
         expect_err("setns", libc::SYS_setns, &[-1, 0], EPERM, f);
         // Unfiltered: EINVAL (size 0 is below CLONE_ARGS_SIZE_VER0).
         expect_err("clone3", libc::SYS_clone3, &[0, 0], libc::ENOSYS, f);
         let ns_clone = (libc::CLONE_NEWUSER | libc::SIGCHLD) as L;
-        expect_err("clone(CLONE_NEWUSER)", libc::SYS_clone, &[ns_clone, 0, 0, 0, 0], EPERM, f);
+        expect_err(
+            "clone(CLONE_NEWUSER)",
+            libc::SYS_clone,
+            &[ns_clone, 0, 0, 0, 0],
+            EPERM,
+            f,
+        );
         let ns_clone = (libc::CLONE_NEWNET | libc::SIGCHLD) as L;
-        expect_err("clone(CLONE_NEWNET)", libc::SYS_clone, &[ns_clone, 0, 0, 0, 0], EPERM, f);
+        expect_err(
+            "clone(CLONE_NEWNET)",
+            libc::SYS_clone,
+            &[ns_clone, 0, 0, 0, 0],
+            EPERM,
+            f,
+        );
         // Unfiltered: succeeds (we would become traced by our parent).
-        expect_err("ptrace(PTRACE_TRACEME)", libc::SYS_ptrace, &[libc::PTRACE_TRACEME as L], EPERM, f);
+        expect_err(
+            "ptrace(PTRACE_TRACEME)",
+            libc::SYS_ptrace,
+            &[libc::PTRACE_TRACEME as L],
+            EPERM,
+            f,
+        );
         // Unfiltered: EOPNOTSUPP (unknown operation).
         expect_err("keyctl", libc::SYS_keyctl, &[0x7fff], EPERM, f);
         expect_err("add_key", libc::SYS_add_key, &[bad, bad, 0, 0, 0], EPERM, f);
         expect_err("bpf", libc::SYS_bpf, &[0x7fff, 0, 0], EPERM, f);
-        expect_err("perf_event_open", libc::SYS_perf_event_open, &[0, 0, -1, -1, 0], EPERM, f);
+        expect_err(
+            "perf_event_open",
+            libc::SYS_perf_event_open,
+            &[0, 0, -1, -1, 0],
+            EPERM,
+            f,
+        );
         expect_err("userfaultfd", libc::SYS_userfaultfd, &[0], EPERM, f);
-        expect_err("io_uring_setup", libc::SYS_io_uring_setup, &[0, 0], EPERM, f);
-        expect_err("process_vm_readv", libc::SYS_process_vm_readv, &[1, 0, 0, 0, 0, 0], EPERM, f);
+        expect_err(
+            "io_uring_setup",
+            libc::SYS_io_uring_setup,
+            &[0, 0],
+            EPERM,
+            f,
+        );
+        expect_err(
+            "process_vm_readv",
+            libc::SYS_process_vm_readv,
+            &[1, 0, 0, 0, 0, 0],
+            EPERM,
+            f,
+        );
         expect_err("pidfd_getfd", libc::SYS_pidfd_getfd, &[-1, 0, 0], EPERM, f);
         expect_err("memfd_secret", libc::SYS_memfd_secret, &[0], EPERM, f);
         expect_err("fsopen", libc::SYS_fsopen, &[bad, 0], EPERM, f);
         expect_err("open_tree", libc::SYS_open_tree, &[-1, bad, 0], EPERM, f);
         expect_err("init_module", libc::SYS_init_module, &[0, 0, 0], EPERM, f);
-        expect_err("set_mempolicy", libc::SYS_set_mempolicy, &[0, 0, 0], EPERM, f);
-        expect_err("name_to_handle_at", libc::SYS_name_to_handle_at, &[-1, bad, bad, bad, 0], EPERM, f);
+        expect_err(
+            "set_mempolicy",
+            libc::SYS_set_mempolicy,
+            &[0, 0, 0],
+            EPERM,
+            f,
+        );
+        expect_err(
+            "name_to_handle_at",
+            libc::SYS_name_to_handle_at,
+            &[-1, bad, bad, bad, 0],
+            EPERM,
+            f,
+        );
 
         // personality: queries and Docker's values pass, others do not.
         if sys(libc::SYS_personality, &[0xffff_ffff]) < 0 {
             f.push(format!("personality(query): errno {}", errno()));
         }
         let pers = libc::ADDR_NO_RANDOMIZE as L;
-        expect_err("personality(ADDR_NO_RANDOMIZE)", libc::SYS_personality, &[pers], EPERM, f);
+        expect_err(
+            "personality(ADDR_NO_RANDOMIZE)",
+            libc::SYS_personality,
+            &[pers],
+            EPERM,
+            f,
+        );
 
         // socket: AF_UNIX allowed, AF_VSOCK refused.
-        let fd = sys(libc::SYS_socket, &[libc::AF_UNIX as L, libc::SOCK_STREAM as L, 0]);
+        let fd = sys(
+            libc::SYS_socket,
+            &[libc::AF_UNIX as L, libc::SOCK_STREAM as L, 0],
+        );
         if fd < 0 {
             f.push(format!("socket(AF_UNIX): errno {}", errno()));
         } else {
@@ -643,9 +714,24 @@ mod tests {
             let c = 0u8;
             let sti = [fd, libc::TIOCSTI as L, &c as *const u8 as L];
             expect_err("ioctl(TIOCSTI)", libc::SYS_ioctl, &sti, EPERM, f);
-            let mut ws = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
-            let gwinsz = [fd, libc::TIOCGWINSZ as L, &mut ws as *mut libc::winsize as L];
-            expect_err("ioctl(TIOCGWINSZ)", libc::SYS_ioctl, &gwinsz, libc::ENOTTY, f);
+            let mut ws = libc::winsize {
+                ws_row: 0,
+                ws_col: 0,
+                ws_xpixel: 0,
+                ws_ypixel: 0,
+            };
+            let gwinsz = [
+                fd,
+                libc::TIOCGWINSZ as L,
+                &mut ws as *mut libc::winsize as L,
+            ];
+            expect_err(
+                "ioctl(TIOCGWINSZ)",
+                libc::SYS_ioctl,
+                &gwinsz,
+                libc::ENOTTY,
+                f,
+            );
             sys(libc::SYS_close, &[fd]);
         }
 

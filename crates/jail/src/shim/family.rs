@@ -15,7 +15,6 @@ use crate::error::{Error, Result};
 use crate::sys::{self, Forked};
 
 pub struct Family {
-    pub reaper: Pid,
     pub userns: OwnedFd,
     pub pidns: OwnedFd,
     /// Read end of the reaper's death reports (12-byte records).
@@ -60,7 +59,7 @@ impl Family {
                 let tree = sys::open_tree_clone(template).map_err(|e| Error::sys("open template", e))?;
                 sys::mount_setattr_idmap(tree.as_fd(), userns.as_fd(), true).map_err(|e| Error::sys("id-map template", e))?;
                 sys::move_mount_to(tree.as_fd(), &lower).map_err(|e| Error::sys("mount template", e))?;
-                Ok(Family { reaper: pid, userns, pidns, deaths: dead_r, lower })
+                Ok(Family { userns, pidns, deaths: dead_r, lower })
             }
         }
     }

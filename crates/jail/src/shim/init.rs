@@ -161,7 +161,17 @@ fn reap(sock: &OwnedFd, running: &mut HashMap<i32, u64>) {
 }
 
 fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Confinement, running: &mut HashMap<i32, u64>) {
-    let InitRequest::Spawn { id, argv, env, cwd } = req;
+    let (id, argv, env, cwd) = match req {
+        InitRequest::Spawn { id, argv, env, cwd } => (id, argv, env, cwd),
+        InitRequest::Signal { id, signal } => {
+            if let Some((pid, _)) = running.iter().find(|(_, v)| **v == id) {
+                // Each command leads its own session, so its group is its pid.
+                // SAFETY: plain kill(2) on a negative pid (the process group).
+                unsafe { libc::kill(-*pid, signal) };
+            }
+            return;
+        }
+    };
     if fds.len() != 3 {
         let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: "spawn needs 3 descriptors".into() }, &[]);
         return;

@@ -31,10 +31,8 @@ pub struct MemberNs {
 }
 
 pub struct Member {
-    pub name: String,
     pub root: PathBuf,
     pub ns: MemberNs,
-    pub init_pid: Pid,
     /// Seqpacket socket to the member's init.
     pub init: OwnedFd,
 }
@@ -74,7 +72,7 @@ pub fn enter_family(family: &Family, cgroup_procs: &[PathBuf]) -> std::result::R
 }
 
 /// Create the member's namespaces and init. Returns once init reported ready.
-pub fn create(family: &Family, name: &str, hostname: &str, root: &Path, cgroup_procs: &[PathBuf]) -> Result<Member> {
+pub fn create(family: &Family, hostname: &str, root: &Path, cgroup_procs: &[PathBuf]) -> Result<Member> {
     let (ours, theirs) = channel::pair()?;
     channel::pass_credentials(ours.as_fd())?;
     // SAFETY: the shim is single-threaded.
@@ -108,7 +106,7 @@ pub fn create(family: &Family, name: &str, hostname: &str, root: &Path, cgroup_p
                         ipc: open_ns(pid, "ipc")?,
                         pid: open_ns(pid, "pid")?,
                     };
-                    Ok(Member { name: name.to_string(), root: root.to_path_buf(), ns, init_pid: pid, init: ours })
+                    Ok(Member { root: root.to_path_buf(), ns, init: ours })
                 }
                 InitMessage::SetupFailed { error } => Err(Error::Shim(format!("sandbox setup: {error}"))),
                 other => Err(Error::Shim(format!("unexpected first message from init: {other:?}"))),

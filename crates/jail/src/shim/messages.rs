@@ -44,6 +44,8 @@ pub enum Request {
     SpawnRepl { member: String, cgroup_procs: Vec<PathBuf>, argv: Vec<String>, env: Vec<String>, cwd: String },
     /// Run a command through the member's init. fds: [stdin, stdout, stderr].
     SpawnCommand { member: String, id: u64, argv: Vec<String>, env: Vec<String>, cwd: String },
+    /// Send a signal to a command's whole process group.
+    SignalCommand { member: String, id: u64, signal: i32 },
     /// Kill every process of the member and release its mounts.
     DestroyMember { member: String, cgroup_procs: Vec<PathBuf> },
 }
@@ -85,6 +87,8 @@ pub struct Envelope {
 pub enum InitRequest {
     /// fds: [stdin, stdout, stderr].
     Spawn { id: u64, argv: Vec<String>, env: Vec<String>, cwd: String },
+    /// Signal the process group of a running command.
+    Signal { id: u64, signal: i32 },
 }
 
 /// Init → shim.

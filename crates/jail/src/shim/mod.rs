@@ -179,7 +179,7 @@ impl Shim {
                     return Err(Error::Invalid(format!("member {name} exists")));
                 }
                 let root = member::mount_root(&self.family, &self.config.run_dir, &name, &upper, &work)?;
-                match member::create(&self.family, &name, &hostname, &root, &cgroup_procs) {
+                match member::create(&self.family, &hostname, &root, &cgroup_procs) {
                     Ok(m) => {
                         self.members.insert(name, m);
                         Ok((Reply::Done, vec![]))
@@ -198,6 +198,11 @@ impl Shim {
                 let m = self.members.get(&name).ok_or_else(|| Error::Invalid(format!("no member {name}")))?;
                 let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
                 channel::send(m.init.as_fd(), &InitRequest::Spawn { id, argv, env, cwd }, &raw)?;
+                Ok((Reply::Done, vec![]))
+            }
+            Request::SignalCommand { member: name, id, signal } => {
+                let m = self.members.get(&name).ok_or_else(|| Error::Invalid(format!("no member {name}")))?;
+                channel::send(m.init.as_fd(), &InitRequest::Signal { id, signal }, &[])?;
                 Ok((Reply::Done, vec![]))
             }
             Request::DestroyMember { member: name, cgroup_procs: _ } => {

@@ -1,0 +1,130 @@
+//! The CLI's HTTP client for `run`, `ls` and `rm`.
+
+use std::io::{Read, Write};
+
+use anyhow::{bail, Context};
+use futures::StreamExt;
+use protocol::{Created, Event, EventKind, SandboxList};
+
+use crate::{ClientArgs, RunArgs};
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+    key: Option<String>,
+}
+
+impl Api {
+    fn new(args: &ClientArgs) -> Api {
+        Api { http: reqwest::Client::new(), base: args.url.trim_end_matches('/').to_string(), key: args.api_key.clone() }
+    }
+
+    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.http.request(method, format!("{}{path}", self.base));
+        match &self.key {
+            Some(k) => r.bearer_auth(k),
+            None => r,
+        }
+    }
+
+    async fn check(resp: reqwest::Response) -> anyhow::Result<reqwest::Response> {
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let body = resp.text().await.unwrap_or_default();
+        let msg = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(String::from))
+            .unwrap_or(body);
+        bail!("{status}: {msg}")
+    }
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
+    let api = Api::new(&args.client);
+    let code = if args.code == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s)?;
+        s
+    } else {
+        args.code.clone()
+    };
+    let (id, temporary) = match &args.sandbox {
+        Some(id) => (id.clone(), false),
+        None => {
+            let mut body = serde_json::json!({});
+            if let Some(t) = &args.template {
+                body["template"] = t.clone().into();
+            }
+            let resp = Api::check(api.req(reqwest::Method::POST, "/v1/sandboxes").json(&body).send().await.context("connect to the server")?).await?;
+            (resp.json::<Created>().await?.id, true)
+        }
+    };
+    let result = exec(&api, &id, &code, &args).await;
+    if temporary {
+        let _ = api.req(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}")).send().await;
+    }
+    result
+}
+
+async fn exec(api: &Api, id: &str, code: &str, args: &RunArgs) -> anyhow::Result<i32> {
+    let mut body = serde_json::json!({"code": code, "language": args.language});
+    if let Some(t) = args.timeout_ms {
+        body["timeout_ms"] = t.into();
+    }
+    let resp = Api::check(api.req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec")).json(&body).send().await?).await?;
+    let mut stream = resp.bytes_stream();
+    let mut buf = Vec::new();
+    let mut exit = 1;
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk?);
+        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            let ev: Event = serde_json::from_slice(&line)?;
+            let text = |ev: &Event| {
+                let mut s = ev.data.as_str().unwrap_or_default().to_string();
+                if ev.nl.unwrap_or(true) {
+                    s.push('\n');
+                }
+                s
+            };
+            match ev.kind {
+                EventKind::Stdout => {
+                    print!("{}", text(&ev));
+                    std::io::stdout().flush()?;
+                }
+                EventKind::Stderr => eprint!("{}", text(&ev)),
+                EventKind::Result => println!("{}", ev.data.as_str().unwrap_or_default()),
+                EventKind::Exit => exit = ev.data.as_i64().unwrap_or(1) as i32,
+                EventKind::Error | EventKind::Warning => {}
+            }
+        }
+    }
+    Ok(exit)
+}
+
+pub async fn ls(args: ClientArgs) -> anyhow::Result<i32> {
+    let api = Api::new(&args);
+    let list: SandboxList = Api::check(api.req(reqwest::Method::GET, "/v1/sandboxes").send().await?).await?.json().await?;
+    println!("{:<26} {:<8} {:<16} {:>8} {:>6}", "ID", "STATE", "TEMPLATE", "RAM_MIB", "EXECS");
+    for s in list.sandboxes {
+        println!("{:<26} {:<8} {:<16} {:>8} {:>6}", s.id, s.state, s.template, s.ram_mib, s.execs);
+    }
+    Ok(0)
+}
+
+pub async fn rm(args: ClientArgs, ids: Vec<String>) -> anyhow::Result<i32> {
+    let api = Api::new(&args);
+    let mut code = 0;
+    for id in ids {
+        match Api::check(api.req(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}")).send().await?).await {
+            Ok(_) => println!("{id}"),
+            Err(e) => {
+                eprintln!("forkbox: {id}: {e}");
+                code = 1;
+            }
+        }
+    }
+    Ok(code)
+}

@@ -1,0 +1,220 @@
+//! `forkbox`: the server and its command-line client in one binary.
+
+mod client;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "forkbox", version, about = "Self-hosted sandboxes for AI agents, with a persistent Python REPL you can fork")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the HTTP server (builds missing built-in templates first).
+    Serve(ServeArgs),
+    /// Manage templates (root filesystems sandboxes start from).
+    Template {
+        #[command(subcommand)]
+        command: TemplateCommand,
+    },
+    /// Run code in a sandbox and print its output (exit code = the code's).
+    Run(RunArgs),
+    /// List live sandboxes.
+    Ls(ClientArgs),
+    /// Destroy sandboxes.
+    Rm {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// The per-family supervisor (started by the server; not for humans).
+    #[command(name = "__shim", hide = true)]
+    Shim { config: String },
+}
+
+#[derive(Subcommand)]
+enum TemplateCommand {
+    /// Build a built-in template (`default`, `python-datasci`) if its recipe changed.
+    Build {
+        name: String,
+        #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox")]
+        state_dir: PathBuf,
+    },
+    /// List built-in templates and the versions built on disk.
+    Ls {
+        #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox")]
+        state_dir: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "FORKBOX_LISTEN", default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// Where templates, the sandbox volume and run files live.
+    #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox")]
+    state_dir: PathBuf,
+    /// Where templates are built and cached (default: <state-dir>/templates).
+    #[arg(long, env = "FORKBOX_TEMPLATES_DIR")]
+    templates_dir: Option<PathBuf>,
+    /// Accepted bearer API key (repeat, or comma-separate in the env var).
+    #[arg(long = "api-key", env = "FORKBOX_API_KEYS", value_delimiter = ',')]
+    api_keys: Vec<String>,
+    /// Do not build missing built-in templates at start.
+    #[arg(long)]
+    no_build_templates: bool,
+    /// Size of the sparse sandbox volume image created on first start (GiB).
+    #[arg(long, default_value_t = 64)]
+    volume_gib: u64,
+    /// Default sandbox lifetime (seconds).
+    #[arg(long, default_value_t = 3600)]
+    default_timeout: u64,
+    /// Longest sandbox lifetime a client may ask for (seconds).
+    #[arg(long, default_value_t = 86400)]
+    max_timeout: u64,
+    /// Default idle timeout (seconds without an exec).
+    #[arg(long, default_value_t = 600)]
+    default_idle_timeout: u64,
+    /// Longest idle timeout a client may ask for (seconds).
+    #[arg(long, default_value_t = 86400)]
+    max_idle_timeout: u64,
+    /// Default memory limit per sandbox (MiB).
+    #[arg(long, default_value_t = 1024)]
+    default_ram_mib: u64,
+    /// Largest memory limit a client may ask for (MiB).
+    #[arg(long, default_value_t = 16384)]
+    max_ram_mib: u64,
+    /// Most processes per sandbox.
+    #[arg(long, default_value_t = 1024)]
+    pids_limit: u64,
+    /// Most live sandboxes.
+    #[arg(long, default_value_t = 1000)]
+    max_sandboxes: usize,
+    /// Default exec timeout (milliseconds).
+    #[arg(long, default_value_t = 300_000)]
+    exec_timeout_ms: u64,
+    /// Grace period between interrupting a timed-out exec and killing the REPL (ms).
+    #[arg(long, default_value_t = 2000)]
+    interrupt_grace_ms: u64,
+}
+
+#[derive(Args, Clone)]
+struct ClientArgs {
+    /// Server URL.
+    #[arg(long, env = "FORKBOX_URL", default_value = "http://127.0.0.1:7070")]
+    url: String,
+    /// API key.
+    #[arg(long, env = "FORKBOX_API_KEY")]
+    api_key: Option<String>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// Run in this sandbox (default: a new one, destroyed afterwards).
+    #[arg(long, short)]
+    sandbox: Option<String>,
+    /// `python` or `bash`.
+    #[arg(long, short, default_value = "python")]
+    language: String,
+    /// Template for a new sandbox.
+    #[arg(long, short)]
+    template: Option<String>,
+    /// Exec timeout in milliseconds.
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    /// The code; `-` reads it from stdin.
+    code: String,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Command::Shim { config } = &cli.command {
+        // Single-threaded on purpose: the shim forks.
+        jail::shim::main(config);
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("forkbox: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Shim { .. } => unreachable!("handled before the runtime starts"),
+        Command::Serve(args) => {
+            let config = server_config(args)?;
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(server::serve(config))?;
+            Ok(0)
+        }
+        Command::Template { command: TemplateCommand::Build { name, state_dir } } => {
+            template::check_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let recipe = template::builtin(&name)
+                .with_context(|| format!("unknown template `{name}` (built-in: {})", template::builtin_names().join(", ")))?;
+            let store = template::TemplateStore::new(state_dir.join("templates"));
+            let built = store.build(&recipe, &template::BarProgress).map_err(|e| anyhow::anyhow!("{e}"))?;
+            println!("{} {} {}", built.name, built.hash, built.rootfs.display());
+            Ok(0)
+        }
+        Command::Template { command: TemplateCommand::Ls { state_dir } } => {
+            let store = template::TemplateStore::new(state_dir.join("templates"));
+            for name in template::builtin_names() {
+                let recipe = template::builtin(name).context("built-in recipe")?;
+                let current = store.lookup(&recipe).ok().flatten().map(|t| t.hash);
+                let versions: Vec<String> = store.versions(name).into_iter().map(|t| t.hash).collect();
+                println!("{name}\tcurrent={}\tbuilt={}", current.unwrap_or_else(|| "-".into()), versions.join(","));
+            }
+            Ok(0)
+        }
+        Command::Run(args) => tokio::runtime::Runtime::new()?.block_on(client::run(args)),
+        Command::Ls(args) => tokio::runtime::Runtime::new()?.block_on(client::ls(args)),
+        Command::Rm { client, ids } => tokio::runtime::Runtime::new()?.block_on(client::rm(client, ids)),
+    }
+}
+
+fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
+    let limits = server::SandboxLimits {
+        default_timeout: Duration::from_secs(a.default_timeout),
+        max_timeout: Duration::from_secs(a.max_timeout),
+        default_idle_timeout: Duration::from_secs(a.default_idle_timeout),
+        max_idle_timeout: Duration::from_secs(a.max_idle_timeout),
+        default_ram_mib: a.default_ram_mib,
+        max_ram_mib: a.max_ram_mib,
+        pids: a.pids_limit,
+        max_sandboxes: a.max_sandboxes,
+        default_exec_timeout: Duration::from_millis(a.exec_timeout_ms),
+        interrupt_grace: Duration::from_millis(a.interrupt_grace_ms),
+        ..Default::default()
+    };
+    Ok(server::ServerConfig {
+        listen: a.listen,
+        templates_dir: a.templates_dir.unwrap_or_else(|| a.state_dir.join("templates")),
+        state_dir: a.state_dir,
+        api_keys: a.api_keys.into_iter().filter(|k| !k.is_empty()).collect(),
+        limits,
+        volume_gib: a.volume_gib,
+        build_templates: !a.no_build_templates,
+        shim_exe: std::env::current_exe().context("locate the forkbox executable")?,
+    })
+}

@@ -1,0 +1,64 @@
+//! Server settings: where it listens, where it keeps state, API keys, and the
+//! defaults and caps applied to each sandbox.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub state_dir: PathBuf,
+    /// Where built templates live (normally `<state_dir>/templates`).
+    pub templates_dir: PathBuf,
+    /// Accepted bearer keys; empty means no auth (only allowed on loopback).
+    pub api_keys: Vec<String>,
+    pub limits: SandboxLimits,
+    /// Size of a new sparse volume image in GiB.
+    pub volume_gib: u64,
+    /// Build the built-in templates at start.
+    pub build_templates: bool,
+    /// The executable that runs `__shim` (the server's own binary).
+    pub shim_exe: PathBuf,
+}
+
+/// Defaults and caps for sandboxes.
+#[derive(Debug, Clone)]
+pub struct SandboxLimits {
+    pub default_timeout: Duration,
+    pub max_timeout: Duration,
+    pub default_idle_timeout: Duration,
+    pub max_idle_timeout: Duration,
+    pub default_ram_mib: u64,
+    pub min_ram_mib: u64,
+    pub max_ram_mib: u64,
+    pub default_rootfs_gb: u64,
+    pub max_rootfs_gb: u64,
+    pub pids: u64,
+    pub default_exec_timeout: Duration,
+    pub max_exec_timeout: Duration,
+    /// How long an interrupted exec may take to stop before the REPL is killed.
+    pub interrupt_grace: Duration,
+    pub max_sandboxes: usize,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> Self {
+        SandboxLimits {
+            default_timeout: Duration::from_secs(3600),
+            max_timeout: Duration::from_secs(24 * 3600),
+            default_idle_timeout: Duration::from_secs(600),
+            max_idle_timeout: Duration::from_secs(24 * 3600),
+            default_ram_mib: 1024,
+            min_ram_mib: 64,
+            max_ram_mib: 16384,
+            default_rootfs_gb: 4,
+            max_rootfs_gb: 64,
+            pids: 1024,
+            default_exec_timeout: Duration::from_millis(300_000),
+            max_exec_timeout: Duration::from_secs(24 * 3600),
+            interrupt_grace: Duration::from_secs(2),
+            max_sandboxes: 1000,
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The forkbox HTTP server: the podflare-compatible API over the jail engine.
+//!
+//! Data path: request → `routes` (parse, validate) → `state::AppState`
+//! (registry, lifecycle) → `sandbox::SandboxEntry` (exec queue) → `repl`
+//! (the REPL's frames) → `events::EventSink` → NDJSON response.
+
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod openapi;
+pub mod repl;
+pub mod routes;
+pub mod sandbox;
+pub mod state;
+pub mod templates;
+
+use std::net::SocketAddr;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+
+pub use config::{SandboxLimits, ServerConfig};
+pub use state::AppState;
+pub use templates::Templates;
+
+/// The router, separate from any socket so tests can drive it directly.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/healthz", get(routes::healthz))
+        .route("/v1/openapi.json", get(openapi::openapi_json))
+        .route("/v1/templates", get(routes::templates))
+        .route("/v1/sandboxes", post(routes::create).get(routes::list))
+        .route("/v1/sandboxes/{id}", get(routes::info).delete(routes::destroy))
+        .route("/v1/sandboxes/{id}/exec", post(routes::exec))
+        .route("/v1/sandboxes/{id}/replay", get(routes::replay))
+        .route("/v1/sandboxes/{id}/fork", post(routes::fork))
+        .route("/v1/sandboxes/{id}/merge_into/{winner}", post(routes::merge_into))
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), routes::auth))
+        .layer(DefaultBodyLimit::max(routes::MAX_BODY))
+        .with_state(state)
+}
+
+/// Refuse to serve beyond loopback without API keys.
+pub fn check_exposure(listen: &SocketAddr, keys: &[String]) -> Result<(), String> {
+    if !listen.ip().is_loopback() && keys.is_empty() {
+        return Err(format!(
+            "refusing to listen on {listen} without API keys: set --api-key / FORKBOX_API_KEYS, or listen on 127.0.0.1"
+        ));
+    }
+    Ok(())
+}
+
+/// Run the server until SIGTERM/SIGINT, then destroy every sandbox.
+pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
+    check_exposure(&config.listen, &config.api_keys).map_err(anyhow::Error::msg)?;
+    if config.build_templates {
+        template::check_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    let jail = jail::Jail::open(jail::JailConfig {
+        state_dir: config.state_dir.clone(),
+        shim_exe: config.shim_exe.clone(),
+        volume_gib: config.volume_gib,
+    })?;
+    let templates = Templates::new(config.templates_dir.clone());
+    templates.scan();
+    let state = AppState::new(config.clone(), jail, templates.clone());
+    if config.build_templates {
+        std::thread::Builder::new().name("template-builder".into()).spawn(move || templates.build_all())?;
+    }
+    tokio::spawn(state.clone().expire_loop());
+    use axum::serve::ListenerExt;
+    // Events are small writes: without TCP_NODELAY, Nagle and delayed ACKs
+    // add ~40 ms to every exec.
+    let listener = tokio::net::TcpListener::bind(config.listen).await?.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tracing::info!(listen = %config.listen, state_dir = %config.state_dir.display(), "forkbox serving");
+    let shutdown_state = state.clone();
+    axum::serve(listener, app(state.clone()))
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down: destroying all sandboxes");
+            shutdown_state.destroy_all().await;
+        })
+        .await?;
+    state.destroy_all().await;
+    state.inner.jail.close()?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,34 @@
+//! `GET /v1/openapi.json`: the API description, generated from the handlers.
+
+use axum::response::IntoResponse;
+use utoipa::OpenApi;
+
+use crate::routes;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "forkbox", description = "Self-hosted sandboxes for AI agents; speaks the podflare SDK's HTTP contract."),
+    paths(
+        routes::healthz, routes::create, routes::list, routes::info, routes::destroy, routes::exec,
+        routes::replay, routes::templates, routes::fork, routes::merge_into
+    ),
+    components(schemas(protocol::CreateSandbox, protocol::Created, protocol::ExecRequest, protocol::SandboxInfo,
+        protocol::SandboxList, protocol::ErrorBody, protocol::Event, protocol::EventKind, protocol::TemplateInfo)),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+    }
+}
+
+pub async fn openapi_json() -> impl IntoResponse {
+    axum::Json(ApiDoc::openapi())
+}

@@ -1,0 +1,218 @@
+//! The server's side of one REPL process: frames it sends (docs/repl-protocol.md),
+//! and one pump task that merges the control socket with the raw stdout/stderr
+//! pipes into a single ordered stream of `ReplItem`s. Before it forwards a
+//! control frame it drains both pipes, so raw output written before a
+//! Python-level write is delivered before it.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use jail::{ExitStatus, ReplProcess};
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, oneshot};
+
+/// The REPL source and its bootstrap, embedded in the binary.
+pub const REPL_SOURCE: &str = include_str!("../../../repl/repl.py");
+pub const REPL_BOOTSTRAP: &str = include_str!("../../../repl/bootstrap.py");
+/// Longest wait for a new REPL's ready frame.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Largest control frame we accept from a REPL (a huge repr, say).
+const MAX_FRAME: usize = 64 << 20;
+
+#[derive(Debug)]
+pub enum ReplItem {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    Result(serde_json::Value),
+    Done(Done),
+    /// The process is gone (its status when known).
+    Died(Option<ExitStatus>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Done {
+    pub id: u64,
+    pub exit_code: i32,
+    pub error: Option<PyError>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PyError {
+    pub ename: String,
+    pub evalue: String,
+    pub traceback: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Ready {
+    pub pid: i64,
+    pub python: String,
+}
+
+pub struct ReplSession {
+    control: tokio::net::unix::OwnedWriteHalf,
+    items: mpsc::Receiver<ReplItem>,
+    pidfd: OwnedFd,
+    next_id: u64,
+    pub ready: Ready,
+}
+
+impl ReplSession {
+    /// Take over a freshly spawned REPL and wait until it is ready.
+    pub async fn start(process: ReplProcess) -> Result<ReplSession, String> {
+        let (read, write) = process.control.into_split();
+        let (tx, mut rx) = mpsc::channel(256);
+        let (ready_tx, ready_rx) = oneshot::channel();
+        tokio::spawn(pump(read, process.stdout, process.stderr, process.exited, tx, ready_tx));
+        let ready = match tokio::time::timeout(START_TIMEOUT, ready_rx).await {
+            Ok(Ok(r)) => r,
+            _ => {
+                // Collect what the process said before dying, for the error.
+                let mut said = Vec::new();
+                while let Ok(Some(item)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
+                    match item {
+                        ReplItem::Stdout(b) | ReplItem::Stderr(b) => said.extend(b),
+                        ReplItem::Died(s) => {
+                            said.extend(format!(" (exit {s:?})").into_bytes());
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+                let _ = jail::sys::pidfd_send_signal(process.pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL);
+                return Err(format!("the Python REPL did not start: {}", String::from_utf8_lossy(&said).trim()));
+            }
+        };
+        Ok(ReplSession { control: write, items: rx, pidfd: process.pidfd, next_id: 1, ready })
+    }
+
+    /// Send code to run; returns the exec id the matching `Done` carries.
+    pub async fn send_exec(&mut self, code: &str) -> std::io::Result<u64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let body = serde_json::to_vec(&serde_json::json!({"id": id, "code": code}))?;
+        let mut frame = Vec::with_capacity(body.len() + 5);
+        frame.extend_from_slice(&((body.len() + 1) as u32).to_be_bytes());
+        frame.push(b'X');
+        frame.extend_from_slice(&body);
+        self.control.write_all(&frame).await?;
+        Ok(id)
+    }
+
+    pub async fn next(&mut self) -> Option<ReplItem> {
+        self.items.recv().await
+    }
+
+    /// Items already waiting (output of background threads between execs).
+    pub fn try_next(&mut self) -> Option<ReplItem> {
+        self.items.try_recv().ok()
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let _ = jail::sys::pidfd_send_signal(self.pidfd.as_fd(), sig);
+    }
+}
+
+async fn pump(
+    mut control: tokio::net::unix::OwnedReadHalf,
+    mut stdout: pipe::Receiver,
+    mut stderr: pipe::Receiver,
+    exited: oneshot::Receiver<ExitStatus>,
+    tx: mpsc::Sender<ReplItem>,
+    ready_tx: oneshot::Sender<Ready>,
+) {
+    let mut ready_tx = Some(ready_tx);
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut out_buf = vec![0u8; 64 * 1024];
+    let mut err_buf = vec![0u8; 64 * 1024];
+    let (mut out_open, mut err_open) = (true, true);
+    loop {
+        tokio::select! {
+            n = control.read_buf(&mut buf) => {
+                match n {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        while let Some((kind, payload)) = take_frame(&mut buf) {
+                            if drain(&mut stdout, &mut stderr, &tx).await.is_err() {
+                                return;
+                            }
+                            let item = match kind {
+                                b'O' => ReplItem::Stdout(payload),
+                                b'E' => ReplItem::Stderr(payload),
+                                b'V' => match serde_json::from_slice(&payload) { Ok(v) => ReplItem::Result(v), Err(_) => continue },
+                                b'D' => match serde_json::from_slice(&payload) { Ok(d) => ReplItem::Done(d), Err(_) => continue },
+                                b'R' => {
+                                    if let (Some(t), Ok(r)) = (ready_tx.take(), serde_json::from_slice::<Ready>(&payload)) {
+                                        let _ = t.send(r);
+                                    }
+                                    continue;
+                                }
+                                _ => continue,
+                            };
+                            if tx.send(item).await.is_err() {
+                                return;
+                            }
+                        }
+                        if buf.len() > MAX_FRAME + 5 {
+                            break;
+                        }
+                    }
+                }
+            }
+            n = stdout.read(&mut out_buf), if out_open => match n {
+                Ok(0) | Err(_) => out_open = false,
+                Ok(n) => if tx.send(ReplItem::Stdout(out_buf[..n].to_vec())).await.is_err() { return },
+            },
+            n = stderr.read(&mut err_buf), if err_open => match n {
+                Ok(0) | Err(_) => err_open = false,
+                Ok(n) => if tx.send(ReplItem::Stderr(err_buf[..n].to_vec())).await.is_err() { return },
+            },
+        }
+    }
+    // The control socket closed: the REPL is dead (or dying).
+    let status = tokio::time::timeout(Duration::from_secs(5), exited).await.ok().and_then(|r| r.ok());
+    let _ = drain(&mut stdout, &mut stderr, &tx).await;
+    let _ = tx.send(ReplItem::Died(status)).await;
+}
+
+/// Forward whatever the pipes hold right now, without waiting.
+async fn drain(stdout: &mut pipe::Receiver, stderr: &mut pipe::Receiver, tx: &mpsc::Sender<ReplItem>) -> Result<(), ()> {
+    let mut chunk = vec![0u8; 64 * 1024];
+    for (pipe, is_out) in [(stdout, true), (stderr, false)] {
+        loop {
+            match pipe.try_read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let data = chunk[..n].to_vec();
+                    let item = if is_out { ReplItem::Stdout(data) } else { ReplItem::Stderr(data) };
+                    tx.send(item).await.map_err(|_| ())?;
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    Ok(())
+}
+
+fn take_frame(buf: &mut BytesMut) -> Option<(u8, Vec<u8>)> {
+    if buf.len() < 4 {
+        return None;
+    }
+    let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if len == 0 {
+        buf.advance(4);
+        return None;
+    }
+    if buf.len() < 4 + len {
+        buf.reserve(4 + len - buf.len());
+        return None;
+    }
+    buf.advance(4);
+    let kind = buf[0];
+    let payload = buf[1..len].to_vec();
+    buf.advance(len);
+    Some((kind, payload))
+}

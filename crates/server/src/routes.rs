@@ -1,0 +1,203 @@
+//! HTTP handlers: thin functions that parse, validate and call `AppState`.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Path, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use protocol::{CreateSandbox, Created, ExecRequest, SandboxInfo, SandboxList, TemplateInfo, MAX_CODE_BYTES};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::error::ApiError;
+use crate::events::EventSink;
+use crate::state::AppState;
+
+/// `Json<T>` whose rejections are JSON errors with the right status.
+pub struct Json<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Json<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Json(v)),
+            Err(JsonRejection::BytesRejection(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(ApiError::TooLarge(format!("request body is larger than {} bytes", MAX_BODY)))
+            }
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::BadRequest("expected `Content-Type: application/json`".into())),
+            Err(e) => Err(ApiError::BadRequest(e.body_text())),
+        }
+    }
+}
+
+/// Largest request body: the biggest `code` plus room for JSON escaping.
+pub const MAX_BODY: usize = MAX_CODE_BYTES * 2 + 64 * 1024;
+
+fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response {
+    (status, axum::Json(v)).into_response()
+}
+
+#[utoipa::path(get, path = "/v1/healthz", responses((status = 200, description = "`ok` once the default template is ready"), (status = 503, body = protocol::ErrorBody)))]
+pub async fn healthz(State(state): State<AppState>) -> Response {
+    if state.inner.templates.is_ready("default") {
+        (StatusCode::OK, "ok").into_response()
+    } else {
+        let err = state.inner.templates.rootfs("default").err().unwrap_or(ApiError::Unavailable { message: "starting".into(), progress: None });
+        err.into_response()
+    }
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes", request_body = CreateSandbox,
+    responses((status = 200, body = Created), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
+        (status = 429, body = protocol::ErrorBody), (status = 501, body = protocol::ErrorBody), (status = 503, body = protocol::ErrorBody)))]
+pub async fn create(State(state): State<AppState>, body: bytes::Bytes) -> Result<Response, ApiError> {
+    // An empty body means "all defaults" (handy with curl).
+    let req: CreateSandbox = if body.iter().all(u8::is_ascii_whitespace) {
+        CreateSandbox::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))?
+    };
+    let entry = state.create(req).await?;
+    Ok(json(StatusCode::OK, &Created { id: entry.id.clone(), state: "ready".into() }))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes", responses((status = 200, body = SandboxList)))]
+pub async fn list(State(state): State<AppState>) -> Response {
+    let mut sandboxes: Vec<SandboxInfo> = state.inner.sandboxes.read().await.values().map(|e| e.info()).collect();
+    sandboxes.sort_by_key(|s| s.created_at);
+    json(StatusCode::OK, &SandboxList { sandboxes })
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 200, body = SandboxInfo), (status = 404, body = protocol::ErrorBody)))]
+pub async fn info(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &state.get(&id).await?.info()))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 204), (status = 404, body = protocol::ErrorBody)))]
+pub async fn destroy(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    state.get(&id).await?;
+    state.destroy(&id).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", params(("id" = String, Path)), request_body = ExecRequest,
+    responses((status = 200, description = "NDJSON stream of events", body = protocol::Event, content_type = "application/x-ndjson"),
+        (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 413, body = protocol::ErrorBody)))]
+pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<ExecRequest>) -> Result<Response, ApiError> {
+    let entry = state.get(&id).await?;
+    if req.code.len() > MAX_CODE_BYTES {
+        return Err(ApiError::TooLarge(format!("code is {} bytes; the limit is {MAX_CODE_BYTES}", req.code.len())));
+    }
+    let language = req.language.as_deref().unwrap_or("python");
+    if language != "python" && language != "bash" {
+        return Err(ApiError::BadRequest(format!("unknown language `{language}` (use `python` or `bash`)")));
+    }
+    let limits = &state.inner.config.limits;
+    let timeout = match req.timeout_ms {
+        None => limits.default_exec_timeout,
+        Some(0) => return Err(ApiError::BadRequest("timeout_ms must be at least 1".into())),
+        Some(ms) => Duration::from_millis(ms).min(limits.max_exec_timeout),
+    };
+    let (tx, rx) = mpsc::channel(256);
+    let is_python = language == "python";
+    entry.busy.fetch_add(1, Ordering::SeqCst);
+    entry.touch();
+    // The exec runs in its own task: a client that disconnects does not
+    // cancel it halfway (the REPL stays consistent); it just stops listening.
+    tokio::spawn(async move {
+        let mut slot = entry.slot.lock().await;
+        let mut sink = EventSink::new(tx, entry.replay.clone());
+        if entry.destroyed.load(Ordering::Relaxed) {
+            sink.error("the sandbox was destroyed".into(), None, None, None).await;
+            sink.exit(1).await;
+        } else if is_python {
+            entry.run_python(&mut slot, &req.code, timeout, &mut sink).await;
+        } else {
+            entry.run_bash(&req.code, timeout, &mut sink).await;
+        }
+        entry.execs.fetch_add(1, Ordering::Relaxed);
+        entry.touch();
+        entry.busy.fetch_sub(1, Ordering::SeqCst);
+    });
+    let body = ReceiverStream::new(rx).map(|ev| {
+        let mut line = serde_json::to_vec(&ev).unwrap_or_default();
+        line.push(b'\n');
+        Ok::<_, Infallible>(bytes::Bytes::from(line))
+    });
+    Ok(ndjson(Body::from_stream(body)))
+}
+
+fn ndjson(body: Body) -> Response {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/replay", params(("id" = String, Path)),
+    responses((status = 200, description = "NDJSON of the last 1000 events", content_type = "application/x-ndjson"), (status = 404, body = protocol::ErrorBody)))]
+pub async fn replay(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let entry = state.get(&id).await?;
+    let events: Vec<protocol::Event> = entry.replay.lock().map(|r| r.iter().cloned().collect()).unwrap_or_default();
+    let mut out = Vec::new();
+    for ev in events {
+        out.extend(serde_json::to_vec(&ev).unwrap_or_default());
+        out.push(b'\n');
+    }
+    Ok(ndjson(Body::from(out)))
+}
+
+#[utoipa::path(get, path = "/v1/templates", responses((status = 200, body = [TemplateInfo])))]
+pub async fn templates(State(state): State<AppState>) -> Response {
+    json(StatusCode::OK, &state.inner.templates.list())
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", params(("id" = String, Path)), responses((status = 501, body = protocol::ErrorBody)))]
+pub async fn fork(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    state.get(&id).await?;
+    Err(ApiError::NotImplemented("fork is not available yet".into()))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/merge_into/{winner}", params(("id" = String, Path), ("winner" = String, Path)), responses((status = 501, body = protocol::ErrorBody)))]
+pub async fn merge_into(State(state): State<AppState>, Path((id, _winner)): Path<(String, String)>) -> Result<Response, ApiError> {
+    state.get(&id).await?;
+    Err(ApiError::NotImplemented("merge_into is not available yet".into()))
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route".into())
+}
+
+pub async fn method_not_allowed() -> Response {
+    (StatusCode::METHOD_NOT_ALLOWED, axum::Json(protocol::ErrorBody { error: "method not allowed".into(), progress: None })).into_response()
+}
+
+/// Bearer-key auth for every route but the health check.
+pub async fn auth(State(state): State<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
+    let keys = &state.inner.config.api_keys;
+    if keys.is_empty() || req.uri().path() == "/v1/healthz" {
+        return next.run(req).await;
+    }
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        Some(k) if keys.iter().any(|key| constant_time_eq(key.as_bytes(), k.as_bytes())) => next.run(req).await,
+        _ => ApiError::Unauthorized.into_response(),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

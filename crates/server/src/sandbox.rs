@@ -1,0 +1,334 @@
+//! One live sandbox: the engine's handle, its REPL, its FIFO exec queue, its
+//! replay buffer and its timers. `run_python` and `run_bash` are the two
+//! exec paths; both stream events into an `EventSink`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jail::ExitStatus;
+use nix::sys::signal::Signal;
+use protocol::SandboxInfo;
+use tokio::io::AsyncReadExt;
+use tokio::sync::Mutex;
+
+use crate::events::{now_ms, EventSink, Replay};
+use crate::repl::{ReplItem, ReplSession, REPL_BOOTSTRAP, REPL_SOURCE};
+
+/// Exit code of an exec stopped by its timeout (as GNU `timeout` does).
+pub const TIMEOUT_EXIT: i32 = 124;
+
+pub struct Settings {
+    pub template: String,
+    pub ram_mib: u64,
+    pub rootfs_gb: u64,
+    pub timeout: Duration,
+    pub idle_timeout: Duration,
+    pub interrupt_grace: Duration,
+}
+
+pub struct SandboxEntry {
+    pub id: String,
+    pub settings: Settings,
+    pub engine: jail::Sandbox,
+    pub created_at: u64,
+    pub last_active: AtomicU64,
+    pub execs: AtomicU64,
+    pub repl_restarts: AtomicU64,
+    pub replay: Replay,
+    pub destroyed: AtomicBool,
+    /// Held for the whole of an exec: `tokio::sync::Mutex` is fair, so
+    /// concurrent execs run in arrival order.
+    pub slot: Mutex<ReplSlot>,
+    /// Execs running or queued (the idle timer ignores busy sandboxes).
+    pub busy: AtomicU64,
+}
+
+/// The REPL as the exec queue sees it.
+pub struct ReplSlot {
+    pub session: Option<ReplSession>,
+    /// Why the last REPL died, told to the next call.
+    pub lost_state: Option<String>,
+}
+
+pub fn sandbox_env(id: &str) -> Vec<String> {
+    [
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME=/root",
+        "USER=root",
+        "LOGNAME=root",
+        "SHELL=/bin/bash",
+        "LANG=C.UTF-8",
+        "TERM=dumb",
+        "MPLBACKEND=Agg",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(std::iter::once(format!("HOSTNAME={id}")))
+    .collect()
+}
+
+/// Spawn a REPL in `engine` and wait until it is ready.
+pub async fn start_repl(engine: &jail::Sandbox) -> Result<ReplSession, String> {
+    let argv = vec!["/usr/bin/python3".to_string(), "-u".into(), "-c".into(), REPL_BOOTSTRAP.to_string()];
+    let process = engine
+        .start_repl(argv, sandbox_env(&engine.id), "/root", REPL_SOURCE.as_bytes())
+        .await
+        .map_err(|e| format!("start the Python REPL: {e}"))?;
+    ReplSession::start(process).await
+}
+
+impl SandboxEntry {
+    pub fn touch(&self) {
+        self.last_active.store(now_ms(), Ordering::Relaxed);
+    }
+
+    pub fn expires_at(&self) -> u64 {
+        self.created_at + self.settings.timeout.as_millis() as u64
+    }
+
+    pub fn info(&self) -> SandboxInfo {
+        SandboxInfo {
+            id: self.id.clone(),
+            state: if self.busy.load(Ordering::Relaxed) > 0 { "running".into() } else { "ready".into() },
+            template: self.settings.template.clone(),
+            ram_mib: self.settings.ram_mib,
+            rootfs_gb: self.settings.rootfs_gb,
+            egress: false,
+            persistent: false,
+            created_at: self.created_at,
+            last_active_at: self.last_active.load(Ordering::Relaxed),
+            expires_at: self.expires_at(),
+            timeout_seconds: self.settings.timeout.as_secs(),
+            idle_timeout_seconds: self.settings.idle_timeout.as_secs(),
+            execs: self.execs.load(Ordering::Relaxed),
+            repl_restarts: self.repl_restarts.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Run Python code in the REPL (the caller holds the slot).
+    pub async fn run_python(&self, slot: &mut ReplSlot, code: &str, timeout: Duration, sink: &mut EventSink) {
+        if let Some(reason) = slot.lost_state.take() {
+            let msg = format!("[forkbox] the previous Python process {reason}; this is a fresh one, so earlier variables and imports are gone");
+            sink.warning(msg.clone()).await;
+            sink.stderr(format!("{msg}\n").as_bytes()).await;
+        }
+        if slot.session.is_none() {
+            match self.restart_repl().await {
+                Ok(s) => slot.session = Some(s),
+                Err(e) => {
+                    sink.error(e, None, None, None).await;
+                    sink.exit(1).await;
+                    return;
+                }
+            }
+        }
+        let Some(session) = slot.session.as_mut() else { return };
+        // Output that background threads wrote since the last exec.
+        while let Some(item) = session.try_next() {
+            match item {
+                ReplItem::Stdout(b) => sink.stdout(&b).await,
+                ReplItem::Stderr(b) => sink.stderr(&b).await,
+                ReplItem::Died(status) => {
+                    slot.session = None;
+                    let reason = self.death_reason(status, false);
+                    slot.lost_state = Some(reason);
+                    return Box::pin(self.run_python(slot, code, timeout, sink)).await;
+                }
+                _ => {}
+            }
+        }
+        let oom_before = self.engine.cgroup().oom_kills();
+        let id = match session.send_exec(code).await {
+            Ok(id) => id,
+            Err(_) => {
+                // The REPL died while idle; its death item is queued.
+                slot.session = None;
+                slot.lost_state = Some("died while idle".into());
+                return Box::pin(self.run_python(slot, code, timeout, sink)).await;
+            }
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut interrupted = false;
+        let kill_at = tokio::time::sleep(Duration::from_secs(u32::MAX as u64));
+        tokio::pin!(kill_at);
+        loop {
+            tokio::select! {
+                item = session.next() => match item {
+                    Some(ReplItem::Stdout(b)) => sink.stdout(&b).await,
+                    Some(ReplItem::Stderr(b)) => sink.stderr(&b).await,
+                    Some(ReplItem::Result(v)) => sink.result(v).await,
+                    Some(ReplItem::Done(d)) if d.id == id => {
+                        sink.flush().await;
+                        let code = if interrupted {
+                            sink.error(format!("execution timed out after {} ms", timeout.as_millis()), Some("TimeoutError".into()), None, None).await;
+                            TIMEOUT_EXIT
+                        } else {
+                            if let Some(e) = d.error {
+                                sink.error(format!("{}: {}", e.ename, e.evalue), Some(e.ename), Some(e.evalue), Some(e.traceback)).await;
+                            }
+                            d.exit_code
+                        };
+                        sink.exit(code).await;
+                        return;
+                    }
+                    Some(ReplItem::Done(_)) => {}
+                    Some(ReplItem::Died(status)) => {
+                        self.on_repl_death(slot, status, oom_before, interrupted, timeout, sink).await;
+                        return;
+                    }
+                    None => {
+                        self.on_repl_death(slot, None, oom_before, interrupted, timeout, sink).await;
+                        return;
+                    }
+                },
+                _ = tokio::time::sleep_until(deadline), if !interrupted => {
+                    interrupted = true;
+                    session.signal(Signal::SIGINT);
+                    kill_at.as_mut().reset(tokio::time::Instant::now() + self.settings.interrupt_grace);
+                }
+                _ = &mut kill_at, if interrupted => {
+                    session.signal(Signal::SIGKILL);
+                    kill_at.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(3600));
+                }
+            }
+        }
+    }
+
+    /// The REPL died during an exec: end the exec with a clear error and
+    /// start a fresh REPL at once, so the next call does not wait for it.
+    async fn on_repl_death(
+        &self,
+        slot: &mut ReplSlot,
+        status: Option<ExitStatus>,
+        oom_before: u64,
+        interrupted: bool,
+        timeout: Duration,
+        sink: &mut EventSink,
+    ) {
+        slot.session = None;
+        let oom = self.engine.cgroup().oom_kills() > oom_before;
+        let reason = self.death_reason(status, oom);
+        sink.flush().await;
+        let code = if interrupted { TIMEOUT_EXIT } else { status.map(|s| s.code()).filter(|c| *c != 0).unwrap_or(1) };
+        let msg = if interrupted {
+            format!(
+                "execution timed out after {} ms and did not stop when interrupted, so the Python process was killed; its state was lost",
+                timeout.as_millis()
+            )
+        } else {
+            format!("the Python process {reason}; its state was lost")
+        };
+        sink.error(msg, Some(if oom { "MemoryError".into() } else { "ReplDied".into() }), None, None).await;
+        sink.exit(code).await;
+        self.repl_restarts.fetch_add(1, Ordering::Relaxed);
+        slot.lost_state = Some(if interrupted { "was killed after a timeout".into() } else { reason });
+        if let Ok(s) = self.restart_repl().await {
+            slot.session = Some(s);
+        }
+    }
+
+    async fn restart_repl(&self) -> Result<ReplSession, String> {
+        if self.destroyed.load(Ordering::Relaxed) {
+            return Err("the sandbox was destroyed".into());
+        }
+        start_repl(&self.engine).await
+    }
+
+    fn death_reason(&self, status: Option<ExitStatus>, oom: bool) -> String {
+        if self.destroyed.load(Ordering::Relaxed) {
+            return "ended because the sandbox was destroyed".into();
+        }
+        if oom {
+            return format!("was killed for using more than the sandbox's {} MiB of memory", self.settings.ram_mib);
+        }
+        match status {
+            Some(ExitStatus::Signal(s)) => {
+                let name = Signal::try_from(s).map(|s| s.as_str()).unwrap_or("?");
+                format!("was killed by signal {s} ({name})")
+            }
+            Some(ExitStatus::Code(c)) => format!("exited with status {c}"),
+            None => "died".into(),
+        }
+    }
+
+    /// Run a fresh `bash -c` in the sandbox (cwd /root).
+    pub async fn run_bash(&self, code: &str, timeout: Duration, sink: &mut EventSink) {
+        let argv = vec!["/bin/bash".to_string(), "-c".into(), code.to_string()];
+        let mut cmd = match self.engine.spawn_command(argv, sandbox_env(&self.id), "/root").await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(sandbox = %self.id, err = %e, "bash spawn failed");
+                sink.error("could not start bash in the sandbox".into(), None, None, None).await;
+                sink.exit(127).await;
+                return;
+            }
+        };
+        let mut out = vec![0u8; 64 * 1024];
+        let mut err = vec![0u8; 64 * 1024];
+        let (mut out_open, mut err_open) = (true, true);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut timed_out = false;
+        let status = loop {
+            tokio::select! {
+                n = cmd.stdout.read(&mut out), if out_open => match n {
+                    Ok(0) | Err(_) => out_open = false,
+                    Ok(n) => sink.stdout(&out[..n]).await,
+                },
+                n = cmd.stderr.read(&mut err), if err_open => match n {
+                    Ok(0) | Err(_) => err_open = false,
+                    Ok(n) => sink.stderr(&err[..n]).await,
+                },
+                s = &mut cmd.exited => break s.ok(),
+                _ = tokio::time::sleep_until(deadline), if !timed_out => {
+                    timed_out = true;
+                    cmd.kill().await;
+                }
+            }
+        };
+        // Everything bash wrote before it exited is in the pipes now; what
+        // background children write later is not part of this call.
+        for (pipe, is_out) in [(&mut cmd.stdout, true), (&mut cmd.stderr, false)] {
+            let buf = if is_out { &mut out } else { &mut err };
+            while let Ok(n) = pipe.try_read(buf) {
+                if n == 0 {
+                    break;
+                }
+                if is_out {
+                    sink.stdout(&buf[..n]).await
+                } else {
+                    sink.stderr(&buf[..n]).await
+                }
+            }
+        }
+        if timed_out {
+            sink.error(format!("execution timed out after {} ms", timeout.as_millis()), Some("TimeoutError".into()), None, None).await;
+            sink.exit(TIMEOUT_EXIT).await;
+            return;
+        }
+        match status {
+            Some(s) => sink.exit(s.code()).await,
+            None => {
+                sink.error("the sandbox ended while bash was running".into(), None, None, None).await;
+                sink.exit(1).await;
+            }
+        }
+    }
+}
+
+pub fn new_entry(id: String, settings: Settings, engine: jail::Sandbox, session: ReplSession) -> Arc<SandboxEntry> {
+    let now = now_ms();
+    Arc::new(SandboxEntry {
+        id,
+        settings,
+        engine,
+        created_at: now,
+        last_active: AtomicU64::new(now),
+        execs: AtomicU64::new(0),
+        repl_restarts: AtomicU64::new(0),
+        replay: Default::default(),
+        destroyed: AtomicBool::new(false),
+        slot: Mutex::new(ReplSlot { session: Some(session), lost_state: None }),
+        busy: AtomicU64::new(0),
+    })
+}

@@ -1,0 +1,206 @@
+//! `AppState`: the engine, the templates and the registry of live sandboxes,
+//! with the create/destroy logic handlers call and the timer that enforces
+//! lifetimes and idle timeouts.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::CreateSandbox;
+use rand::Rng;
+use tokio::sync::RwLock;
+
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+use crate::events::now_ms;
+use crate::sandbox::{new_entry, start_repl, SandboxEntry, Settings};
+use crate::templates::Templates;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub inner: Arc<Inner>,
+}
+
+pub struct Inner {
+    pub config: ServerConfig,
+    pub jail: jail::Jail,
+    pub templates: Templates,
+    pub sandboxes: RwLock<HashMap<String, Arc<SandboxEntry>>>,
+    /// Creates in flight, counted against `max_sandboxes` too.
+    pub creating: std::sync::atomic::AtomicUsize,
+}
+
+/// Sandbox ids: `sb-` and 20 lowercase base-32 characters (also the hostname).
+pub fn new_id() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let mut rng = rand::rng();
+    let s: String = (0..20).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect();
+    format!("sb-{s}")
+}
+
+/// Whether `id` has the shape of a sandbox id (so bad input gets 400, not 404).
+pub fn valid_id(id: &str) -> bool {
+    id.len() <= 64 && !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl AppState {
+    pub fn new(config: ServerConfig, jail: jail::Jail, templates: Templates) -> AppState {
+        AppState {
+            inner: Arc::new(Inner {
+                config,
+                jail,
+                templates,
+                sandboxes: RwLock::new(HashMap::new()),
+                creating: std::sync::atomic::AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Arc<SandboxEntry>, ApiError> {
+        if !valid_id(id) {
+            return Err(ApiError::BadRequest(format!("invalid sandbox id `{}`", id.chars().take(80).collect::<String>())));
+        }
+        self.inner.sandboxes.read().await.get(id).cloned().ok_or_else(|| ApiError::NotFound(format!("no sandbox `{id}`")))
+    }
+
+    /// Validate a create request against the defaults and caps.
+    pub fn settings(&self, req: &CreateSandbox) -> Result<Settings, ApiError> {
+        let l = &self.inner.config.limits;
+        if req.egress == Some(true) {
+            return Err(ApiError::NotImplemented("egress is not available yet: create the sandbox with egress=false".into()));
+        }
+        if req.persistent == Some(true) {
+            return Err(ApiError::NotImplemented("persistent sandboxes (freeze to a Space) are not available yet".into()));
+        }
+        let ram_mib = req.ram_mib.unwrap_or(l.default_ram_mib);
+        if ram_mib < l.min_ram_mib || ram_mib > l.max_ram_mib {
+            return Err(ApiError::BadRequest(format!("ram_mib must be between {} and {}, got {ram_mib}", l.min_ram_mib, l.max_ram_mib)));
+        }
+        let rootfs_gb = req.rootfs_gb.unwrap_or(l.default_rootfs_gb);
+        if rootfs_gb == 0 || rootfs_gb > l.max_rootfs_gb {
+            return Err(ApiError::BadRequest(format!("rootfs_gb must be between 1 and {}, got {rootfs_gb}", l.max_rootfs_gb)));
+        }
+        let secs = |v: Option<u64>, default: Duration, max: Duration, what: &str| -> Result<Duration, ApiError> {
+            match v {
+                None => Ok(default),
+                Some(0) => Err(ApiError::BadRequest(format!("{what} must be at least 1"))),
+                // Caps apply silently, as the podflare contract documents.
+                Some(s) => Ok(Duration::from_secs(s).min(max)),
+            }
+        };
+        Ok(Settings {
+            template: req.template.clone().unwrap_or_else(|| "default".into()),
+            ram_mib,
+            rootfs_gb,
+            timeout: secs(req.timeout_seconds, l.default_timeout, l.max_timeout, "timeout_seconds")?,
+            idle_timeout: secs(req.idle_timeout_seconds, l.default_idle_timeout, l.max_idle_timeout, "idle_timeout_seconds")?,
+            interrupt_grace: l.interrupt_grace,
+        })
+    }
+
+    pub async fn create(&self, req: CreateSandbox) -> Result<Arc<SandboxEntry>, ApiError> {
+        let settings = self.settings(&req)?;
+        if let Some(t) = &req.template {
+            if t.is_empty() || t.len() > 64 {
+                return Err(ApiError::BadRequest("invalid template name".into()));
+            }
+        }
+        let rootfs = self.inner.templates.rootfs(&settings.template)?;
+        let _slot = CreateSlot::take(self)?;
+        let id = new_id();
+        let spec = jail::SandboxSpec {
+            id: id.clone(),
+            template_rootfs: rootfs,
+            limits: jail::Limits { memory_bytes: settings.ram_mib << 20, pids: self.inner.config.limits.pids, cpu_weight: 100 },
+        };
+        let started = std::time::Instant::now();
+        let engine = self.inner.jail.create(spec).await.map_err(|e| ApiError::engine("could not create the sandbox", e))?;
+        let jailed = started.elapsed();
+        let session = match start_repl(&engine).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.inner.jail.destroy(&engine).await;
+                return Err(ApiError::engine("could not start the sandbox's Python REPL", e));
+            }
+        };
+        let entry = new_entry(id.clone(), settings, engine, session);
+        self.inner.sandboxes.write().await.insert(id, Arc::clone(&entry));
+        tracing::info!(sandbox = %entry.id, template = %entry.settings.template, jail_ms = jailed.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64, "created");
+        Ok(entry)
+    }
+
+    /// Remove a sandbox from the registry and free everything it used.
+    pub async fn destroy(&self, id: &str) -> Result<(), ApiError> {
+        let entry = self.inner.sandboxes.write().await.remove(id).ok_or_else(|| ApiError::NotFound(format!("no sandbox `{id}`")))?;
+        self.teardown(&entry).await;
+        Ok(())
+    }
+
+    async fn teardown(&self, entry: &SandboxEntry) {
+        entry.destroyed.store(true, Ordering::Relaxed);
+        if let Err(e) = self.inner.jail.destroy(&entry.engine).await {
+            tracing::error!(sandbox = %entry.id, err = %e, "destroy failed");
+        }
+        // Drop the REPL session (the process is gone already).
+        if let Ok(mut slot) = entry.slot.try_lock() {
+            slot.session = None;
+        }
+        tracing::info!(sandbox = %entry.id, "destroyed");
+    }
+
+    /// Destroy everything (server shutdown).
+    pub async fn destroy_all(&self) {
+        let all: Vec<Arc<SandboxEntry>> = self.inner.sandboxes.write().await.drain().map(|(_, e)| e).collect();
+        let jobs = all.iter().map(|e| self.teardown(e));
+        futures::future::join_all(jobs).await;
+    }
+
+    /// Enforce lifetimes and idle timeouts, once a second, forever.
+    pub async fn expire_loop(self) {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            let now = now_ms();
+            let expired: Vec<String> = self
+                .inner
+                .sandboxes
+                .read()
+                .await
+                .values()
+                .filter(|e| {
+                    let idle = now.saturating_sub(e.last_active.load(Ordering::Relaxed));
+                    let busy = e.busy.load(Ordering::Relaxed) > 0;
+                    now >= e.expires_at() || (!busy && idle >= e.settings.idle_timeout.as_millis() as u64)
+                })
+                .map(|e| e.id.clone())
+                .collect();
+            for id in expired {
+                tracing::info!(sandbox = %id, "timed out");
+                let _ = self.destroy(&id).await;
+            }
+        }
+    }
+}
+
+/// A reservation against `max_sandboxes`, released when dropped.
+struct CreateSlot<'a>(&'a AppState);
+
+impl<'a> CreateSlot<'a> {
+    fn take(state: &'a AppState) -> Result<CreateSlot<'a>, ApiError> {
+        let live = state.inner.sandboxes.try_read().map(|m| m.len()).unwrap_or(0);
+        let creating = state.inner.creating.fetch_add(1, Ordering::SeqCst);
+        if live + creating >= state.inner.config.limits.max_sandboxes {
+            state.inner.creating.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::TooMany(format!("the server's limit of {} sandboxes is reached", state.inner.config.limits.max_sandboxes)));
+        }
+        Ok(CreateSlot(state))
+    }
+}
+
+impl Drop for CreateSlot<'_> {
+    fn drop(&mut self) {
+        self.0.inner.creating.fetch_sub(1, Ordering::SeqCst);
+    }
+}

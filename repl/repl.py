@@ -1,0 +1,504 @@
+"""forkbox in-sandbox Python REPL (stdlib only).
+
+Loaded by repl/bootstrap.py as module ``forkbox_repl``; the wire protocol is
+docs/repl-protocol.md.  fd 3 is the control socket (framed), fd 1/2 are the raw
+stdout/stderr pipes, Python-level sys.stdout/sys.stderr become ``O``/``E`` frames.
+User code runs in ``__main__.__dict__``.
+"""
+import _thread
+import ast
+import io
+import json
+import linecache
+import os
+import signal
+import sys
+import types
+
+_CTL = 3                      # control socket fd
+_CHUNK = 1 << 16              # max payload of one O/E frame
+_LINEBUF = 8192               # flush O/E when the pending buffer reaches this
+_CO_COROUTINE = 0x80          # inspect.CO_COROUTINE
+_AWAIT = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+_KEEP = ('__name__', '__doc__', '__package__', '__loader__', '__spec__',
+         '__annotations__', '__builtins__')
+
+_write = os.write
+_get_ident = _thread.get_ident
+_eval = eval
+_repr = repr
+_TB = types.TracebackType
+_MY = globals()
+
+# ---- state -------------------------------------------------------------------
+_lock = _thread.RLock()       # guards _pend/_pkind and every write to the socket
+_pend = bytearray()           # pending O/E bytes, all of kind _pkind
+_pkind = b'O'
+_inflush = False              # re-entrancy guard (GC / signal handler during a write)
+_reent = []                   # frames queued by re-entrant calls while _inflush
+_MAIN = _get_ident()
+_running = False              # user code executing on the main thread
+_crit = 0                     # main thread inside a socket write: defer SIGINT
+_int_pending = False
+_child = False                # we are a fork() child of the REPL
+_G = None                     # user globals (__main__.__dict__)
+_BOOT = None                  # bootstrap frame's code object (hidden in tracebacks)
+_n = 0
+_fflags = 0                   # accumulated `from __future__` compiler flags
+_FUTMASK = 0
+_loop = None
+_traceback = None
+_cflush = None
+_OUT = _ERR = _IN = None
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(',', ':')).encode
+
+
+# ---- framing -----------------------------------------------------------------
+def _writeall(data):
+    try:
+        n = _write(_CTL, data)
+        if n != len(data):
+            mv = memoryview(data)[n:]
+            while mv:
+                mv = mv[_write(_CTL, mv):]
+    except OSError:
+        os._exit(0)           # server went away
+
+
+def _send_locked(kind, payload):
+    """Write one frame; caller holds _lock."""
+    global _inflush
+    if _inflush:              # re-entered from inside a write: queue it
+        _reent.append((kind, payload))
+        return
+    _inflush = True
+    try:
+        while True:
+            n = len(payload) + 1
+            if n <= _CHUNK:
+                _writeall(n.to_bytes(4, 'big') + kind + payload)
+            else:
+                _writeall(n.to_bytes(4, 'big') + kind)
+                _writeall(payload)
+            if not _reent:
+                break
+            kind, payload = _reent.pop(0)
+    finally:
+        _inflush = False
+
+
+def _flush_locked():
+    global _pend
+    if not _pend:
+        return
+    data = _pend
+    _pend = bytearray()
+    kind = _pkind
+    n = len(data)
+    if n <= _CHUNK:
+        _send_locked(kind, data)
+        return
+    pos = 0
+    while pos < n:
+        end = pos + _CHUNK
+        if end < n:           # do not split a UTF-8 sequence between frames
+            e = end
+            while e > end - 3 and (data[e] & 0xC0) == 0x80:
+                e -= 1
+            if (data[e] & 0xC0) != 0x80:
+                end = e
+        else:
+            end = n
+        _send_locked(kind, data[pos:end])
+        pos = end
+
+
+def _out(kind, data, force):
+    """Buffer O/E bytes (kind None: just flush) and emit frames; thread-safe."""
+    global _pkind, _crit, _int_pending
+    main = _get_ident() == _MAIN
+    if main:
+        _crit += 1
+    try:
+        with _lock:
+            if kind is not None:
+                if _pend and _pkind != kind:
+                    _flush_locked()
+                _pkind = kind
+                _pend.extend(data)
+            if force or len(_pend) >= _LINEBUF:
+                _flush_locked()
+    finally:
+        if main:
+            _crit -= 1
+            if _int_pending and not _crit:
+                _int_pending = False
+                if _running:
+                    raise KeyboardInterrupt
+
+
+def _frame(kind, payload):
+    """Send a control frame after any pending O/E output."""
+    global _crit
+    main = _get_ident() == _MAIN
+    if main:
+        _crit += 1
+    try:
+        with _lock:
+            _flush_locked()
+            _send_locked(kind, payload)
+    finally:
+        if main:
+            _crit -= 1
+
+
+def _clean(o):
+    if isinstance(o, str):
+        return o.encode('utf-8', 'backslashreplace').decode('utf-8')
+    if isinstance(o, dict):
+        return {k: _clean(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_clean(v) for v in o]
+    return o
+
+
+def _json(o):
+    s = _dumps(o)
+    try:
+        return s.encode('utf-8')
+    except UnicodeEncodeError:  # lone surrogates: not representable in JSON for serde
+        return _dumps(_clean(o)).encode('utf-8')
+
+
+# ---- streams -----------------------------------------------------------------
+class _Bin(io.BufferedIOBase):
+    def __init__(self, kind, fd, name):
+        self._k = kind
+        self._fd = fd
+        self.name = name
+
+    mode = 'wb'
+
+    def write(self, b):
+        if type(b) is not bytes:
+            b = memoryview(b).tobytes()
+        _out(self._k, b, b'\n' in b)
+        return len(b)
+
+    def flush(self):
+        _out(None, b'', True)
+
+    def close(self):
+        self.flush()
+
+    @property
+    def closed(self):
+        return False
+
+    def fileno(self):
+        return self._fd
+
+    def isatty(self):
+        return False
+
+    def readable(self):
+        return False
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return False
+
+
+class _Text(io.TextIOBase):
+    encoding = 'utf-8'
+    errors = 'surrogateescape'
+    newlines = None
+    line_buffering = True
+    write_through = False
+    mode = 'w'
+
+    def __init__(self, kind, fd, name):
+        self._k = kind
+        self._fd = fd
+        self.name = name
+        self.buffer = _Bin(kind, fd, name)
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError('write() argument must be str, not ' + type(s).__name__)
+        try:
+            b = s.encode('utf-8', 'surrogateescape')
+        except UnicodeEncodeError:
+            b = s.encode('utf-8', 'backslashreplace')
+        _out(self._k, b, '\n' in s)
+        return len(s)
+
+    def flush(self):
+        _out(None, b'', True)
+
+    def close(self):
+        self.flush()
+
+    @property
+    def closed(self):
+        return False
+
+    def fileno(self):
+        return self._fd
+
+    def isatty(self):
+        return False
+
+    def readable(self):
+        return False
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return False
+
+    def reconfigure(self, *args, **kwargs):
+        pass
+
+
+# ---- signals / fork ----------------------------------------------------------
+def _on_sigint(signum, frame):
+    global _int_pending
+    if _running:
+        if _crit:
+            _int_pending = True
+        else:
+            raise KeyboardInterrupt
+
+
+def _after_fork_child():
+    global _lock, _child, _pend, _inflush, _crit, _int_pending, _MAIN
+    _lock = _thread.RLock()
+    _pend = bytearray()       # the parent sends its own pending output
+    _reent.clear()
+    _inflush = False
+    _crit = 0
+    _int_pending = False
+    _child = True
+    _MAIN = _get_ident()
+
+
+# ---- exec --------------------------------------------------------------------
+def _compile(src, fn):
+    global _fflags
+    tree = compile(src, fn, 'exec', ast.PyCF_ONLY_AST | _fflags, True)
+    body = tree.body
+    last = body.pop() if body and type(body[-1]) is ast.Expr else None
+    flags = _fflags | _AWAIT
+    c1 = compile(tree, fn, 'exec', flags, True) if body else None
+    if c1 is not None:
+        _fflags |= c1.co_flags & _FUTMASK
+    c2 = compile(ast.Expression(last.value), fn, 'eval', flags, True) if last is not None else None
+    return c1, c2
+
+
+def _await(coro):
+    global _loop
+    if _loop is None or _loop.is_closed():
+        import asyncio
+        _loop = asyncio.new_event_loop()
+    task = _loop.create_task(coro)
+    try:
+        return _loop.run_until_complete(task)
+    except BaseException:
+        if not task.done():
+            task.cancel()
+        raise
+
+
+def _user_tb(tb, fn):
+    keep = []
+    while tb is not None:
+        f = tb.tb_frame
+        if f.f_globals is not _MY and f.f_code is not _BOOT:
+            keep.append(tb)
+        tb = tb.tb_next
+    for i, t in enumerate(keep):
+        if t.tb_frame.f_code.co_filename == fn:
+            del keep[:i]
+            break
+    new = None
+    for t in reversed(keep):
+        new = _TB(new, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return new
+
+
+def _report(e, fn):
+    global _traceback
+    tb = _user_tb(e.__traceback__, fn)
+    try:
+        if _traceback is None:
+            import traceback
+            _traceback = traceback
+        text = ''.join(_traceback.format_exception(type(e), e, tb))
+    except BaseException:
+        text = '%s: <traceback formatting failed>\n' % type(e).__name__
+    try:
+        evalue = str(e)
+    except BaseException:
+        evalue = '<exception str() failed>'
+    sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
+    sys.last_exc = e
+    _ERR.write(text)
+    return {'ename': type(e).__name__, 'evalue': evalue, 'traceback': text.splitlines()}
+
+
+def _exit_code(e):
+    c = e.code
+    if c is None:
+        return 0
+    if isinstance(c, int):
+        c = int(c)
+        return c if -2**31 <= c < 2**31 else 1
+    try:
+        msg = str(c)
+    except BaseException:
+        msg = '<SystemExit code str() failed>'
+    _ERR.write(msg + '\n')
+    return 1
+
+
+def _fflush():
+    global _cflush
+    if _cflush is None:
+        try:
+            import ctypes
+            f = ctypes.CDLL(None).fflush
+            f.argtypes = (ctypes.c_void_p,)
+            f.restype = ctypes.c_int
+            _cflush = f
+        except BaseException:
+            _cflush = False
+    if _cflush:
+        try:
+            _cflush(None)
+        except BaseException:
+            pass
+
+
+def _flush_all():
+    for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if s is not None and s is not _OUT and s is not _ERR:
+            try:
+                s.flush()
+            except BaseException:
+                pass
+    _fflush()
+
+
+def _exec(eid, src):
+    global _n, _running, _IN
+    _n += 1
+    fn = '<exec-%d>' % _n
+    sys.stdout = _OUT
+    sys.stderr = _ERR
+    if _IN is not None and _IN.closed and sys.stdin is _IN:
+        try:
+            _IN = sys.stdin = open(0, 'r', closefd=False)
+        except OSError:
+            pass
+    linecache.cache[fn] = (len(src), None, src.splitlines(True), fn)
+    code = 0
+    err = None
+    val = None
+    try:
+        c1, c2 = _compile(src, fn)
+        g = _G
+        _running = True
+        try:
+            if c1 is not None:
+                r = _eval(c1, g)
+                if c1.co_flags & _CO_COROUTINE:
+                    _await(r)
+            if c2 is not None:
+                v = _eval(c2, g)
+                if c2.co_flags & _CO_COROUTINE:
+                    v = _await(v)
+                if v is not None:
+                    val = _repr(v)
+                v = None
+        finally:
+            _running = False
+    except SystemExit as e:
+        _running = False
+        code = _exit_code(e)
+    except KeyboardInterrupt as e:
+        _running = False
+        err = _report(e, fn)
+        code = 130
+    except BaseException as e:
+        _running = False
+        err = _report(e, fn)
+        code = 1
+    if _child:                # a fork() child fell out of the user's code
+        _flush_all()
+        _out(None, b'', True)
+        os._exit(code & 0xFF)
+    if val is not None:
+        _frame(b'V', _json({'text/plain': val}))
+    _flush_all()
+    _frame(b'D', _json({'id': eid, 'exit_code': code, 'error': err}))
+
+
+def main():
+    global _G, _BOOT, _OUT, _ERR, _IN, _FUTMASK, _MAIN
+    import __future__
+    for name in __future__.all_feature_names:
+        _FUTMASK |= getattr(__future__, name).compiler_flag
+    _MAIN = _get_ident()
+    caller = sys._getframe(1)
+    _BOOT = caller.f_code
+    g = sys.modules['__main__'].__dict__
+    for k in list(g):
+        if k not in _KEEP:
+            del g[k]
+    g['__doc__'] = None
+    g.setdefault('__annotations__', {})
+    _G = g
+    del caller, g
+    sys.argv = ['']
+    os.set_inheritable(_CTL, False)   # os.system() children must not get the socket
+    os.set_blocking(_CTL, True)
+    _OUT = _Text(b'O', 1, '<stdout>')
+    _ERR = _Text(b'E', 2, '<stderr>')
+    sys.stdout = _OUT
+    sys.stderr = _ERR
+    try:                              # exit()/quit() close sys.stdin: keep fd 0 open
+        _IN = sys.stdin = open(0, 'r', closefd=False)
+    except OSError:
+        pass
+    signal.signal(signal.SIGINT, _on_sigint)
+    os.register_at_fork(after_in_child=_after_fork_child)
+    _fflush()                         # import ctypes now, not during the first exec
+    rd = open(_CTL, 'rb', buffering=1 << 16, closefd=False)
+    read = rd.read
+    loads = json.loads
+    _frame(b'R', _json({'pid': os.getpid(), 'python': sys.version.split()[0]}))
+    while True:
+        try:
+            hdr = read(5)
+            if len(hdr) < 5:
+                os._exit(0)
+            n = int.from_bytes(hdr[:4], 'big') - 1
+            payload = read(n) if n > 0 else b''
+            if len(payload) < n:
+                os._exit(0)
+            if hdr[4] != 0x58:        # only 'X' is defined
+                continue
+            try:
+                msg = loads(payload)
+                eid = msg['id']
+                src = msg['code']
+            except Exception:
+                continue
+            _exec(eid, src)
+        except KeyboardInterrupt:
+            continue

@@ -1,0 +1,511 @@
+"""Tests for repl/bootstrap.py + repl/repl.py against docs/repl-protocol.md.
+
+Runs on the host: starts the REPL with the fd layout of the protocol doc
+(0 /dev/null, 1/2 pipes, 3 socketpair end, 4 memfd with repl.py) and drives it.
+FORKBOX_TEST_PYTHON selects the interpreter (default: the one running pytest).
+"""
+import fcntl
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BOOTSTRAP = open(os.path.join(ROOT, 'repl', 'bootstrap.py')).read()
+REPL_SRC = open(os.path.join(ROOT, 'repl', 'repl.py'), 'rb').read()
+PYTHON = os.environ.get('FORKBOX_TEST_PYTHON', sys.executable)
+
+FRESH_MAIN = ['__annotations__', '__builtins__', '__doc__', '__loader__',
+              '__name__', '__package__', '__spec__']
+
+
+class Result:
+    def __init__(self):
+        self.frames = []      # [(type, payload)] excluding D
+        self.raw_out = b''
+        self.raw_err = b''
+        self.done = None      # decoded D payload
+
+    def payload(self, kind):
+        return b''.join(p for t, p in self.frames if t == kind)
+
+    @property
+    def out(self):
+        return self.payload('O')
+
+    @property
+    def err(self):
+        return self.payload('E')
+
+    @property
+    def values(self):
+        return [json.loads(p) for t, p in self.frames if t == 'V']
+
+    @property
+    def exit_code(self):
+        return self.done['exit_code']
+
+    @property
+    def error(self):
+        return self.done['error']
+
+
+class Repl:
+    def __init__(self, cwd=None):
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        memfd = os.memfd_create('repl.py')
+        os.write(memfd, REPL_SRC)
+        os.lseek(memfd, 0, os.SEEK_SET)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        cfd = child.fileno()
+
+        def setup():
+            a = fcntl.fcntl(cfd, fcntl.F_DUPFD, 100)
+            b = fcntl.fcntl(memfd, fcntl.F_DUPFD, 100)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+            os.close(a)
+            os.close(b)
+
+        self.proc = subprocess.Popen(
+            [PYTHON, '-u', '-c', BOOTSTRAP], stdin=subprocess.DEVNULL,
+            stdout=out_w, stderr=err_w, close_fds=False, preexec_fn=setup, cwd=cwd)
+        child.close()
+        os.close(memfd)
+        os.close(out_w)
+        os.close(err_w)
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+        self.sock = parent
+        self.out_r, self.err_r = out_r, err_r
+        self.rbuf = b''
+        self.raw_out = b''
+        self.raw_err = b''
+        self.next_id = 1
+        t, p = self.read_frame(timeout=10)
+        assert t == 'R', (t, p)
+        self.ready = json.loads(p)
+        assert self.ready['pid'] == self.proc.pid
+
+    # -- transport --
+    def send(self, kind, payload):
+        self.sock.sendall(struct.pack('>IB', len(payload) + 1, ord(kind)) + payload)
+
+    def _drain_pipes(self):
+        for fd in (self.out_r, self.err_r):
+            while True:
+                try:
+                    d = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                if not d:
+                    break
+                if fd == self.out_r:
+                    self.raw_out += d
+                else:
+                    self.raw_err += d
+
+    def _frame_from_buf(self):
+        if len(self.rbuf) >= 5:
+            n = struct.unpack('>I', self.rbuf[:4])[0]
+            if len(self.rbuf) >= 4 + n:
+                t = chr(self.rbuf[4])
+                p = self.rbuf[5:4 + n]
+                self.rbuf = self.rbuf[4 + n:]
+                return t, p
+        return None
+
+    def read_frame(self, timeout=10.0):
+        """Next control frame (draining the raw pipes meanwhile); None on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            f = self._frame_from_buf()
+            if f is not None:
+                self._drain_pipes()
+                return f
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            r, _, _ = select.select([self.sock, self.out_r, self.err_r], [], [], left)
+            if self.sock in r:
+                d = self.sock.recv(1 << 20)
+                if not d:
+                    raise EOFError('REPL closed the control socket')
+                self.rbuf += d
+            self._drain_pipes()
+
+    def take_raw(self):
+        self._drain_pipes()
+        o, e = self.raw_out, self.raw_err
+        self.raw_out = self.raw_err = b''
+        return o, e
+
+    # -- API --
+    def start(self, code):
+        eid = self.next_id
+        self.next_id += 1
+        self.send('X', json.dumps({'id': eid, 'code': code}).encode())
+        return eid
+
+    def wait(self, eid, timeout=10.0):
+        res = Result()
+        while True:
+            f = self.read_frame(timeout)
+            assert f is not None, 'timed out waiting for D; frames so far: %r' % res.frames[-5:]
+            t, p = f
+            if t == 'D':
+                res.done = json.loads(p)
+                assert res.done['id'] == eid
+                break
+            res.frames.append((t, p))
+        res.raw_out, res.raw_err = self.take_raw()
+        return res
+
+    def run(self, code, timeout=10.0):
+        return self.wait(self.start(code), timeout)
+
+    def ok(self, code):
+        r = self.run(code)
+        assert r.exit_code == 0, (r.done, r.err, r.raw_err)
+        return r
+
+    def value(self, code):
+        vals = self.ok(code).values
+        assert len(vals) == 1, vals
+        return vals[0]['text/plain']
+
+    def close(self):
+        self.sock.close()
+        try:
+            self.proc.wait(5)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            os.close(self.out_r)
+            os.close(self.err_r)
+
+
+@pytest.fixture(scope='module')
+def repl():
+    r = Repl()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def fresh():
+    r = Repl()
+    yield r
+    r.close()
+
+
+# ---------------------------------------------------------------------------
+def test_ready_frame(repl):
+    assert repl.ready['python'].startswith('%d.%d' % sys.version_info[:2]) or PYTHON != sys.executable
+
+
+def test_clean_main(fresh):
+    assert fresh.run('import os\nos.fstat(4)').error['ename'] == 'OSError'   # memfd closed
+    fresh.ok('del os')
+    assert fresh.value('sorted(globals())') == repr(FRESH_MAIN)
+    assert fresh.value('__name__, __doc__, __spec__, __annotations__') == "('__main__', None, None, {})"
+    assert fresh.value('import sys; sys.argv') == "['']"
+    assert fresh.value("sys.path[0] in ('', __import__('os').getcwd())") == 'True'
+    assert fresh.value("sys.modules['__main__'].__dict__ is globals()") == 'True'
+    assert fresh.value('sys.stdout.isatty(), sys.stdout.fileno(), sys.stderr.fileno(), sys.stdout.encoding') \
+        == "(False, 1, 2, 'utf-8')"
+
+
+def test_state_persists(repl, tmp_path):
+    p = tmp_path / 'f.txt'
+    repl.ok('import math\nx = 41\ndef f(a):\n    return a + 1\nclass C:\n    v = 7\n'
+            'fh = open(%r, "w")' % str(p))
+    assert repl.value('f(x), math.pi > 3, C.v') == '(42, True, 7)'
+    repl.ok('fh.write("hello")\nfh.close()')
+    assert p.read_text() == 'hello'
+    assert repl.value('import pickle\npickle.loads(pickle.dumps(C())).v') == '7'
+
+
+def test_last_expression_value(repl):
+    r = repl.ok('a = 2\na * 21')
+    assert r.values == [{'text/plain': '42'}]
+    assert r.out == b'' and r.raw_out == b''
+    r = repl.ok('None')
+    assert r.values == [] and r.out == b''
+    r = repl.ok('print(3)')
+    assert r.values == [] and r.out == b'3\n'
+    r = repl.ok('"s"')
+    assert r.values == [{'text/plain': "'s'"}]
+    r = repl.ok('')
+    assert r.frames == [] and r.error is None
+    r = repl.ok('# only a comment\n')
+    assert r.frames == []
+    r = repl.ok('x = 5')
+    assert r.values == []
+
+
+def test_repr_error_is_user_exception(repl):
+    r = repl.run('class Bad:\n    def __repr__(self):\n        raise ValueError("nope")\nBad()')
+    assert r.exit_code == 1
+    assert r.error['ename'] == 'ValueError'
+    assert b'raise ValueError("nope")' in r.err
+    assert r.values == []
+
+
+def test_exception_traceback(repl):
+    r = repl.run('def g():\n    return 1 / 0\n\ng()')
+    assert r.exit_code == 1
+    err = r.err.decode()
+    assert err.startswith('Traceback (most recent call last):\n'), err
+    assert 'line 4, in <module>' in err
+    assert 'line 2, in g\n    return 1 / 0\n' in err
+    assert err.rstrip().endswith('ZeroDivisionError: division by zero')
+    assert 'forkbox' not in err and '<string>' not in err and 'repl' not in err
+    assert r.error['ename'] == 'ZeroDivisionError'
+    assert r.error['evalue'] == 'division by zero'
+    assert r.error['traceback'] == err.splitlines()
+    # the function's source is still shown from a later exec
+    r = repl.run('g()')
+    assert b'return 1 / 0' in r.err
+    # and the REPL is fine afterwards
+    assert repl.value('1 + 1') == '2'
+
+
+def test_exception_in_last_expression_and_chained(repl):
+    r = repl.run('{}["k"]')
+    assert r.exit_code == 1 and r.error['ename'] == 'KeyError'
+    err = r.err.decode()
+    assert err.count('File "<exec-') == 1
+    r = repl.run('try:\n    1/0\nexcept Exception as e:\n    raise ValueError("v") from e')
+    err = r.err.decode()
+    assert 'ZeroDivisionError' in err and 'direct cause' in err and 'ValueError: v' in err
+    assert 'forkbox' not in err
+
+
+def test_syntax_error(repl):
+    r = repl.run('x = 1\n1 +')
+    assert r.exit_code == 1
+    err = r.err.decode()
+    assert 'Traceback' not in err
+    assert 'line 2' in err and '1 +' in err
+    assert err.rstrip().splitlines()[-1].startswith('SyntaxError')
+    assert r.error['ename'] == 'SyntaxError'
+    # nothing ran
+    r = repl.run('y_never_defined = 1\n)')
+    assert r.exit_code == 1
+    assert repl.run('y_never_defined').error['ename'] == 'NameError'
+
+
+def test_system_exit(repl):
+    r = repl.run('import sys\nsys.exit()')
+    assert (r.exit_code, r.error, r.err) == (0, None, b'')
+    r = repl.run('sys.exit(3)')
+    assert (r.exit_code, r.error) == (3, None)
+    r = repl.run('sys.exit("msg")')
+    assert (r.exit_code, r.error, r.err) == (1, None, b'msg\n')
+    r = repl.run('raise SystemExit(0)')
+    assert r.exit_code == 0
+    r = repl.run('exit(2)')
+    assert r.exit_code == 2
+    # exit() closes sys.stdin; the REPL keeps a usable (empty) stdin
+    r = repl.run('input()')
+    assert r.error['ename'] == 'EOFError'
+    assert repl.value('"alive"') == "'alive'"
+
+
+def test_stdout_stderr_order(repl):
+    r = repl.ok('import sys\nprint("a")\nprint("b", file=sys.stderr)\nprint("c")\n'
+                'sys.stdout.write("x")\nsys.stderr.write("y\\n")\nsys.stdout.write("z\\n")\nNone')
+    got = [(t, p) for t, p in r.frames]
+    merged = []
+    for t, p in got:
+        if merged and merged[-1][0] == t:
+            merged[-1] = (t, merged[-1][1] + p)
+        else:
+            merged.append((t, p))
+    assert merged == [('O', b'a\n'), ('E', b'b\n'), ('O', b'c\nx'), ('E', b'y\n'), ('O', b'z\n')]
+
+
+def test_partial_line_flush(repl):
+    eid = repl.start('import time\nprint("a", end="", flush=True)\ntime.sleep(0.5)\nprint("b")')
+    t0 = time.monotonic()
+    f = repl.read_frame(timeout=5)
+    assert f == ('O', b'a')
+    assert time.monotonic() - t0 < 0.4
+    r = repl.wait(eid)
+    assert r.out == b'b\n'
+    # unflushed partial line is sent before D
+    r = repl.ok('print("tail", end="")')
+    assert r.out == b'tail'
+
+
+def test_raw_fd_output(repl):
+    r = repl.ok('import os\nos.system("echo hi; echo there >&2")')
+    assert r.raw_out == b'hi\n' and r.raw_err == b'there\n'
+    assert r.out == b''
+    r = repl.ok('import subprocess\nsubprocess.run(["echo", "sub"])\nos.write(1, b"w\\n")\nNone')
+    assert r.raw_out == b'sub\nw\n'
+
+
+def test_c_level_output(repl):
+    r = repl.ok('import ctypes\nlibc = ctypes.CDLL(None)\nlibc.printf(b"x\\n")\nNone')
+    assert r.raw_out == b'x\n'
+    # fully buffered C stdio is flushed (fflush(NULL)) before D
+    r = repl.ok('cstdout = ctypes.c_void_p.in_dll(libc, "stdout")\n'
+                'libc.setvbuf(cstdout, None, 0, 65536)\nlibc.printf(b"buffered")\nNone')
+    assert r.raw_out == b'buffered'
+    repl.ok('libc.setvbuf(cstdout, None, 2, 0)')
+
+
+def test_sigint_during_exec(repl):
+    eid = repl.start('import time, sys\nprint("start", flush=True)\ntime.sleep(30)')
+    assert repl.read_frame() == ('O', b'start\n')
+    t0 = time.monotonic()
+    os.kill(repl.proc.pid, signal.SIGINT)
+    r = repl.wait(eid, timeout=5)
+    assert time.monotonic() - t0 < 1.0
+    assert r.exit_code == 130
+    assert r.error['ename'] == 'KeyboardInterrupt'
+    err = r.err.decode()
+    assert 'Traceback (most recent call last):' in err and 'time.sleep(30)' in err
+    assert err.rstrip().endswith('KeyboardInterrupt')
+    assert repl.value('"still here"') == "'still here'"
+
+
+def test_sigint_during_busy_loop_with_output(repl):
+    eid = repl.start('i = 0\nwhile True:\n    i += 1\n    if i % 1000 == 0: print(i)')
+    assert repl.read_frame()[0] == 'O'
+    os.kill(repl.proc.pid, signal.SIGINT)
+    r = repl.wait(eid, timeout=5)
+    assert r.exit_code == 130
+    # output framing survived the interrupt
+    assert all(line.isdigit() for line in r.out.decode().split())
+    assert repl.value('i > 0') == 'True'
+
+
+def test_sigint_idle_ignored(repl):
+    os.kill(repl.proc.pid, signal.SIGINT)
+    time.sleep(0.2)
+    os.kill(repl.proc.pid, signal.SIGINT)
+    assert repl.read_frame(timeout=0.2) is None
+    assert repl.proc.poll() is None
+    r = repl.ok('1')
+    assert r.values == [{'text/plain': '1'}] and r.err == b''
+
+
+def test_large_output(repl):
+    r = repl.ok('import sys\nsys.stdout.write("x" * 10_000_000)\nNone')
+    assert r.out == b'x' * 10_000_000
+    r = repl.ok('for i in range(100000): print(i)')
+    assert r.out == ''.join('%d\n' % i for i in range(100000)).encode()
+    r = repl.ok('print("é" * 1_000_000)')
+    assert r.out == ('é' * 1_000_000 + '\n').encode()
+    for t, p in r.frames:
+        p.decode('utf-8')     # chunks never split a character
+
+
+def test_stdout_reassignment(repl):
+    r = repl.ok('import sys, os\nsys.stdout = open(os.devnull, "w")\nprint("lost")')
+    assert r.out == b''
+    r = repl.ok('print("back")')
+    assert r.out == b'back\n'
+    r = repl.ok('sys.stdout.close()\nprint("after close")')
+    assert r.out == b'after close\n'
+
+
+def test_background_thread_output(repl):
+    repl.ok('import threading, time\n'
+            'def bg():\n    time.sleep(0.2)\n    print("from thread")\n'
+            'threading.Thread(target=bg).start()')
+    f = repl.read_frame(timeout=5)
+    assert f == ('O', b'from thread\n')
+
+
+def test_unicode_and_bytes(repl):
+    r = repl.ok('print("héllo ✓ 😀")')
+    assert r.out == 'héllo ✓ 😀\n'.encode()
+    r = repl.ok('import sys\nsys.stdout.buffer.write(b"\\xff\\n")\nNone')
+    assert r.out == b'\xff\n'
+    r = repl.ok('print("\\udcff")')
+    assert r.out == b'\xff\n'
+    r = repl.ok('sys.stderr.buffer.write(bytearray(b"\\x00\\x01\\n"))\nNone')
+    assert r.err == b'\x00\x01\n'
+    r = repl.ok('"\\udcff" + "ü"')
+    assert r.values == [{'text/plain': "'\\udcffü'"}]
+    r = repl.ok('class S:\n    def __repr__(self): return "\\udcff"\nS()')
+    assert r.values == [{'text/plain': '\\udcff'}]
+
+
+def test_top_level_await(repl):
+    assert repl.value('import asyncio\nawait asyncio.sleep(0.01)\nawait asyncio.sleep(0, "r")') == "'r'"
+    assert repl.value('z = await asyncio.sleep(0, 5)\nz') == '5'
+    r = repl.run('async def boom():\n    raise KeyError("k")\nawait boom()')
+    assert r.error['ename'] == 'KeyError'
+    assert 'raise KeyError' in r.err.decode()
+    assert repl.value('asyncio.run(asyncio.sleep(0, 6))') == '6'
+
+
+def test_future_annotations_carry_over(fresh):
+    fresh.ok('from __future__ import annotations')
+    assert fresh.value('def f(x: undefined_name): pass\nf.__annotations__') == "{'x': 'undefined_name'}"
+
+
+def test_fork_child_does_not_send_done(repl):
+    r = repl.ok('import os\npid = os.fork()\nif pid == 0:\n    print("child")\n'
+                'else:\n    os.waitpid(pid, 0)\n    print("parent")')
+    assert b'child\n' in r.out and b'parent\n' in r.out
+    assert repl.read_frame(timeout=0.3) is None
+    assert repl.value('pid != 0') == 'True'
+
+
+def test_socket_not_inherited(repl):
+    r = repl.ok('import os\nos.system("for n in 3 4; do test -e /proc/$$/fd/$n && echo open$n; done")')
+    assert r.raw_out == b''
+
+
+def test_multiprocessing_fork_pool(repl):
+    r = repl.ok('import multiprocessing as mp\ndef sq(x):\n    print("w", x)\n    return x * x\n'
+                'with mp.get_context("fork").Pool(2) as p:\n    res = p.map(sq, range(4))\nres')
+    assert r.values == [{'text/plain': '[0, 1, 4, 9]'}]
+    assert sorted(r.out.splitlines()) == [b'w 0', b'w 1', b'w 2', b'w 3']
+
+
+def test_sigint_during_heavy_output_keeps_framing(repl):
+    repl.ok('import threading, sys\nstop_bg = False\ndef bg():\n    while not stop_bg:\n'
+            '        sys.stderr.write("e" * 5000 + "\\n")\nthreading.Thread(target=bg, daemon=True).start()')
+    for n in (10, 3000, 70000):
+        eid = repl.start('while True: print("x" * %d)' % n)
+        time.sleep(0.02)
+        os.kill(repl.proc.pid, signal.SIGINT)
+        r = repl.wait(eid)
+        assert r.exit_code == 130
+        assert set(r.out) <= set(b'x\n')
+    repl.ok('stop_bg = True')
+    time.sleep(0.05)
+    assert repl.value('1 + 1') == '2'
+
+
+def test_eof_exits(fresh):
+    fresh.sock.shutdown(socket.SHUT_WR)
+    assert fresh.proc.wait(5) == 0
+
+
+def test_exec_latency(repl):
+    n = 200
+    repl.ok('print(1)')
+    t0 = time.perf_counter()
+    for _ in range(n):
+        r = repl.run('print(1)')
+        assert r.out == b'1\n'
+    per = (time.perf_counter() - t0) / n
+    # includes this harness's overhead; the REPL side is far below this
+    assert per < 0.005, per
