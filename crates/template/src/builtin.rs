@@ -1,0 +1,74 @@
+//! Recipes shipped with forkbox, embedded from the repository's templates/ dir.
+
+use crate::recipe::Recipe;
+
+/// Name and TOML text of each built-in, bases before the templates derived from them.
+const BUILTINS: &[(&str, &str)] = &[
+    ("default", include_str!("../../../templates/default.toml")),
+    (
+        "python-datasci",
+        include_str!("../../../templates/python-datasci.toml"),
+    ),
+];
+
+const NAMES: &[&str] = &["default", "python-datasci"];
+
+/// The built-in recipe called `name`.
+pub fn builtin(name: &str) -> Option<Recipe> {
+    let (_, text) = BUILTINS.iter().find(|(n, _)| *n == name)?;
+    // The tests parse every built-in, so this only fails on a broken checkout.
+    Some(Recipe::from_toml(text).expect("built-in recipe is valid"))
+}
+
+/// Names of all built-in recipes, in build order (a base before its derived templates).
+pub fn builtin_names() -> &'static [&'static str] {
+    NAMES
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builtin_parses_and_is_named_after_its_entry() {
+        assert_eq!(builtin_names().len(), BUILTINS.len());
+        for (i, name) in builtin_names().iter().enumerate() {
+            assert_eq!(BUILTINS[i].0, *name);
+            let recipe = builtin(name).unwrap();
+            assert_eq!(recipe.name, *name);
+            // Build order: a base must come earlier in the list.
+            if let Some(base) = &recipe.base {
+                let pos = builtin_names().iter().position(|n| n == base).unwrap();
+                assert!(pos < i, "{name} listed before its base {base}");
+            }
+        }
+        assert!(builtin("nope").is_none());
+    }
+
+    #[test]
+    fn default_matches_the_spec() {
+        let r = builtin("default").unwrap();
+        assert_eq!(r.base, None);
+        assert_eq!(r.suite, "bookworm");
+        assert_eq!(r.variant, "minbase");
+        assert_eq!(r.mirror, "http://deb.debian.org/debian");
+        for pkg in [
+            "python3-pandas",
+            "python3-cloudpickle",
+            "iproute2",
+            "ca-certificates",
+        ] {
+            assert!(r.apt.iter().any(|p| p == pkg), "{pkg} missing");
+        }
+        assert!(r.run.iter().any(|c| c.contains("EXTERNALLY-MANAGED")));
+        assert!(r.run.iter().any(|c| c.contains("/etc/hostname")));
+
+        let ds = builtin("python-datasci").unwrap();
+        assert_eq!(ds.base.as_deref(), Some("default"));
+        assert_eq!(
+            ds.apt,
+            ["python3-matplotlib", "python3-scipy", "python3-sklearn"]
+        );
+        assert_eq!(ds.suite, "");
+    }
+}

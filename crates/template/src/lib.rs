@@ -1,0 +1,32 @@
+//! Builds and caches forkbox templates: Debian root filesystems, made with
+//! debootstrap plus apt packages and shell fixups, that sandboxes use
+//! read-only as the lower layer of their overlay.
+//!
+//! Recipes are TOML (see `templates/default.toml` for the field reference);
+//! the ones in the repository's `templates/` directory are built in. Each
+//! recipe has a content key, and a [`TemplateStore`] keeps one directory per
+//! built key, so unchanged recipes are never rebuilt.
+
+mod apt;
+mod build;
+mod builtin;
+mod chroot;
+mod debootstrap;
+mod error;
+mod exec;
+mod key;
+mod lock;
+mod progress;
+mod recipe;
+mod remove;
+mod steps;
+mod store;
+mod tools;
+
+pub use builtin::{builtin, builtin_names};
+pub use error::TemplateError;
+pub use key::BUILDER_VERSION;
+pub use progress::{BarProgress, NoProgress, Progress};
+pub use recipe::{Recipe, DEFAULT_MIRROR, DEFAULT_SUITE, DEFAULT_VARIANT};
+pub use store::{BuiltTemplate, TemplateStore};
+pub use tools::check_tools;
