@@ -140,6 +140,10 @@ struct RunArgs {
 }
 
 fn main() {
+    // A sandbox's init is this binary exec'd under another name.
+    if std::env::args_os().next().is_some_and(|a| a == jail::shim::init::INIT_ARGV0) {
+        jail::shim::init::main();
+    }
     let cli = Cli::parse();
     if let Command::Shim { config } = &cli.command {
         // Single-threaded on purpose: the shim forks.

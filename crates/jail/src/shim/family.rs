@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::sys::{self, Forked};
 
 pub struct Family {
+    reaper: Pid,
     pub userns: OwnedFd,
     pub pidns: OwnedFd,
     /// Read end of the reaper's death reports (12-byte records).
@@ -59,9 +60,17 @@ impl Family {
                 let tree = sys::open_tree_clone(template).map_err(|e| Error::sys("open template", e))?;
                 sys::mount_setattr_idmap(tree.as_fd(), userns.as_fd(), true).map_err(|e| Error::sys("id-map template", e))?;
                 sys::move_mount_to(tree.as_fd(), &lower).map_err(|e| Error::sys("mount template", e))?;
-                Ok(Family { userns, pidns, deaths: dead_r, lower })
+                Ok(Family { reaper: pid, userns, pidns, deaths: dead_r, lower })
             }
         }
+    }
+
+    /// Kill the reaper and wait for it: the kernel kills every process of
+    /// the family's pid namespace and reaps them before the reaper's wait
+    /// completes, so when this returns nothing of the family is left.
+    pub fn terminate(&self) {
+        let _ = nix::sys::signal::kill(self.reaper, nix::sys::signal::Signal::SIGKILL);
+        let _ = waitpid(self.reaper, None);
     }
 
     /// Read one death report (blocking; call when the pipe is readable).

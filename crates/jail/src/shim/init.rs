@@ -26,17 +26,47 @@ const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 const MASKED_FILES: [&str; 5] = ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sysrq-trigger", "/proc/latency_stats"];
 const MASKED_DIRS: [&str; 4] = ["/proc/acpi", "/proc/scsi", "/sys/firmware", "/proc/driver"];
 
+/// `argv[0]` of an exec'd init; `main` dispatches on it.
+pub const INIT_ARGV0: &str = "forkbox-init";
+
+/// In the forked child: finish the root, then exec a fresh copy of our own
+/// binary as init, so nothing of the shim's memory (host paths, other
+/// state) stays in a process that lives inside the sandbox.
 pub fn run(sock: OwnedFd, root: &Path, hostname: &str) -> ! {
-    let result = setup(root, hostname);
-    if let Err(e) = result {
-        let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: e }, &[]);
-        std::process::exit(1);
-    }
-    // Keep only the socket to the shim.
+    let exe = fs::File::open("/proc/self/exe").map(OwnedFd::from);
+    let result = exe.map_err(|e| format!("open own executable: {e}")).and_then(|exe| setup(root, hostname).map(|()| exe));
+    let exe = match result {
+        Ok(exe) => exe,
+        Err(e) => {
+            let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: e }, &[]);
+            std::process::exit(1);
+        }
+    };
+    // Keep only the socket to the shim (on fd 3) and the executable.
     let _ = sys::dup_to(sock.as_raw_fd(), 3);
-    std::mem::forget(sock);
+    let _ = sys::dup_to(exe.as_raw_fd(), 4);
+    sys::close_fds_from(5);
+    let argv0 = std::ffi::CString::new(INIT_ARGV0).unwrap_or_default();
+    let argv = [argv0.as_ptr(), std::ptr::null()];
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    // SAFETY: argv/envp are NUL-terminated arrays of valid C strings that
+    // outlive the call; fd 4 is our own executable.
+    unsafe { libc::syscall(libc::SYS_execveat, 4, c"".as_ptr(), argv.as_ptr(), envp.as_ptr(), libc::AT_EMPTY_PATH) };
+    let err = format!("exec init: {}", std::io::Error::last_os_error());
+    // SAFETY: fd 3 is the socket placed above.
+    let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(3) };
+    let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: err }, &[]);
+    std::process::exit(1)
+}
+
+/// Entry point of the exec'd init (`argv[0] == forkbox-init`): the socket
+/// to the shim is fd 3.
+pub fn main() -> ! {
     sys::close_fds_from(4);
-    // SAFETY: fd 3 is the socket we just placed there.
+    // SAFETY: prctl with a NUL-terminated name.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"forkbox-init".as_ptr(), 0, 0, 0) };
+    let _ = sys::set_not_dumpable();
+    // SAFETY: the shim's init socket is on fd 3 (see `run`).
     let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(3) };
     let confinement = match Confinement::load() {
         Ok(c) => c,

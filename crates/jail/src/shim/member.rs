@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 use nix::sys::wait::waitpid;
-use nix::unistd::{setresgid, setresuid, Gid, Pid, Uid};
+use nix::unistd::{chdir, setresgid, setresuid, Gid, Pid, Uid};
 
 use super::family::{open_ns, Family};
 use super::init;
@@ -39,14 +39,21 @@ pub struct Member {
 
 /// The overlay for a member, mounted in the shim's private mount namespace.
 pub fn mount_root(family: &Family, run_dir: &Path, name: &str, upper: &Path, work: &Path) -> Result<PathBuf> {
-    let root = run_dir.join(name).join("root");
+    let dir = run_dir.join(name);
+    let root = dir.join("root");
     fs::create_dir_all(&root).map_err(|e| Error::io("create root mount point", e))?;
-    let opts = format!("lowerdir={},upperdir={},workdir={}", family.lower.display(), upper.display(), work.display());
-    if opts.contains(',') && [&family.lower, upper, work].iter().any(|p| p.to_string_lossy().contains([',', ':'])) {
-        return Err(Error::Invalid("paths with ',' or ':' cannot be overlay layers".into()));
+    // The layer paths overlayfs shows in the sandbox's /proc/self/mountinfo
+    // are the strings we pass: pass short relative names (links in `dir`)
+    // so no host path is visible inside.
+    for (link, target) in [("l", family.lower.as_path()), ("u", upper), ("w", work)] {
+        let path = dir.join(link);
+        let _ = fs::remove_file(&path);
+        std::os::unix::fs::symlink(target, &path).map_err(|e| Error::io("link overlay layer", e))?;
     }
-    mount(Some("overlay"), &root, Some("overlay"), MsFlags::empty(), Some(opts.as_str()))
-        .map_err(|e| Error::sys("mount overlay", e))?;
+    chdir(&dir).map_err(|e| Error::sys("enter run dir", e))?;
+    let mounted = mount(Some("overlay"), &root, Some("overlay"), MsFlags::empty(), Some("lowerdir=l,upperdir=u,workdir=w"));
+    let _ = chdir("/");
+    mounted.map_err(|e| Error::sys("mount overlay", e))?;
     Ok(root)
 }
 

@@ -9,7 +9,7 @@
 
 mod confine;
 mod family;
-mod init;
+pub mod init;
 mod member;
 pub mod messages;
 
@@ -76,6 +76,7 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
     channel::send(sock.as_fd(), &ShimMessage::Ready, &[])?;
     let mut shim = Shim { config, sock, family, members: HashMap::new(), repls: HashMap::new(), confinement };
     let result = shim.serve();
+    shim.family.terminate();
     let _ = fs::remove_dir_all(&shim.config.run_dir);
     result
 }

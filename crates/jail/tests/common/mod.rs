@@ -26,18 +26,44 @@ pub fn template_rootfs() -> PathBuf {
     built.pop().expect("a built default template")
 }
 
-pub fn jail() -> Jail {
-    let state = PathBuf::from(std::env::var("FORKBOX_TEST_STATE").unwrap_or_else(|_| "/var/lib/forkbox-test-jail".into()));
-    Jail::open(JailConfig { state_dir: state, shim_exe: PathBuf::from(env!("CARGO_BIN_EXE_forkbox-jail-shim")), volume_gib: 16 })
-        .expect("open engine")
+/// One engine per test binary (it locks its state directory).
+pub fn jail() -> &'static Jail {
+    static JAIL: std::sync::OnceLock<Jail> = std::sync::OnceLock::new();
+    JAIL.get_or_init(|| {
+        let state = PathBuf::from(std::env::var("FORKBOX_TEST_STATE").unwrap_or_else(|_| "/var/lib/forkbox-test-jail".into()));
+        Jail::open(JailConfig { state_dir: state, shim_exe: PathBuf::from(env!("CARGO_BIN_EXE_forkbox-jail-shim")), volume_gib: 16 })
+            .expect("open engine")
+    })
+}
+
+/// A sandbox id unique in this test run.
+pub fn unique(prefix: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
 pub fn spec(id: &str) -> SandboxSpec {
     SandboxSpec {
         id: id.to_string(),
         template_rootfs: template_rootfs(),
-        limits: Limits { memory_bytes: 512 << 20, pids: 256, cpu_weight: 100 },
+        limits: Limits { memory_bytes: 256 << 20, pids: 128, cpu_weight: 100 },
     }
+}
+
+/// Host processes running with a uid in `[base, base + 65536)`.
+pub fn host_pids_with_uid_from(base: u32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.to_string()))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|u| u.parse::<u32>().ok()))
+                .is_some_and(|u| u >= base && u < base + 65536)
+        })
+        .collect()
 }
 
 pub const ENV: &[&str] = &["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"];
@@ -55,13 +81,29 @@ pub async fn bash(sb: &Sandbox, script: &str) -> (i32, String, String) {
     collect(cmd).await
 }
 
+/// Read a command's output until it exits (not until EOF: a background
+/// child may hold the pipes open), then take what is left in the pipes.
 pub async fn collect(mut cmd: CommandProcess) -> (i32, String, String) {
     let mut out = Vec::new();
     let mut err = Vec::new();
-    let (a, b) = tokio::join!(cmd.stdout.read_to_end(&mut out), cmd.stderr.read_to_end(&mut err));
-    a.unwrap();
-    b.unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(60), cmd.exited).await.expect("command exit in time").expect("exit status");
+    let mut buf = vec![0u8; 65536];
+    let mut ebuf = vec![0u8; 65536];
+    let deadline = tokio::time::sleep(Duration::from_secs(120));
+    tokio::pin!(deadline);
+    let status = loop {
+        tokio::select! {
+            n = cmd.stdout.read(&mut buf) => if let Ok(n @ 1..) = n { out.extend_from_slice(&buf[..n]) } else { tokio::time::sleep(Duration::from_millis(5)).await },
+            n = cmd.stderr.read(&mut ebuf) => if let Ok(n @ 1..) = n { err.extend_from_slice(&ebuf[..n]) } else { tokio::time::sleep(Duration::from_millis(5)).await },
+            s = &mut cmd.exited => break s.expect("exit status"),
+            _ = &mut deadline => panic!("command did not exit within 120 s"),
+        }
+    };
+    while let Ok(n @ 1..) = cmd.stdout.try_read(&mut buf) {
+        out.extend_from_slice(&buf[..n]);
+    }
+    while let Ok(n @ 1..) = cmd.stderr.try_read(&mut ebuf) {
+        err.extend_from_slice(&ebuf[..n]);
+    }
     (code(status), String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned())
 }
 
