@@ -24,7 +24,7 @@ pub struct AppState {
 
 pub struct Inner {
     pub config: ServerConfig,
-    pub jail: jail::Jail,
+    pub jail: Arc<jail::Jail>,
     pub templates: Templates,
     pub sandboxes: RwLock<HashMap<String, Arc<SandboxEntry>>>,
     /// Creates in flight, counted against `max_sandboxes` too.
@@ -49,12 +49,25 @@ impl AppState {
         AppState {
             inner: Arc::new(Inner {
                 config,
-                jail,
+                jail: Arc::new(jail),
                 templates,
                 sandboxes: RwLock::new(HashMap::new()),
                 creating: std::sync::atomic::AtomicUsize::new(0),
             }),
         }
+    }
+
+    /// The same engine and sandboxes under another configuration (tests use
+    /// it to check auth without a second engine).
+    pub fn with_config(other: &AppState, config: ServerConfig) -> AppState {
+        let inner = &other.inner;
+        AppState { inner: Arc::new(Inner {
+            config,
+            jail: Arc::clone(&inner.jail),
+            templates: inner.templates.clone(),
+            sandboxes: RwLock::new(HashMap::new()),
+            creating: std::sync::atomic::AtomicUsize::new(0),
+        }) }
     }
 
     pub async fn get(&self, id: &str) -> Result<Arc<SandboxEntry>, ApiError> {
