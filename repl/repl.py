@@ -286,6 +286,80 @@ def _after_fork_child():
     _MAIN = _get_ident()
 
 
+# ---- pid namespaces ----------------------------------------------------------
+# The REPL lives in its family's pid namespace (so fork can place children in
+# sibling sandboxes) while the processes it starts belong in its sandbox's own
+# leaf pid namespace.  The kernel refuses to create threads while a thread's
+# pid_for_children differs from its active pid namespace, so the REPL keeps
+# pid_for_children = family (threads, from Python or C, just work) and
+# switches the calling thread to the leaf only around process creation.
+_FAMILY_FD = 5                # fd of the family pid namespace
+_LEAF_FD = 6                  # fd of the sandbox's leaf pid namespace
+_CLONE_NEWPID = 0x20000000
+_setns = None
+
+
+def _to_leaf():
+    if _setns is not None:
+        _setns(_LEAF_FD, _CLONE_NEWPID)
+
+
+def _to_family():
+    if _setns is not None:
+        _setns(_FAMILY_FD, _CLONE_NEWPID)
+
+
+def _spawning(fn, forks):
+    """Wrap a process-creating function: its children go to the leaf.
+    ``forks``: fn returns in the child too (0, or (0, fd)) and the child
+    must stay in the leaf."""
+    def wrapper(*args, **kwargs):
+        _to_leaf()
+        child = False
+        try:
+            r = fn(*args, **kwargs)
+            if forks:
+                child = (r[0] if type(r) is tuple else r) == 0
+            return r
+        finally:
+            if not child:
+                _to_family()
+    wrapper.__name__ = fn.__name__
+    wrapper.__qualname__ = getattr(fn, '__qualname__', fn.__name__)
+    wrapper.__doc__ = fn.__doc__
+    wrapper.__wrapped__ = fn
+    return wrapper
+
+
+def _setup_pidns():
+    global _setns
+    try:
+        os.fstat(_FAMILY_FD)
+        os.fstat(_LEAF_FD)
+    except OSError:
+        return                        # not started by forkbox (tests on the host)
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(_FAMILY_FD, _CLONE_NEWPID) != 0:
+        return
+    _setns = libc.setns
+    os.set_inheritable(_FAMILY_FD, False)
+    os.set_inheritable(_LEAF_FD, False)
+    # Keep CAP_SYS_ADMIN (needed for setns) for this process only: programs
+    # it executes must not get it.  PR_CAPBSET_DROP = 24, CAP_SYS_ADMIN = 21.
+    libc.prctl(24, 21, 0, 0, 0)
+    for name, forks in (('fork', True), ('forkpty', True), ('posix_spawn', False),
+                        ('posix_spawnp', False), ('system', False)):
+        fn = getattr(os, name, None)
+        if fn is not None:
+            setattr(os, name, _spawning(fn, forks))
+    import _posixsubprocess
+    import subprocess
+    _posixsubprocess.fork_exec = _spawning(_posixsubprocess.fork_exec, False)
+    if hasattr(subprocess, '_fork_exec'):
+        subprocess._fork_exec = _posixsubprocess.fork_exec
+
+
 # ---- exec --------------------------------------------------------------------
 def _compile(src, fn):
     global _fflags
@@ -476,6 +550,7 @@ def main():
     except OSError:
         pass
     signal.signal(signal.SIGINT, _on_sigint)
+    _setup_pidns()
     os.register_at_fork(after_in_child=_after_fork_child)
     _fflush()                         # import ctypes now, not during the first exec
     rd = open(_CTL, 'rb', buffering=1 << 16, closefd=False)

@@ -147,6 +147,7 @@ async fn bad_exec_requests_get_clear_errors() {
         (json!({"code": 5}), StatusCode::BAD_REQUEST),
         (json!({"code": "1", "timeout_ms": 0}), StatusCode::BAD_REQUEST),
         (json!({"code": "1", "extra": true}), StatusCode::BAD_REQUEST),
+        (json!(["print(1)"]), StatusCode::BAD_REQUEST),
     ] {
         let (s, v) = call_json("POST", &uri, body).await;
         assert_json_error(s, &v, expected);

@@ -107,6 +107,16 @@ pub struct Sandbox {
     next_command: std::sync::atomic::AtomicU64,
 }
 
+fn create_member_request(id: &str, cgroup: &Cgroup, subvolume: &Path) -> Request {
+    Request::CreateMember {
+        member: id.to_string(),
+        hostname: id.to_string(),
+        upper: subvolume.join("upper"),
+        work: subvolume.join("work"),
+        cgroup_procs: cgroup.procs_files(),
+    }
+}
+
 const SANDBOXES_DIR: &str = "sandboxes";
 const DESTROY_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -119,7 +129,8 @@ impl Jail {
         let lock = lock_state_dir(&config.state_dir)?;
         let volume = Volume::open(&config.state_dir, config.volume_gib)?;
         let cgroups = Cgroups::detect(&instance_name(&config.state_dir))?;
-        let jail = Jail { config, volume, cgroups, ids: StdMutex::new(IdAllocator::new()), _lock: lock };
+        let ids = IdAllocator::claim(Path::new(crate::ids::SLOT_LOCK_DIR))?;
+        let jail = Jail { config, volume, cgroups, ids: StdMutex::new(ids), _lock: lock };
         jail.clean_stale()?;
         Ok(jail)
     }
@@ -158,19 +169,27 @@ impl Jail {
 
     /// Create a sandbox: subvolume, cgroup, family shim, member.
     pub async fn create(&self, spec: SandboxSpec) -> Result<Sandbox> {
+        let range = self.ids.lock().map_err(|_| Error::Shim("id allocator poisoned".into()))?.allocate()?;
+        let release = |ids: &StdMutex<IdAllocator>| {
+            if let Ok(mut ids) = ids.lock() {
+                ids.release(range);
+            }
+        };
         let subvolume = self.volume.root().join(SANDBOXES_DIR).join(&spec.id);
-        self.volume.create_subvolume(&subvolume)?;
-        for d in ["upper", "work"] {
-            std::fs::create_dir(subvolume.join(d)).map_err(|e| Error::io("create layer dir", e))?;
+        if let Err(e) = self.make_layers(&subvolume, &spec.template_rootfs, range) {
+            let _ = self.volume.delete_subvolume(&subvolume);
+            release(&self.ids);
+            return Err(e);
         }
         let cgroup = match self.cgroups.create(&spec.id, &spec.limits) {
             Ok(c) => c,
             Err(e) => {
                 let _ = self.volume.delete_subvolume(&subvolume);
+                release(&self.ids);
                 return Err(e);
             }
         };
-        let made = self.create_member(&spec, &cgroup, &subvolume).await;
+        let made = self.create_member(&spec, &cgroup, &subvolume, range).await;
         match made {
             Ok(shim) => Ok(Sandbox {
                 id: spec.id,
@@ -184,37 +203,44 @@ impl Jail {
                 let _ = cgroup.kill_all(DESTROY_DEADLINE);
                 let _ = cgroup.remove();
                 let _ = self.volume.delete_subvolume(&subvolume);
+                let _ = std::fs::remove_dir_all(self.run_dir(&spec.id));
+                release(&self.ids);
                 Err(e)
             }
         }
     }
 
-    async fn create_member(&self, spec: &SandboxSpec, cgroup: &Cgroup, subvolume: &Path) -> Result<Arc<ShimHandle>> {
-        let range = self.ids.lock().map_err(|_| Error::Shim("id allocator poisoned".into()))?.allocate()?;
+    fn run_dir(&self, id: &str) -> PathBuf {
+        self.config.state_dir.join("run").join(id)
+    }
+
+    /// The sandbox's writable layers on a fresh subvolume. The upper layer's
+    /// root must belong to the sandbox's root (and carry the template root's
+    /// mode), or root inside could not create anything in `/`.
+    fn make_layers(&self, subvolume: &Path, template_rootfs: &Path, range: crate::ids::IdRange) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        self.volume.create_subvolume(subvolume)?;
+        for d in ["upper", "work"] {
+            std::fs::create_dir(subvolume.join(d)).map_err(|e| Error::io("create layer dir", e))?;
+        }
+        let upper = subvolume.join("upper");
+        let mode = std::fs::metadata(template_rootfs).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0o755);
+        std::fs::set_permissions(&upper, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io("chmod upper", e))?;
+        std::os::unix::fs::chown(&upper, Some(range.base), Some(range.base)).map_err(|e| Error::io("chown upper", e))?;
+        Ok(())
+    }
+
+    async fn create_member(&self, spec: &SandboxSpec, cgroup: &Cgroup, subvolume: &Path, range: crate::ids::IdRange) -> Result<Arc<ShimHandle>> {
         let config = ShimConfig {
             family: spec.id.clone(),
             id_base: range.base,
             id_count: range.count,
             template_rootfs: spec.template_rootfs.clone(),
-            run_dir: self.config.state_dir.join("run").join(&spec.id),
+            run_dir: self.run_dir(&spec.id),
         };
-        let shim = match ShimHandle::start(&self.config.shim_exe, &config, range).await {
-            Ok(s) => s,
-            Err(e) => {
-                self.ids.lock().map_err(|_| Error::Shim("id allocator poisoned".into()))?.release(range);
-                return Err(e);
-            }
-        };
-        let req = Request::CreateMember {
-            member: spec.id.clone(),
-            hostname: spec.id.clone(),
-            upper: subvolume.join("upper"),
-            work: subvolume.join("work"),
-            cgroup_procs: cgroup.procs_files(),
-        };
-        if let Err(e) = shim.call(req, &[]).await {
+        let shim = ShimHandle::start(&self.config.shim_exe, &config, range).await?;
+        if let Err(e) = shim.call(create_member_request(&spec.id, cgroup, subvolume), &[]).await {
             shim.shutdown().await;
-            self.ids.lock().map_err(|_| Error::Shim("id allocator poisoned".into()))?.release(range);
             return Err(e);
         }
         Ok(shim)
@@ -231,6 +257,8 @@ impl Jail {
             .call(Request::DestroyMember { member: sandbox.id.clone(), cgroup_procs: vec![] }, &[])
             .await;
         sandbox.shim.shutdown().await;
+        // The shim's mounts died with it; its mount points are plain dirs here.
+        let _ = std::fs::remove_dir_all(self.run_dir(&sandbox.id));
         if let Ok(mut ids) = self.ids.lock() {
             ids.release(sandbox.shim.range);
         }
@@ -315,6 +343,20 @@ impl Sandbox {
             member: self.id.clone(),
             id,
         })
+    }
+
+    /// Kill every process of the sandbox and build its namespaces and init
+    /// again over the same files (after its init died, e.g. to `kill -1`
+    /// from the REPL): the filesystem survives, processes do not.
+    pub async fn rebuild(&self) -> Result<()> {
+        let cgroup = self.cgroup.clone();
+        tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE))
+            .await
+            .map_err(|e| Error::Shim(format!("join: {e}")))??;
+        self.shim.call(Request::DestroyMember { member: self.id.clone(), cgroup_procs: vec![] }, &[]).await?;
+        self.shim.call(create_member_request(&self.id, &self.cgroup, &self.subvolume), &[]).await?;
+        self.shim.init_dead.store(false, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Whether the member's init (and so the sandbox's namespaces) is alive.

@@ -1,6 +1,11 @@
 //! Host uid/gid ranges for families. Each family maps uid 0..65536 inside to
-//! its own block of host ids, far above any real user's, and blocks are
-//! handed out round-robin so a freed block is not reused at once.
+//! its own block of host ids, far above any real user's. Each server takes a
+//! slot of blocks, claimed with a host-wide lock file, so two servers on one
+//! host never hand out the same host ids; within a slot, blocks are handed
+//! out round-robin so a freed block is not reused at once.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
 
 use crate::error::{Error, Result};
 
@@ -8,8 +13,12 @@ use crate::error::{Error, Result};
 pub const FIRST_ID: u32 = 1 << 28;
 /// Ids per family (uid 0..65535 inside).
 pub const BLOCK: u32 = 65536;
-/// Number of blocks (2^28 ids in all).
-pub const BLOCKS: u32 = 4096;
+/// Families per server (its slot).
+pub const SLOT_BLOCKS: u32 = 1024;
+/// Slots between 2^28 and 2^32.
+pub const SLOTS: u32 = ((u32::MAX - FIRST_ID) / (SLOT_BLOCKS * BLOCK)) - 1;
+/// Where servers claim slots (host-wide; tmpfs, so a reboot frees them).
+pub const SLOT_LOCK_DIR: &str = "/run/forkbox/id-slots";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdRange {
@@ -19,19 +28,37 @@ pub struct IdRange {
 
 #[derive(Debug)]
 pub struct IdAllocator {
+    first: u32,
     used: Vec<bool>,
     next: usize,
-}
-
-impl Default for IdAllocator {
-    fn default() -> Self {
-        Self::new()
-    }
+    /// Held for the allocator's life: our claim on the slot.
+    _slot_lock: Option<std::fs::File>,
 }
 
 impl IdAllocator {
-    pub fn new() -> IdAllocator {
-        IdAllocator { used: vec![false; BLOCKS as usize], next: 0 }
+    /// Claim the first free slot on this host.
+    pub fn claim(lock_dir: &Path) -> Result<IdAllocator> {
+        std::fs::create_dir_all(lock_dir).map_err(|e| Error::io("create id slot dir", e))?;
+        for slot in 0..SLOTS {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(lock_dir.join(format!("{slot}.lock")))
+                .map_err(|e| Error::io("open id slot lock", e))?;
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                let mut a = IdAllocator::in_slot(slot);
+                a._slot_lock = Some(file);
+                return Ok(a);
+            }
+        }
+        Err(Error::NoUidRange)
+    }
+
+    /// The allocator of `slot`, without claiming it (for tests).
+    pub fn in_slot(slot: u32) -> IdAllocator {
+        IdAllocator { first: FIRST_ID + slot * SLOT_BLOCKS * BLOCK, used: vec![false; SLOT_BLOCKS as usize], next: 0, _slot_lock: None }
     }
 
     pub fn allocate(&mut self) -> Result<IdRange> {
@@ -40,14 +67,17 @@ impl IdAllocator {
             if !self.used[idx] {
                 self.used[idx] = true;
                 self.next = idx + 1;
-                return Ok(IdRange { base: FIRST_ID + idx as u32 * BLOCK, count: BLOCK });
+                return Ok(IdRange { base: self.first + idx as u32 * BLOCK, count: BLOCK });
             }
         }
         Err(Error::NoUidRange)
     }
 
     pub fn release(&mut self, range: IdRange) {
-        let idx = ((range.base - FIRST_ID) / BLOCK) as usize;
+        if range.base < self.first {
+            return;
+        }
+        let idx = ((range.base - self.first) / BLOCK) as usize;
         if let Some(slot) = self.used.get_mut(idx) {
             *slot = false;
         }
@@ -60,7 +90,7 @@ mod tests {
 
     #[test]
     fn ranges_are_distinct_and_round_robin() {
-        let mut a = IdAllocator::new();
+        let mut a = IdAllocator::in_slot(0);
         let r1 = a.allocate().unwrap();
         let r2 = a.allocate().unwrap();
         assert_ne!(r1, r2);
@@ -72,10 +102,29 @@ mod tests {
 
     #[test]
     fn exhaustion_is_an_error() {
-        let mut a = IdAllocator::new();
-        for _ in 0..BLOCKS {
+        let mut a = IdAllocator::in_slot(3);
+        for _ in 0..SLOT_BLOCKS {
             a.allocate().unwrap();
         }
         assert!(matches!(a.allocate(), Err(Error::NoUidRange)));
+    }
+
+    #[test]
+    fn slots_stay_within_32_bit_ids_and_do_not_overlap() {
+        let last = IdAllocator::in_slot(SLOTS - 1);
+        let end = last.first as u64 + SLOT_BLOCKS as u64 * BLOCK as u64;
+        assert!(end <= u32::MAX as u64);
+        assert_eq!(IdAllocator::in_slot(1).first - IdAllocator::in_slot(0).first, SLOT_BLOCKS * BLOCK);
+    }
+
+    #[test]
+    fn two_claims_get_different_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = IdAllocator::claim(dir.path()).unwrap();
+        let b = IdAllocator::claim(dir.path()).unwrap();
+        assert_ne!(a.first, b.first);
+        drop(a);
+        let c = IdAllocator::claim(dir.path()).unwrap();
+        assert_eq!(c.first, FIRST_ID, "a released slot is claimed again");
     }
 }

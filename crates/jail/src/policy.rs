@@ -153,6 +153,50 @@ pub struct SeccompPolicy {
     pub member: BpfProgram,
     /// Makes `clone3` fail with `ENOSYS`; allows everything else.
     pub member_enosys: BpfProgram,
+    /// The REPL's allow-list: `member`, plus `setns(fd, CLONE_NEWPID)` (the
+    /// REPL moves its children into the sandbox's leaf pid namespace, see
+    /// repl/repl.py), minus `pidfd_open` (a pidfd would let it join another
+    /// sandbox's namespaces with setns).
+    pub repl: BpfProgram,
+}
+
+/// The name of the REPL's filter, derived from `member` at compile time.
+pub const REPL_FILTER: &str = "repl";
+const CLONE_NEWPID: u64 = 0x2000_0000;
+
+/// Add the `repl` filter to a policy document: a copy of `member` with the
+/// REPL's differences, so the two can never drift apart.
+fn with_repl_filter(json: &str) -> Result<String, PolicyError> {
+    let mut doc: serde_json::Value = serde_json::from_str(json).map_err(PolicyError::Json)?;
+    let mut repl = doc.get(MEMBER_FILTER).cloned().ok_or(PolicyError::MissingFilter(MEMBER_FILTER))?;
+    if let Some(rules) = repl.get_mut("filter").and_then(|r| r.as_array_mut()) {
+        rules.retain(|rule| rule.get("syscall").and_then(|s| s.as_str()) != Some("pidfd_open"));
+        rules.push(serde_json::json!({
+            "syscall": "setns",
+            "args": [{"index": 1, "type": "dword", "op": "eq", "val": CLONE_NEWPID,
+                      "comment": "only pid namespaces: pid_for_children of the REPL's own threads"}],
+            "comment": "the REPL switches between its family and leaf pid namespaces"
+        }));
+    }
+    if let Some(map) = doc.as_object_mut() {
+        map.insert(REPL_FILTER.to_string(), repl);
+    }
+    serde_json::to_string(&doc).map_err(PolicyError::Json)
+}
+
+/// Capabilities of the REPL process: the sandbox set plus CAP_SYS_ADMIN
+/// (within the family's user namespace only), which `setns` needs. The REPL
+/// drops it from its bounding set at start, so nothing it executes gets it.
+pub fn repl_capabilities() -> Result<Vec<caps::Capability>, PolicyError> {
+    let mut caps = capabilities()?;
+    caps.push(caps::Capability::CAP_SYS_ADMIN);
+    Ok(caps)
+}
+
+/// Install the REPL's filters (see [`install`] for the order).
+pub fn install_repl(p: &SeccompPolicy) -> Result<(), PolicyError> {
+    seccompiler::apply_filter(&p.repl).map_err(|source| PolicyError::Install { name: REPL_FILTER, source })?;
+    seccompiler::apply_filter(&p.member_enosys).map_err(|source| PolicyError::Install { name: MEMBER_ENOSYS_FILTER, source })
 }
 
 /// Compiles [`SECCOMP_JSON`] for the architecture this binary runs on.
@@ -183,6 +227,7 @@ fn compile_for(arch: TargetArch) -> Result<SeccompPolicy, PolicyError> {
         TargetArch::aarch64 => without_syscalls(SECCOMP_JSON, X86_64_ONLY)?,
         TargetArch::riscv64 => return Err(PolicyError::UnsupportedArch("riscv64")),
     };
+    let json = with_repl_filter(&json)?;
     let mut map =
         seccompiler::compile_from_json(json.as_bytes(), arch).map_err(PolicyError::Compile)?;
     let member = map
@@ -191,9 +236,11 @@ fn compile_for(arch: TargetArch) -> Result<SeccompPolicy, PolicyError> {
     let member_enosys = map
         .remove(MEMBER_ENOSYS_FILTER)
         .ok_or(PolicyError::MissingFilter(MEMBER_ENOSYS_FILTER))?;
+    let repl = map.remove(REPL_FILTER).ok_or(PolicyError::MissingFilter(REPL_FILTER))?;
     Ok(SeccompPolicy {
         member,
         member_enosys,
+        repl,
     })
 }
 

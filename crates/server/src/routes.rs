@@ -26,8 +26,8 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Json<T> 
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(Json(v)),
+        match axum::Json::<serde_json::Value>::from_request(req, state).await {
+            Ok(axum::Json(v)) => parse_object(v).map(Json),
             Err(JsonRejection::BytesRejection(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
                 Err(ApiError::TooLarge(format!("request body is larger than {} bytes", MAX_BODY)))
             }
@@ -35,6 +35,15 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Json<T> 
             Err(e) => Err(ApiError::BadRequest(e.body_text())),
         }
     }
+}
+
+/// A request body must be a JSON object (serde would also map an array
+/// onto a struct's fields by position).
+fn parse_object<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, ApiError> {
+    if !v.is_object() {
+        return Err(ApiError::BadRequest("the request body must be a JSON object".into()));
+    }
+    serde_json::from_value(v).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
 }
 
 /// Largest request body: the biggest `code` plus room for JSON escaping.
@@ -62,7 +71,8 @@ pub async fn create(State(state): State<AppState>, body: bytes::Bytes) -> Result
     let req: CreateSandbox = if body.iter().all(u8::is_ascii_whitespace) {
         CreateSandbox::default()
     } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))?
+        let v = serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))?;
+        parse_object(v)?
     };
     let entry = state.create(req).await?;
     Ok(json(StatusCode::OK, &Created { id: entry.id.clone(), state: "ready".into() }))
@@ -120,7 +130,7 @@ pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(re
         } else if is_python {
             entry.run_python(&mut slot, &req.code, timeout, &mut sink).await;
         } else {
-            entry.run_bash(&req.code, timeout, &mut sink).await;
+            entry.run_bash(&mut slot, &req.code, timeout, &mut sink).await;
         }
         entry.execs.fetch_add(1, Ordering::Relaxed);
         entry.touch();

@@ -106,8 +106,30 @@ impl SandboxEntry {
         }
     }
 
+    /// If the sandbox's init died (say, to `os.kill(-1, 9)` from the REPL,
+    /// which reaches it), nothing can start in the sandbox any more: rebuild
+    /// its namespaces over the same files. The REPL goes with them.
+    pub async fn heal(&self, slot: &mut ReplSlot) -> Result<(), String> {
+        if self.engine.init_alive() || self.destroyed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        tracing::warn!(sandbox = %self.id, "sandbox init died: rebuilding its namespaces");
+        slot.session = None;
+        slot.lost_state = Some("ended because the sandbox's init process was killed; the sandbox was restarted with its files kept".into());
+        self.repl_restarts.fetch_add(1, Ordering::Relaxed);
+        self.engine.rebuild().await.map_err(|e| {
+            tracing::error!(sandbox = %self.id, err = %e, "rebuild failed");
+            "the sandbox could not be restarted after its init process died".to_string()
+        })
+    }
+
     /// Run Python code in the REPL (the caller holds the slot).
     pub async fn run_python(&self, slot: &mut ReplSlot, code: &str, timeout: Duration, sink: &mut EventSink) {
+        if let Err(e) = self.heal(slot).await {
+            sink.error(e, None, None, None).await;
+            sink.exit(1).await;
+            return;
+        }
         if let Some(reason) = slot.lost_state.take() {
             let msg = format!("[forkbox] the previous Python process {reason}; this is a fresh one, so earlier variables and imports are gone");
             sink.warning(msg.clone()).await;
@@ -253,7 +275,15 @@ impl SandboxEntry {
     }
 
     /// Run a fresh `bash -c` in the sandbox (cwd /root).
-    pub async fn run_bash(&self, code: &str, timeout: Duration, sink: &mut EventSink) {
+    pub async fn run_bash(&self, slot: &mut ReplSlot, code: &str, timeout: Duration, sink: &mut EventSink) {
+        if let Err(e) = self.heal(slot).await {
+            sink.error(e, None, None, None).await;
+            sink.exit(1).await;
+            return;
+        }
+        if let Some(reason) = slot.lost_state.as_ref().filter(|r| r.contains("init process")) {
+            sink.warning(format!("[forkbox] the sandbox's processes {reason}")).await;
+        }
         let argv = vec!["/bin/bash".to_string(), "-c".into(), code.to_string()];
         let mut cmd = match self.engine.spawn_command(argv, sandbox_env(&self.id), "/root").await {
             Ok(c) => c,

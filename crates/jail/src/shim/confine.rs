@@ -13,35 +13,54 @@ use crate::sys;
 pub struct Confinement {
     pub seccomp: SeccompPolicy,
     pub capabilities: Vec<caps::Capability>,
+    pub repl_capabilities: Vec<caps::Capability>,
+}
+
+/// Which confinement a process gets.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Everything spawned through a member's init (bash, later PTYs).
+    Member,
+    /// The REPL: may switch its pid_for_children (see repl/repl.py).
+    Repl,
 }
 
 impl Confinement {
     pub fn load() -> Result<Confinement, crate::policy::PolicyError> {
-        Ok(Confinement { seccomp: crate::policy::seccomp()?, capabilities: crate::policy::capabilities()? })
+        Ok(Confinement {
+            seccomp: crate::policy::seccomp()?,
+            capabilities: crate::policy::capabilities()?,
+            repl_capabilities: crate::policy::repl_capabilities()?,
+        })
     }
 
     /// Drop privileges and exec `argv` with `env`. Only returns on failure.
-    pub fn exec(&self, argv: &[String], env: &[String]) -> String {
-        match self.exec_inner(argv, env) {
+    pub fn exec(&self, role: Role, argv: &[String], env: &[String]) -> String {
+        match self.exec_inner(role, argv, env) {
             Ok(never) => match never {},
             Err(e) => e,
         }
     }
 
-    fn exec_inner(&self, argv: &[String], env: &[String]) -> Result<std::convert::Infallible, String> {
+    fn exec_inner(&self, role: Role, argv: &[String], env: &[String]) -> Result<std::convert::Infallible, String> {
+        let keep = if role == Role::Repl { &self.repl_capabilities } else { &self.capabilities };
         reset_signals();
         let argv_c: Vec<CString> = argv.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().map_err(|_| "NUL in argv")?;
         let env_c: Vec<CString> = env.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().map_err(|_| "NUL in env")?;
         let program = argv_c.first().ok_or("empty argv")?.clone();
         for cap in caps::all() {
-            if !self.capabilities.contains(&cap) {
+            if !keep.contains(&cap) {
                 caps::drop(None, caps::CapSet::Bounding, cap).map_err(|e| format!("drop {cap}: {e}"))?;
             }
         }
         caps::clear(None, caps::CapSet::Inheritable).map_err(|e| format!("clear inheritable: {e}"))?;
         caps::clear(None, caps::CapSet::Ambient).map_err(|e| format!("clear ambient: {e}"))?;
         sys::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
-        crate::policy::install(&self.seccomp).map_err(|e| format!("seccomp: {e}"))?;
+        match role {
+            Role::Member => crate::policy::install(&self.seccomp),
+            Role::Repl => crate::policy::install_repl(&self.seccomp),
+        }
+        .map_err(|e| format!("seccomp: {e}"))?;
         let err = nix::unistd::execvpe(&program, &argv_c, &env_c).unwrap_err();
         Err(format!("exec {}: {err}", argv[0]))
     }

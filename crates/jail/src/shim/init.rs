@@ -219,7 +219,7 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
             if chdir(cwd.as_str()).is_err() {
                 let _ = chdir("/");
             }
-            let err = confinement.exec(&argv, &env);
+            let err = confinement.exec(super::confine::Role::Member, &argv, &env);
             let msg = format!("forkbox: {err}\n");
             // SAFETY: writing a buffer to stderr, then leaving the forked child.
             unsafe {

@@ -51,7 +51,18 @@ pub fn mount_root(family: &Family, run_dir: &Path, name: &str, upper: &Path, wor
         std::os::unix::fs::symlink(target, &path).map_err(|e| Error::io("link overlay layer", e))?;
     }
     chdir(&dir).map_err(|e| Error::sys("enter run dir", e))?;
-    let mounted = mount(Some("overlay"), &root, Some("overlay"), MsFlags::empty(), Some("lowerdir=l,upperdir=u,workdir=w"));
+    // After a rebuild the previous overlay on these layers may take a moment
+    // to be released by the kernel (EBUSY: "upperdir in use").
+    let mut tries = 0;
+    let mounted = loop {
+        match mount(Some("overlay"), &root, Some("overlay"), MsFlags::empty(), Some("lowerdir=l,upperdir=u,workdir=w")) {
+            Err(nix::errno::Errno::EBUSY) if tries < 200 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => break other,
+        }
+    };
     let _ = chdir("/");
     mounted.map_err(|e| Error::sys("mount overlay", e))?;
     Ok(root)
@@ -174,14 +185,15 @@ fn build_in_child(
     }
 }
 
-/// Enter a member's namespaces (from a process already in the family).
+/// Enter a member's mount, net, uts and ipc namespaces (from a process
+/// already in the family). The pid namespace for children is left to the
+/// caller: the REPL keeps the family's (see repl/repl.py).
 pub fn enter_member(ns: &MemberNs) -> std::result::Result<(), String> {
     for (fd, flag, what) in [
         (&ns.mnt, CloneFlags::CLONE_NEWNS, "mnt"),
         (&ns.net, CloneFlags::CLONE_NEWNET, "net"),
         (&ns.uts, CloneFlags::CLONE_NEWUTS, "uts"),
         (&ns.ipc, CloneFlags::CLONE_NEWIPC, "ipc"),
-        (&ns.pid, CloneFlags::CLONE_NEWPID, "pid"),
     ] {
         setns(fd.as_fd(), flag).map_err(|e| format!("enter {what} namespace: {e}"))?;
     }

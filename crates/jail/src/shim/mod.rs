@@ -39,8 +39,10 @@ struct Shim {
     sock: OwnedFd,
     family: Family,
     members: HashMap<String, Member>,
-    /// REPL pid in the family pid namespace → (member, host pid).
-    repls: HashMap<i32, (String, i32)>,
+    /// REPL host pid → member. The shim is a child subreaper, so REPLs
+    /// (whose spawning helper exits) become its children and it reaps them.
+    repls: HashMap<i32, String>,
+    sigchld: nix::sys::signalfd::SignalFd,
     confinement: Confinement,
 }
 
@@ -66,6 +68,13 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).map_err(|e| Error::sys("make / private", e))?;
     fs::create_dir_all(&config.run_dir).map_err(|e| Error::io("create run dir", e))?;
     let confinement = Confinement::load().map_err(|e| Error::Shim(e.to_string()))?;
+    // SAFETY: plain prctl.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let mut mask = nix::sys::signal::SigSet::empty();
+    mask.add(nix::sys::signal::Signal::SIGCHLD);
+    mask.thread_block().map_err(|e| Error::sys("block SIGCHLD", e))?;
+    let sigchld = nix::sys::signalfd::SignalFd::with_flags(&mask, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| Error::sys("signalfd", e))?;
     let family = match Family::create(config.id_base, config.id_count, &config.template_rootfs, &config.run_dir) {
         Ok(f) => f,
         Err(e) => {
@@ -74,9 +83,12 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
         }
     };
     channel::send(sock.as_fd(), &ShimMessage::Ready, &[])?;
-    let mut shim = Shim { config, sock, family, members: HashMap::new(), repls: HashMap::new(), confinement };
+    let mut shim = Shim { config, sock, family, members: HashMap::new(), repls: HashMap::new(), sigchld, confinement };
     let result = shim.serve();
     shim.family.terminate();
+    for m in shim.members.values() {
+        member::unmount_root(&m.root);
+    }
     let _ = fs::remove_dir_all(&shim.config.run_dir);
     result
 }
@@ -96,7 +108,7 @@ impl Shim {
             let ready: Vec<bool> = {
                 let mut fds = vec![
                     PollFd::new(self.sock.as_fd(), PollFlags::POLLIN),
-                    PollFd::new(self.family.deaths.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(self.sigchld.as_fd(), PollFlags::POLLIN),
                 ];
                 for n in &names {
                     fds.push(PollFd::new(self.members[n].init.as_fd(), PollFlags::POLLIN));
@@ -108,9 +120,9 @@ impl Shim {
                 }
             };
             if ready[1] {
-                match self.family.read_death() {
-                    Some(d) => self.on_death(d.pid, d.status)?,
-                    None => return Err(Error::Shim("family reaper died".into())),
+                while let Ok(Some(_)) = self.sigchld.read_signal() {}
+                if !self.reap()? {
+                    return Err(Error::Shim("family reaper died".into()));
                 }
             }
             for (i, name) in names.iter().enumerate() {
@@ -132,11 +144,23 @@ impl Shim {
         channel::send(self.sock.as_fd(), msg, fds)
     }
 
-    fn on_death(&mut self, pid: i32, status: ExitStatus) -> Result<()> {
-        if let Some((member, host_pid)) = self.repls.remove(&pid) {
-            self.send(&ShimMessage::Event(ShimEvent::ReplExited { member, host_pid, status }), &[])?;
+    /// Reap exited children; report REPLs. False when the reaper died.
+    fn reap(&mut self) -> Result<bool> {
+        use nix::sys::wait::{WaitPidFlag, WaitStatus};
+        loop {
+            let (pid, status) = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => (pid, ExitStatus::Code(code)),
+                Ok(WaitStatus::Signaled(pid, sig, _)) => (pid, ExitStatus::Signal(sig as i32)),
+                Ok(WaitStatus::StillAlive) | Err(_) => return Ok(true),
+                Ok(_) => continue,
+            };
+            if pid == self.family.reaper() {
+                return Ok(false);
+            }
+            if let Some(member) = self.repls.remove(&pid.as_raw()) {
+                self.send(&ShimMessage::Event(ShimEvent::ReplExited { member, host_pid: pid.as_raw(), status }), &[])?;
+            }
         }
-        Ok(())
     }
 
     fn on_init_message(&mut self, name: &str) -> Result<()> {
@@ -179,6 +203,7 @@ impl Shim {
                 if self.members.contains_key(&name) {
                     return Err(Error::Invalid(format!("member {name} exists")));
                 }
+                self.repls.retain(|_, mem| *mem != name);
                 let root = member::mount_root(&self.family, &self.config.run_dir, &name, &upper, &work)?;
                 match member::create(&self.family, &hostname, &root, &cgroup_procs) {
                     Ok(m) => {
@@ -208,7 +233,7 @@ impl Shim {
             }
             Request::DestroyMember { member: name, cgroup_procs: _ } => {
                 if let Some(m) = self.members.remove(&name) {
-                    self.repls.retain(|_, (mem, _)| *mem != name);
+                    self.repls.retain(|_, mem| *mem != name);
                     member::unmount_root(&m.root);
                 }
                 Ok((Reply::Done, vec![]))
@@ -251,19 +276,11 @@ impl Shim {
                 }
                 let host_pid = i32::from_ne_bytes(buf);
                 let pidfd = sys::pidfd_open(Pid::from_raw(host_pid)).map_err(|e| Error::sys("pidfd_open", e))?;
-                let ns_pid = family_ns_pid(host_pid).ok_or_else(|| Error::Shim("REPL died at start".into()))?;
-                self.repls.insert(ns_pid, (name.to_string(), host_pid));
+                self.repls.insert(host_pid, name.to_string());
                 Ok((host_pid, pidfd))
             }
         }
     }
-}
-
-/// The pid of a host process as seen in the family's pid namespace.
-fn family_ns_pid(host_pid: i32) -> Option<i32> {
-    let status = fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -304,7 +321,17 @@ fn repl_helper(
                 Ok(f) => OwnedFd::from(f),
                 Err(_) => return 1,
             };
-            let sources = [null.as_raw_fd(), fds[0].as_raw_fd(), fds[1].as_raw_fd(), fds[2].as_raw_fd(), fds[3].as_raw_fd()];
+            // 5 and 6: the family's and the member's pid namespaces, between
+            // which the REPL switches its pid_for_children (repl/repl.py).
+            let sources = [
+                null.as_raw_fd(),
+                fds[0].as_raw_fd(),
+                fds[1].as_raw_fd(),
+                fds[2].as_raw_fd(),
+                fds[3].as_raw_fd(),
+                family.pidns.as_raw_fd(),
+                m.ns.pid.as_raw_fd(),
+            ];
             // Copy every source above the targets first, so no dup2 clobbers
             // a source that happens to sit on a target number.
             // SAFETY: fcntl duplicating descriptors we hold.
@@ -312,11 +339,11 @@ fn repl_helper(
             for (target, fd) in high.iter().enumerate() {
                 let _ = sys::dup_to(*fd, target as i32);
             }
-            sys::close_fds_from(5);
+            sys::close_fds_from(7);
             if chdir(cwd).is_err() {
                 let _ = chdir("/");
             }
-            let err = confinement.exec(argv, env);
+            let err = confinement.exec(confine::Role::Repl, argv, env);
             let msg = format!("forkbox: {err}\n");
             // SAFETY: writing to stderr and leaving the forked child.
             unsafe {

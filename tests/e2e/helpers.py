@@ -1,0 +1,462 @@
+"""Shared helpers of the end-to-end suite: a real forkbox server process,
+raw HTTP exec calls, and host-side inspection (processes, cgroups, mounts).
+
+Nothing here mocks the server: every helper talks to a live `forkbox serve`
+over loopback or reads the host's /proc and /sys.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import httpx
+
+FORKBOX_BIN = os.environ.get("FORKBOX_BIN", "/work/main/target/debug/forkbox")
+TEMPLATES_DIR = os.environ.get("FORKBOX_TEMPLATES_DIR", "/var/lib/forkbox/templates")
+# Not /tmp: it may be a tmpfs, and the server keeps a (sparse) volume image here.
+E2E_ROOT = os.environ.get("FORKBOX_E2E_ROOT", "/var/lib/forkbox-e2e")
+
+# Host ids of sandbox processes start here (crates/jail/src/ids.rs).
+SANDBOX_UID_BASE = 1 << 28
+# Generous: a fresh machine must first build the default template.
+READY_TIMEOUT_S = float(os.environ.get("FORKBOX_E2E_READY_TIMEOUT", 15 * 60))
+
+MIB = 1024 * 1024
+MAX_CODE_BYTES = 10 * MIB
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def is_mounted(path: str) -> bool:
+    path = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            if line.split()[4] == path:
+                return True
+    return False
+
+
+def mounts_under(path: str) -> list[str]:
+    """Mount points (from the host's mountinfo) at or below `path`."""
+    path = os.path.realpath(path)
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            mp = fields[4].replace("\\040", " ")
+            src = fields[fields.index("-") + 2] if "-" in fields else ""
+            if mp == path or mp.startswith(path + "/") or src.startswith(path + "/"):
+                out.append(line.strip())
+    return out
+
+
+class ForkboxServer:
+    """One `forkbox serve` process on a free loopback port with its own state dir."""
+
+    registry: list["ForkboxServer"] = []  # every server started, for failure logs
+
+    def __init__(self, name: str, args: list[str] | None = None, api_keys: list[str] | None = None,
+                 listen_host: str = "127.0.0.1", build_templates: bool = True, log=None):
+        self.name = name
+        self.args = list(args or [])
+        self.api_keys = list(api_keys or [])
+        self.listen_host = listen_host
+        self.build_templates = build_templates
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        os.makedirs(E2E_ROOT, exist_ok=True)
+        self.state_dir = os.path.join(E2E_ROOT, f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.log_path = self.state_dir + ".log"
+        self.proc: subprocess.Popen | None = None
+        self._log_file = None
+        self._say = log or (lambda msg: None)
+        # The `forkbox-<instance>` cgroup parent, learnt from a live sandbox.
+        self.cgroup_parent: str | None = None
+
+    # ── process ────────────────────────────────────────────────────────
+    def command(self) -> list[str]:
+        cmd = [FORKBOX_BIN, "serve", "--listen", f"{self.listen_host}:{self.port}",
+               "--state-dir", self.state_dir, "--templates-dir", TEMPLATES_DIR]
+        for k in self.api_keys:
+            cmd += ["--api-key", k]
+        if not self.build_templates:
+            cmd.append("--no-build-templates")
+        return cmd + self.args
+
+    def start(self) -> "ForkboxServer":
+        wait_for_binary(self._say)
+        os.makedirs(self.state_dir)
+        self._log_file = open(self.log_path, "wb")
+        env = dict(os.environ)
+        env.setdefault("RUST_LOG", "info")
+        for k in ("FORKBOX_API_KEYS", "FORKBOX_LISTEN", "FORKBOX_STATE_DIR", "FORKBOX_TEMPLATES_DIR"):
+            env.pop(k, None)
+        self.proc = subprocess.Popen(self.command(), stdout=self._log_file, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env)
+        ForkboxServer.registry.append(self)
+        return self
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Wait for `GET /v1/healthz` → 200 `ok`, reporting build progress."""
+        deadline = time.monotonic() + timeout
+        last_note = ""
+        last_print = 0.0
+        with httpx.Client(timeout=5.0) as c:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"forkbox server {self.name} exited with {self.proc.returncode} "
+                                       f"before becoming ready:\n{self.log_tail()}")
+                try:
+                    r = c.get(self.url + "/v1/healthz")
+                    if r.status_code == 200 and r.text.strip() == "ok":
+                        return
+                    note = f"healthz {r.status_code}"
+                    if r.status_code == 503:
+                        try:
+                            body = r.json()
+                            note = f"{body.get('error')} (progress {body.get('progress')})"
+                        except ValueError:
+                            note = r.text[:200]
+                except httpx.TransportError:
+                    note = "not listening yet"
+                now = time.monotonic()
+                if note != last_note or now - last_print > 30:
+                    if note != "not listening yet" or now - last_print > 30:
+                        self._say(f"[forkbox-e2e] waiting for server {self.name}: {note}")
+                    last_note, last_print = note, now
+                if now > deadline:
+                    raise RuntimeError(f"forkbox server {self.name} not ready after {timeout:.0f} s "
+                                       f"({note}):\n{self.log_tail()}")
+                time.sleep(0.1 if note == "not listening yet" else 1.0)
+
+    def stop(self, timeout: float = 90.0) -> int | None:
+        """SIGTERM and wait; returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self._log_file:
+            self._log_file.close()
+            self._log_file = None
+        return self.proc.returncode
+
+    def cleanup(self) -> None:
+        """Remove the state directory (only after the server is gone)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        vol = os.path.join(self.state_dir, "volume")
+        if os.path.isdir(vol) and is_mounted(vol):
+            # A bug the tests report; do not recurse into a mounted volume.
+            subprocess.run(["umount", "-l", vol], check=False)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return "(no log)"
+        return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+    # ── HTTP ───────────────────────────────────────────────────────────
+    def http(self, api_key: str | None = None, timeout: float = 60.0) -> httpx.Client:
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else None
+        return httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
+
+    # ── host-side views ────────────────────────────────────────────────
+    def learn_cgroup_parent(self, sandbox_id: str) -> str:
+        dirs = sandbox_cgroup_dirs(sandbox_id)
+        assert dirs, f"no cgroup directory for live sandbox {sandbox_id}"
+        parent = os.path.basename(os.path.dirname(dirs[0]))
+        assert parent.startswith("forkbox-"), dirs
+        self.cgroup_parent = parent
+        return parent
+
+
+_binary_lock = threading.Lock()
+
+
+def wait_for_binary(say, timeout: float = 30 * 60) -> None:
+    """The lead rebuilds the binary; wait until it exists (and stops changing)."""
+    with _binary_lock:
+        deadline = time.monotonic() + timeout
+        announced = False
+        while True:
+            try:
+                st1 = os.stat(FORKBOX_BIN)
+                if os.access(FORKBOX_BIN, os.X_OK):
+                    time.sleep(0.2)
+                    st2 = os.stat(FORKBOX_BIN)
+                    if (st1.st_size, st1.st_mtime_ns) == (st2.st_size, st2.st_mtime_ns):
+                        return
+            except FileNotFoundError:
+                pass
+            if not announced:
+                say(f"[forkbox-e2e] waiting for {FORKBOX_BIN} to exist")
+                announced = True
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{FORKBOX_BIN} did not appear")
+            time.sleep(5)
+
+
+# ── exec over raw HTTP ──────────────────────────────────────────────────
+
+@dataclass
+class Exec:
+    events: list[dict]
+    status: int = 200
+    arrivals: list[float] = field(default_factory=list)  # monotonic arrival time per event
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["type"] == kind]
+
+    def text(self, kind: str) -> str:
+        """Exact text of a stream, rebuilt with the `nl` flags."""
+        return "".join(e["data"] + ("\n" if e.get("nl") else "") for e in self.of(kind))
+
+    @property
+    def stdout(self) -> str:
+        return self.text("stdout")
+
+    @property
+    def stderr(self) -> str:
+        return self.text("stderr")
+
+    @property
+    def exit_code(self) -> int:
+        assert self.events and self.events[-1]["type"] == "exit", f"last event is not exit: {self.events[-3:]}"
+        return self.events[-1]["data"]
+
+    @property
+    def errors(self) -> list[dict]:
+        return self.of("error")
+
+    @property
+    def warnings(self) -> list[dict]:
+        return self.of("warning")
+
+    @property
+    def results(self) -> list[dict]:
+        return self.of("result")
+
+    def __repr__(self) -> str:  # short, for assertion messages
+        evs = self.events if len(self.events) < 30 else self.events[:12] + [{"...": len(self.events)}] + self.events[-12:]
+        return f"Exec(status={self.status}, events={json.dumps(evs)[:4000]})"
+
+
+def exec_raw(client: httpx.Client, sandbox_id: str, code: str, language: str | None = "python",
+             timeout_ms: int | None = None) -> Exec:
+    body: dict = {"code": code}
+    if language is not None:
+        body["language"] = language
+    if timeout_ms is not None:
+        body["timeout_ms"] = timeout_ms
+    events, arrivals = [], []
+    with client.stream("POST", f"/v1/sandboxes/{sandbox_id}/exec", json=body) as r:
+        if r.status_code != 200:
+            r.read()
+            return Exec(events=[{"type": "http_error", "data": r.text}], status=r.status_code)
+        assert r.headers["content-type"].startswith("application/x-ndjson"), r.headers
+        for line in r.iter_lines():
+            if not line.strip():
+                continue
+            events.append(json.loads(line))
+            arrivals.append(time.monotonic())
+    return Exec(events=events, status=200, arrivals=arrivals)
+
+
+def create_raw(client: httpx.Client, **body) -> str:
+    r = client.post("/v1/sandboxes", json=body)
+    assert r.status_code == 200, (r.status_code, r.text)
+    data = r.json()
+    assert data["state"] == "ready" and data["id"], data
+    return data["id"]
+
+
+def delete_raw(client: httpx.Client, sandbox_id: str) -> int:
+    return client.delete(f"/v1/sandboxes/{sandbox_id}").status_code
+
+
+def wait_gone(client: httpx.Client, sandbox_id: str, timeout: float) -> float:
+    """Poll until GET info is 404; returns when (monotonic) it was first seen gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = client.get(f"/v1/sandboxes/{sandbox_id}")
+        if r.status_code == 404:
+            return time.monotonic()
+        assert r.status_code == 200, (r.status_code, r.text)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"sandbox {sandbox_id} still exists after {timeout} s: {r.text}")
+        time.sleep(0.1)
+
+
+def assert_json_error(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers.get("content-type", "").startswith("application/json"), r.headers
+    body = r.json()
+    assert isinstance(body.get("error"), str) and body["error"], body
+    return body
+
+
+# ── host-side inspection ────────────────────────────────────────────────
+
+def sandbox_cgroup_dirs(sandbox_id: str) -> list[str]:
+    """Cgroup directories of one sandbox on v1 (per controller) or v2."""
+    return sorted(glob.glob(f"/sys/fs/cgroup/*/forkbox-*/{sandbox_id}")
+                  + glob.glob(f"/sys/fs/cgroup/forkbox-*/{sandbox_id}"))
+
+
+def cgroup_children(parent: str) -> list[str]:
+    """Child cgroup dirs under every hierarchy's `parent` (e.g. forkbox-1a2b3c4d)."""
+    out = []
+    for base in glob.glob(f"/sys/fs/cgroup/*/{parent}") + glob.glob(f"/sys/fs/cgroup/{parent}"):
+        try:
+            out += [os.path.join(base, d) for d in os.listdir(base) if os.path.isdir(os.path.join(base, d))]
+        except FileNotFoundError:
+            pass
+    return sorted(out)
+
+
+def sandbox_host_pids(sandbox_id: str) -> list[int]:
+    """Host pids of every process in the sandbox's pids cgroup."""
+    dirs = sandbox_cgroup_dirs(sandbox_id)
+    pick = [d for d in dirs if d.startswith("/sys/fs/cgroup/pids/")] or \
+        [d for d in dirs if d.startswith("/sys/fs/cgroup/forkbox-")]
+    for d in pick:
+        try:
+            with open(os.path.join(d, "cgroup.procs")) as f:
+                return [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            return []
+    return []
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                out[k] = v.strip()
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return out
+
+
+def proc_cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def proc_cgroups(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def uids(pid: int) -> list[int]:
+    st = proc_status(pid)
+    return [int(x) for x in st.get("Uid", "").split()] if st else []
+
+
+def sandbox_uid_processes() -> list[int]:
+    """Host pids running with any uid in the sandbox range (≥ 2^28)."""
+    out = []
+    for pid in all_pids():
+        u = uids(pid)
+        if u and any(x >= SANDBOX_UID_BASE for x in u):
+            out.append(pid)
+    return out
+
+
+def leaked_processes(server: ForkboxServer, live_ids=frozenset()) -> list[str]:
+    """Processes that belong to `server` (in its cgroup parent, or with its
+    state dir on the command line) but to none of `live_ids`, and processes
+    running as a sandbox uid outside every forkbox cgroup."""
+    leaks = []
+    me = os.getpid()
+    for pid in all_pids():
+        if pid == me or (server.proc is not None and pid == server.proc.pid):
+            continue
+        cmd = proc_cmdline(pid)
+        cg = proc_cgroups(pid)
+        u = uids(pid)
+        if not u:
+            continue  # gone meanwhile
+        high = any(x >= SANDBOX_UID_BASE for x in u)
+        in_parent = bool(server.cgroup_parent) and f"/{server.cgroup_parent}/" in cg
+        mentions_state = any(server.state_dir in a for a in cmd)
+        ours = in_parent or mentions_state
+        if ours and any(f"/{sid}" in cg or any(f"/{sid}" in a for a in cmd) for sid in live_ids):
+            continue
+        orphan_sandbox_uid = high and "/forkbox-" not in cg
+        if ours or orphan_sandbox_uid:
+            leaks.append(f"pid {pid} uid {u} cmd {' '.join(cmd)[:200]!r} cgroup {cg.strip()[:300]!r}")
+    return leaks
+
+
+def server_leaks(server: ForkboxServer, expect_volume_mounted: bool, live_ids=frozenset(),
+                 check_run_dir: bool = True) -> list[str]:
+    """Everything a server should have freed, but for the sandboxes `live_ids`."""
+    live_ids = set(live_ids)
+    problems = leaked_processes(server, live_ids)
+    if server.cgroup_parent:
+        kids = [k for k in cgroup_children(server.cgroup_parent) if os.path.basename(k) not in live_ids]
+        if kids:
+            problems.append(f"cgroups left under {server.cgroup_parent}: {kids[:10]} ({len(kids)} in all)")
+    vol = os.path.join(os.path.realpath(server.state_dir), "volume")
+    for m in mounts_under(server.state_dir):
+        mp = m.split()[4]
+        if mp == vol and expect_volume_mounted:
+            continue
+        problems.append(f"mount left: {m}")
+    if expect_volume_mounted:
+        sandboxes = os.path.join(vol, "sandboxes")
+        left = [x for x in (os.listdir(sandboxes) if os.path.isdir(sandboxes) else []) if x not in live_ids]
+        if left:
+            problems.append(f"{sandboxes} not empty: {left[:10]} ({len(left)} in all)")
+    elif os.path.isdir(vol) and is_mounted(vol):
+        problems.append(f"volume still mounted: {vol}")
+    run = os.path.join(server.state_dir, "run")
+    left = [x for x in (os.listdir(run) if os.path.isdir(run) else []) if x not in live_ids]
+    if left and check_run_dir:
+        problems.append(f"{run} not empty: {left[:10]}")
+    return problems
+
+
+def wait_no_leaks(server: ForkboxServer, expect_volume_mounted: bool, live_ids=frozenset(),
+                  timeout: float = 10.0, check_run_dir: bool = True) -> list[str]:
+    """Give asynchronous teardown a moment; return what is still leaked."""
+    deadline = time.monotonic() + timeout
+    while True:
+        problems = server_leaks(server, expect_volume_mounted, live_ids, check_run_dir)
+        if not problems or time.monotonic() > deadline:
+            return problems
+        time.sleep(0.2)

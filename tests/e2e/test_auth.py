@@ -1,0 +1,85 @@
+"""Bearer API keys: a server started with `--api-key` refuses requests
+without a right key (but the health check), and refuses to listen beyond
+loopback without keys."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+
+import httpx
+import pytest
+from podflare import Client, Sandbox
+
+from helpers import E2E_ROOT, FORKBOX_BIN, TEMPLATES_DIR, ForkboxServer, assert_json_error, free_port
+
+KEY = "secret"
+OTHER_KEY = "another-key-7"
+
+
+@pytest.fixture(scope="module")
+def auth_server(say, server):  # `server` first: the default template is built
+    srv = ForkboxServer("auth", api_keys=[KEY, OTHER_KEY], build_templates=False, log=say).start()
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        rc = srv.stop()
+        srv.cleanup()
+    assert rc == 0, srv.log_tail()
+
+
+def test_healthz_needs_no_key(auth_server):
+    r = httpx.get(auth_server.url + "/v1/healthz")
+    assert r.status_code == 200 and r.text == "ok"
+
+
+@pytest.mark.parametrize("headers", [
+    {},
+    {"authorization": "Bearer wrong"},
+    {"authorization": f"Bearer {KEY}x"},
+    {"authorization": KEY},  # no scheme
+    {"authorization": f"Basic {KEY}"},
+    {"authorization": "Bearer"},
+])
+def test_missing_or_wrong_key_is_401(auth_server, headers):
+    with httpx.Client(base_url=auth_server.url, headers=headers, timeout=30) as c:
+        for r in (c.post("/v1/sandboxes", json={}), c.get("/v1/sandboxes"), c.get("/v1/openapi.json"),
+                  c.get("/v1/sandboxes/sb-whatever/replay"), c.post("/v1/sandboxes/sb-whatever/exec", json={"code": "1"})):
+            assert_json_error(r, 401)
+
+
+def test_sdk_with_the_right_key_works(auth_server):
+    for key in (KEY, OTHER_KEY):
+        sb = Sandbox(host=auth_server.url, api_key=key)
+        try:
+            r = sb.run_code("print('authorized')")
+            assert r.exit_code == 0 and r.stdout == "authorized"
+            # another client without the key cannot touch it
+            with httpx.Client(base_url=auth_server.url, timeout=30) as anon:
+                assert_json_error(anon.post(f"/v1/sandboxes/{sb.id}/exec", json={"code": "print(1)"}), 401)
+                assert_json_error(anon.delete(f"/v1/sandboxes/{sb.id}"), 401)
+                assert_json_error(anon.get(f"/v1/sandboxes/{sb.id}"), 401)
+            assert sb.run_code("print('still mine')").stdout == "still mine"
+        finally:
+            sb.close()
+
+
+def test_sdk_without_a_key_gets_401(auth_server):
+    with pytest.raises(httpx.HTTPStatusError) as err:
+        Sandbox(client=Client(host=auth_server.url))
+    assert err.value.response.status_code == 401
+
+
+def test_listening_beyond_loopback_needs_api_keys():
+    state = os.path.join(E2E_ROOT, f"exposed-{uuid.uuid4().hex[:8]}")
+    try:
+        out = subprocess.run([FORKBOX_BIN, "serve", "--listen", f"0.0.0.0:{free_port()}", "--state-dir", state,
+                              "--templates-dir", TEMPLATES_DIR, "--no-build-templates"],
+                             capture_output=True, text=True, timeout=60,
+                             env={k: v for k, v in os.environ.items() if k != "FORKBOX_API_KEYS"})
+        assert out.returncode != 0, out
+        assert "api key" in (out.stderr + out.stdout).lower(), out
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
