@@ -1,0 +1,62 @@
+"""The REPL's process model: it lives in its family's pid namespace while
+what it starts lives in the sandbox's own, so threads (Python and C) work,
+subprocesses show up in the sandbox's `ps`, and killing everything from the
+REPL cannot brick the sandbox."""
+from __future__ import annotations
+
+
+def py(sb, code):
+    r = sb.run_code(code)
+    assert r.exit_code == 0, (code, r)
+    return r.stdout
+
+
+def test_python_and_c_threads_start_in_the_repl(sandbox):
+    out = py(sandbox, """
+import threading, ctypes, concurrent.futures
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+with concurrent.futures.ThreadPoolExecutor(4) as ex:
+    print(sum(ex.map(lambda x: x * 2, range(10))))
+libc = ctypes.CDLL(None)
+tid = ctypes.c_ulong()
+CB = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+cb = CB(lambda arg: None)
+print(libc.pthread_create(ctypes.byref(tid), None, cb, None))
+libc.pthread_join(tid, None)
+""")
+    assert out.split() == ["90", "0"]
+
+
+def test_numpy_uses_its_thread_pool(sandbox):
+    out = py(sandbox, "import numpy as np\na = np.ones((300, 300))\nprint(float((a @ a)[0, 0]))")
+    assert out.strip() == "300.0"
+
+
+def test_subprocesses_of_the_repl_live_in_the_sandbox_pid_namespace(sandbox):
+    out = py(sandbox, """
+import subprocess, os
+p = subprocess.Popen(['sleep', '30'])
+ps = subprocess.run(['ps', '-eo', 'comm'], capture_output=True, text=True).stdout.split()
+print('sleep' in ps)
+pid_seen_inside = subprocess.run(['sh', '-c', 'echo $$'], capture_output=True, text=True).stdout.strip()
+print(int(pid_seen_inside) < 1000)
+p.kill(); p.wait()
+print(p.returncode)
+r = os.fork()
+if r == 0:
+    os._exit(7)
+print(os.waitpid(r, 0)[1] >> 8)
+""")
+    assert out.split() == ["True", "True", "-9", "7"]
+
+
+def test_kill_minus_one_from_the_repl_is_survived(sandbox):
+    py(sandbox, "open('/root/kept.txt', 'w').write('files survive')\nx = 1")
+    r = sandbox.run_code("import os, signal\nos.kill(-1, signal.SIGKILL)\nprint('after')")
+    # The REPL survives its own kill(-1) (the caller is exempt) but the
+    # sandbox's init does not; the next call rebuilds the sandbox.
+    r = sandbox.run_code("print(open('/root/kept.txt').read())")
+    assert r.exit_code == 0, r
+    assert "files survive" in r.stdout
+    b = sandbox.run_code("echo bash works; ps -e | wc -l", language="bash")
+    assert b.exit_code == 0 and "bash works" in b.stdout, b
