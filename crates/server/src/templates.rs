@@ -145,9 +145,15 @@ impl Progress for ServerProgress {
         });
     }
     fn advance(&self, steps: u64, message: &str) {
-        self.update(|d, _, m| {
+        let name = &self.name;
+        self.update(|d, t, m| {
+            let before = *d * 10 / (*t).max(1);
             *d += steps;
             *m = message.to_string();
+            // A line per 10%: the server's log shows background builds moving.
+            if *d * 10 / (*t).max(1) > before {
+                tracing::info!(template = %name, percent = (*d * 100 / (*t).max(1)).min(99), step = %m, "building template");
+            }
         });
     }
     fn message(&self, message: &str) {
