@@ -26,7 +26,7 @@ mod tools;
 pub use builtin::{builtin, builtin_names};
 pub use error::TemplateError;
 pub use key::BUILDER_VERSION;
-pub use progress::{BarProgress, NoProgress, Progress};
+pub use progress::{BarProgress, NoProgress, Progress, RecordedProgress};
 pub use recipe::{Recipe, DEFAULT_MIRROR, DEFAULT_SUITE, DEFAULT_VARIANT};
 pub use store::{BuiltTemplate, TemplateStore};
 pub use tools::check_tools;

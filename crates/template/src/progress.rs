@@ -104,3 +104,37 @@ impl Progress for BarProgress {
         with_bar(|bar| bar.set_length(total_steps));
     }
 }
+
+/// Records every progress call as a line (`begin t 5`, `advance 1 msg`,
+/// `message m`, `finish t`, `total 9`), for tests and diagnostics.
+#[derive(Debug, Default)]
+pub struct RecordedProgress(Mutex<Vec<String>>);
+
+impl RecordedProgress {
+    /// All calls so far, in order.
+    pub fn calls(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn push(&self, line: String) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+    }
+}
+
+impl Progress for RecordedProgress {
+    fn begin(&self, t: &str, n: u64) {
+        self.push(format!("begin {t} {n}"));
+    }
+    fn advance(&self, n: u64, m: &str) {
+        self.push(format!("advance {n} {m}"));
+    }
+    fn message(&self, m: &str) {
+        self.push(format!("message {m}"));
+    }
+    fn finish(&self, t: &str) {
+        self.push(format!("finish {t}"));
+    }
+    fn set_total(&self, n: u64) {
+        self.push(format!("total {n}"));
+    }
+}

@@ -57,39 +57,17 @@ fn short(message: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
-
-    #[derive(Default)]
-    struct Record(Mutex<Vec<String>>);
-
-    impl Progress for Record {
-        fn begin(&self, t: &str, n: u64) {
-            self.0.lock().unwrap().push(format!("begin {t} {n}"));
-        }
-        fn advance(&self, n: u64, m: &str) {
-            self.0.lock().unwrap().push(format!("advance {n} {m}"));
-        }
-        fn message(&self, m: &str) {
-            self.0.lock().unwrap().push(format!("message {m}"));
-        }
-        fn finish(&self, t: &str) {
-            self.0.lock().unwrap().push(format!("finish {t}"));
-        }
-        fn set_total(&self, n: u64) {
-            self.0.lock().unwrap().push(format!("total {n}"));
-        }
-    }
 
     #[test]
     fn total_grows_when_the_estimate_was_low_and_is_refined() {
-        let rec = Record::default();
+        let rec = crate::RecordedProgress::default();
         let mut steps = Steps::begin(&rec, "t", 1);
         steps.advance("a");
         steps.advance("b");
         steps.remaining(3);
         steps.remaining(3);
         steps.message(&"x".repeat(500));
-        let log = rec.0.into_inner().unwrap();
+        let log = rec.calls();
         assert_eq!(
             log[..5],
             [

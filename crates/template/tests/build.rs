@@ -6,10 +6,9 @@
 
 use std::fs;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use forkbox_template::{Progress, Recipe, TemplateError, TemplateStore};
+use forkbox_template::{RecordedProgress, Recipe, TemplateError, TemplateStore};
 
 const BASE: &str = r#"
 name = "forkbox-test-base"
@@ -63,45 +62,19 @@ fn prune_old_bases(store: &TemplateStore) {
 
 /// Records progress calls per kind.
 #[derive(Default)]
-struct Recorder(Mutex<Vec<String>>);
+struct Recorder(RecordedProgress);
 
 impl Recorder {
     fn calls(&self, kind: &str) -> Vec<String> {
-        let calls = self.0.lock().unwrap();
-        calls
-            .iter()
-            .filter(|c| c.starts_with(kind))
-            .cloned()
-            .collect()
+        self.0.calls().into_iter().filter(|c| c.starts_with(kind)).collect()
     }
 
     /// Calls from the start of `template`'s build on (the base may have been built first).
     fn calls_for(&self, template: &str, kind: &str) -> Vec<String> {
-        let calls = self.0.lock().unwrap();
-        let start = calls
-            .iter()
-            .position(|c| c.starts_with(&format!("begin {template} ")));
+        let calls = self.0.calls();
+        let start = calls.iter().position(|c| c.starts_with(&format!("begin {template} ")));
         let start = start.unwrap_or_else(|| panic!("{template} never began: {calls:?}"));
-        calls[start..]
-            .iter()
-            .filter(|c| c.starts_with(kind))
-            .cloned()
-            .collect()
-    }
-}
-
-impl Progress for Recorder {
-    fn begin(&self, t: &str, n: u64) {
-        self.0.lock().unwrap().push(format!("begin {t} {n}"));
-    }
-    fn advance(&self, n: u64, m: &str) {
-        self.0.lock().unwrap().push(format!("advance {n} {m}"));
-    }
-    fn message(&self, m: &str) {
-        self.0.lock().unwrap().push(format!("message {m}"));
-    }
-    fn finish(&self, t: &str) {
-        self.0.lock().unwrap().push(format!("finish {t}"));
+        calls[start..].iter().filter(|c| c.starts_with(kind)).cloned().collect()
     }
 }
 
@@ -128,7 +101,7 @@ fn derived_template_builds_caches_and_rebuilds_on_change() {
     let check = "test -r /proc/self/status && test -c /dev/null && test -s /etc/resolv.conf";
     let first = derived(name, &format!("{check} && echo first > /etc/forkbox-test"));
     let progress = Recorder::default();
-    let built = store.build(&first, &progress).unwrap();
+    let built = store.build(&first, &progress.0).unwrap();
     assert_eq!(built.name, name);
     assert_eq!(built.hash, store.key(&first).unwrap());
     assert_eq!(
@@ -162,7 +135,7 @@ fn derived_template_builds_caches_and_rebuilds_on_change() {
     // Same recipe again: a cache hit, no build at all.
     let again = Recorder::default();
     let started = Instant::now();
-    assert_eq!(store.build(&first, &again).unwrap(), built);
+    assert_eq!(store.build(&first, &again.0).unwrap(), built);
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "cache hit took {:?}",
@@ -178,7 +151,7 @@ fn derived_template_builds_caches_and_rebuilds_on_change() {
     // A changed run step is a new version; the old one stays until removed.
     let second = derived(name, "echo second > /etc/forkbox-test");
     assert_eq!(store.lookup(&second).unwrap(), None);
-    let rebuilt = store.build(&second, &Recorder::default()).unwrap();
+    let rebuilt = store.build(&second, &RecordedProgress::default()).unwrap();
     assert_ne!(rebuilt.hash, built.hash);
     assert_eq!(
         fs::read_to_string(rebuilt.rootfs.join("etc/forkbox-test")).unwrap(),
@@ -208,7 +181,7 @@ fn failing_step_reports_its_output_and_leaves_nothing_behind() {
     let name = "forkbox-test-failing";
     clear(&store, name);
     let recipe = derived(name, "for i in $(seq 1 70); do echo line-$i; done; exit 7");
-    let err = store.build(&recipe, &Recorder::default()).unwrap_err();
+    let err = store.build(&recipe, &RecordedProgress::default()).unwrap_err();
     let TemplateError::StepFailed {
         template,
         step,
