@@ -60,3 +60,19 @@ def test_kill_minus_one_from_the_repl_is_survived(sandbox):
     assert "files survive" in r.stdout
     b = sandbox.run_code("echo bash works; ps -e | wc -l", language="bash")
     assert b.exit_code == 0 and "bash works" in b.stdout, b
+
+
+def test_the_repls_own_pid_never_names_another_process(sandbox):
+    # The REPL lives in its family's pid namespace; the sandbox's /proc shows
+    # the sandbox's leaf namespace, whose pids stay below 2**21 while the
+    # REPL's pid is at or above it: /proc/<its pid> is absent, never wrong.
+    out = py(sandbox, """
+import os, subprocess
+me = os.getpid()
+print(me >= 2**21, os.path.exists(f'/proc/{me}'))
+kids = [subprocess.Popen(['sleep', '5']) for _ in range(3)]
+inside = subprocess.run(['sh', '-c', 'echo $$'], capture_output=True, text=True).stdout.strip()
+print(int(inside) < 2**21)
+for k in kids: k.kill(); k.wait()
+""")
+    assert out.split() == ["True", "False", "True"]

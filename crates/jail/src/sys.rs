@@ -191,3 +191,32 @@ pub fn dup_to(old: RawFd, new: RawFd) -> nix::Result<()> {
     check(unsafe { libc::dup2(old, new) } as libc::c_long)?;
     Ok(())
 }
+
+/// `clone3` with fork semantics that gives the child the pid `pid` in the
+/// caller's pid_for_children namespace (needs CAP_SYS_ADMIN over it).
+///
+/// # Safety
+/// As for `fork(2)`: the caller must be single-threaded.
+pub unsafe fn fork_with_pid(pid: i32) -> nix::Result<Forked> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct CloneArgs {
+        flags: u64,
+        pidfd: u64,
+        child_tid: u64,
+        parent_tid: u64,
+        exit_signal: u64,
+        stack: u64,
+        stack_size: u64,
+        tls: u64,
+        set_tid: u64,
+        set_tid_size: u64,
+        cgroup: u64,
+    }
+    let tids = [pid as libc::pid_t];
+    let args = CloneArgs { exit_signal: libc::SIGCHLD as u64, set_tid: tids.as_ptr() as u64, set_tid_size: 1, ..Default::default() };
+    // SAFETY: `args` is a valid clone_args of the size passed; `tids` outlives
+    // the call; no stack means fork semantics. The caller upholds fork's contract.
+    let ret = check(unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) })?;
+    Ok(if ret == 0 { Forked::Child } else { Forked::Parent(Pid::from_raw(ret as i32)) })
+}

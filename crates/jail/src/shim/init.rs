@@ -131,6 +131,10 @@ fn setup(root: &Path, hostname: &str) -> Result<(), String> {
             let _ = mount(Some("tmpfs"), &target, Some("tmpfs"), nosuid | MsFlags::MS_RDONLY, Some("size=0"));
         }
     }
+    // Leaf pids stay below LEAF_PID_MAX; REPLs get family pids above it, so
+    // the REPL's own pid never names another process in the sandbox's /proc.
+    fs::write(at("proc/sys/kernel/pid_max"), crate::shim::LEAF_PID_MAX.to_string())
+        .map_err(|e| format!("set the leaf's pid_max: {e}"))?;
     ensure_dir(&at("tmp"))?;
     chdir(root).map_err(|e| format!("chdir root: {e}"))?;
     pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;

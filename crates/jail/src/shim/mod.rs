@@ -34,6 +34,12 @@ use messages::*;
 /// The descriptor the server passes the shim's socket on.
 pub const SHIM_SOCKET_FD: i32 = 3;
 
+/// Highest pid + 1 in a sandbox's leaf pid namespace. A REPL lives in the
+/// family pid namespace (DESIGN.md §3.1) and sees the leaf's /proc; its own
+/// family pid is chosen at or above this, so `/proc/<os.getpid()>` can never
+/// be a different process of the sandbox (it does not exist instead).
+pub const LEAF_PID_MAX: i32 = 1 << 21;
+
 struct Shim {
     config: ShimConfig,
     sock: OwnedFd,
@@ -283,6 +289,18 @@ impl Shim {
     }
 }
 
+/// Fork the REPL with a family pid at or above LEAF_PID_MAX.
+fn fork_repl() -> nix::Result<Forked> {
+    let mut pid = LEAF_PID_MAX + 1 + (std::process::id() as i32 % 1000);
+    loop {
+        // SAFETY: the helper is single-threaded.
+        match unsafe { sys::fork_with_pid(pid) } {
+            Err(nix::errno::Errno::EEXIST) if pid < LEAF_PID_MAX + 100_000 => pid += 1,
+            other => return other,
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn repl_helper(
     family: &Family,
@@ -303,8 +321,7 @@ fn repl_helper(
         eprintln!("forkbox shim: enter family pid namespace: {e}");
         return 1;
     }
-    // SAFETY: single-threaded.
-    match unsafe { sys::fork_with(0) } {
+    match fork_repl() {
         Ok(Forked::Parent(pid)) => {
             let _ = nix::unistd::write(report.as_fd(), &pid.as_raw().to_ne_bytes());
             0
