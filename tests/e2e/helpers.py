@@ -75,6 +75,7 @@ class ForkboxServer:
         self.api_keys = list(api_keys or [])
         self.listen_host = listen_host
         self.build_templates = build_templates
+        self.templates_dir = TEMPLATES_DIR
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         os.makedirs(E2E_ROOT, exist_ok=True)
@@ -89,7 +90,7 @@ class ForkboxServer:
     # ── process ────────────────────────────────────────────────────────
     def command(self) -> list[str]:
         cmd = [FORKBOX_BIN, "serve", "--listen", f"{self.listen_host}:{self.port}",
-               "--state-dir", self.state_dir, "--templates-dir", TEMPLATES_DIR]
+               "--state-dir", self.state_dir, "--templates-dir", self.templates_dir]
         for k in self.api_keys:
             cmd += ["--api-key", k]
         if not self.build_templates:
