@@ -332,16 +332,18 @@ def _spawning(fn, forks):
 
 
 def _setup_pidns():
+    """Returns whether process creation is redirected to the leaf (reported
+    to the server in the ready frame)."""
     global _setns
     try:
         os.fstat(_FAMILY_FD)
         os.fstat(_LEAF_FD)
     except OSError:
-        return                        # not started by forkbox (tests on the host)
+        return False                  # not started by forkbox (tests on the host)
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.setns(_FAMILY_FD, _CLONE_NEWPID) != 0:
-        return
+        return False
     _setns = libc.setns
     os.set_inheritable(_FAMILY_FD, False)
     os.set_inheritable(_LEAF_FD, False)
@@ -358,6 +360,7 @@ def _setup_pidns():
     _posixsubprocess.fork_exec = _spawning(_posixsubprocess.fork_exec, False)
     if hasattr(subprocess, '_fork_exec'):
         subprocess._fork_exec = _posixsubprocess.fork_exec
+    return True
 
 
 # ---- exec --------------------------------------------------------------------
@@ -550,13 +553,13 @@ def main():
     except OSError:
         pass
     signal.signal(signal.SIGINT, _on_sigint)
-    _setup_pidns()
+    pidns = _setup_pidns()
     os.register_at_fork(after_in_child=_after_fork_child)
     _fflush()                         # import ctypes now, not during the first exec
     rd = open(_CTL, 'rb', buffering=1 << 16, closefd=False)
     read = rd.read
     loads = json.loads
-    _frame(b'R', _json({'pid': os.getpid(), 'python': sys.version.split()[0]}))
+    _frame(b'R', _json({'pid': os.getpid(), 'python': sys.version.split()[0], 'pidns': pidns}))
     while True:
         try:
             hdr = read(5)

@@ -54,10 +54,14 @@ def test_kill_minus_one_from_the_repl_is_survived(sandbox):
     py(sandbox, "open('/root/kept.txt', 'w').write('files survive')\nx = 1")
     r = sandbox.run_code("import os, signal\nos.kill(-1, signal.SIGKILL)\nprint('after')")
     # The REPL survives its own kill(-1) (the caller is exempt) but the
-    # sandbox's init does not; the next call rebuilds the sandbox.
-    r = sandbox.run_code("print(open('/root/kept.txt').read())")
-    assert r.exit_code == 0, r
-    assert "files survive" in r.stdout
+    # sandbox's init does not; the next call rebuilds the sandbox, says so,
+    # and keeps its files (not the Python state).
+    events = list(sandbox.run_code_stream("print(open('/root/kept.txt').read()); print('x' in globals())"))
+    warnings = [e.data for e in events if e.type == "warning"]
+    assert warnings and "init process was killed" in warnings[0], events
+    out = [e.data for e in events if e.type == "stdout"]
+    assert out == ["files survive", "False"], events
+    assert events[-1].type == "exit" and events[-1].data == 0
     b = sandbox.run_code("echo bash works; ps -e | wc -l", language="bash")
     assert b.exit_code == 0 and "bash works" in b.stdout, b
 

@@ -44,12 +44,14 @@ pub struct Jail {
     _lock: std::fs::File,
 }
 
-/// A short stable name for the instance owning `state_dir`.
+/// A short name for the instance owning `state_dir`, stable across runs
+/// and releases (FNV-1a of the canonical path), so a restarted server finds
+/// the cgroups its crashed predecessor left.
 fn instance_name(state_dir: &Path) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    state_dir.hash(&mut h);
-    format!("{:08x}", h.finish() as u32)
+    use std::os::unix::ffi::OsStrExt;
+    let path = state_dir.canonicalize().unwrap_or_else(|_| state_dir.to_path_buf());
+    let hash = path.as_os_str().as_bytes().iter().fold(0x811c_9dc5u32, |h, b| (h ^ *b as u32).wrapping_mul(0x0100_0193));
+    format!("{hash:08x}")
 }
 
 /// Hold an exclusive lock on the state directory for the engine's life: two
@@ -105,6 +107,8 @@ pub struct Sandbox {
     subvolume: PathBuf,
     volume: Volume,
     next_command: std::sync::atomic::AtomicU64,
+    /// A pidfd of the member's init; readable once init has exited.
+    init_pidfd: StdMutex<Option<OwnedFd>>,
 }
 
 fn create_member_request(id: &str, cgroup: &Cgroup, subvolume: &Path) -> Request {
@@ -191,13 +195,14 @@ impl Jail {
         };
         let made = self.create_member(&spec, &cgroup, &subvolume, range).await;
         match made {
-            Ok(shim) => Ok(Sandbox {
+            Ok((shim, init_pidfd)) => Ok(Sandbox {
                 id: spec.id,
                 shim,
                 cgroup,
                 subvolume,
                 volume: self.volume.clone(),
                 next_command: std::sync::atomic::AtomicU64::new(1),
+                init_pidfd: StdMutex::new(init_pidfd),
             }),
             Err(e) => {
                 let _ = cgroup.kill_all(DESTROY_DEADLINE);
@@ -230,7 +235,13 @@ impl Jail {
         Ok(())
     }
 
-    async fn create_member(&self, spec: &SandboxSpec, cgroup: &Cgroup, subvolume: &Path, range: crate::ids::IdRange) -> Result<Arc<ShimHandle>> {
+    async fn create_member(
+        &self,
+        spec: &SandboxSpec,
+        cgroup: &Cgroup,
+        subvolume: &Path,
+        range: crate::ids::IdRange,
+    ) -> Result<(Arc<ShimHandle>, Option<OwnedFd>)> {
         let config = ShimConfig {
             family: spec.id.clone(),
             id_base: range.base,
@@ -239,11 +250,13 @@ impl Jail {
             run_dir: self.run_dir(&spec.id),
         };
         let shim = ShimHandle::start(&self.config.shim_exe, &config, range).await?;
-        if let Err(e) = shim.call(create_member_request(&spec.id, cgroup, subvolume), &[]).await {
-            shim.shutdown().await;
-            return Err(e);
+        match shim.call(create_member_request(&spec.id, cgroup, subvolume), &[]).await {
+            Ok((_, mut fds)) => Ok((shim, fds.pop())),
+            Err(e) => {
+                shim.shutdown().await;
+                Err(e)
+            }
         }
-        Ok(shim)
     }
 
     /// Destroy a sandbox and free everything it used.
@@ -354,14 +367,22 @@ impl Sandbox {
             .await
             .map_err(|e| Error::Shim(format!("join: {e}")))??;
         self.shim.call(Request::DestroyMember { member: self.id.clone(), cgroup_procs: vec![] }, &[]).await?;
-        self.shim.call(create_member_request(&self.id, &self.cgroup, &self.subvolume), &[]).await?;
-        self.shim.init_dead.store(false, std::sync::atomic::Ordering::Relaxed);
+        let (_, mut fds) = self.shim.call(create_member_request(&self.id, &self.cgroup, &self.subvolume), &[]).await?;
+        if let Ok(mut slot) = self.init_pidfd.lock() {
+            *slot = fds.pop();
+        }
         Ok(())
     }
 
     /// Whether the member's init (and so the sandbox's namespaces) is alive.
     pub fn init_alive(&self) -> bool {
-        !self.shim.init_dead.load(std::sync::atomic::Ordering::Relaxed) && self.shim.alive()
+        let exited = self.init_pidfd.lock().ok().and_then(|slot| {
+            slot.as_ref().map(|fd| {
+                let mut fds = [nix::poll::PollFd::new(fd.as_fd(), nix::poll::PollFlags::POLLIN)];
+                nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).map(|n| n > 0).unwrap_or(true)
+            })
+        });
+        exited == Some(false) && self.shim.alive()
     }
 }
 
@@ -386,7 +407,6 @@ pub(crate) struct ShimHandle {
     pending: Mutex<Pending>,
     repl_exits: Mutex<HashMap<String, oneshot::Sender<ExitStatus>>>,
     commands: Mutex<HashMap<(String, u64), oneshot::Sender<ExitStatus>>>,
-    init_dead: std::sync::atomic::AtomicBool,
     closed: std::sync::atomic::AtomicBool,
     range: crate::ids::IdRange,
 }
@@ -420,7 +440,6 @@ impl ShimHandle {
             pending: Mutex::new(HashMap::new()),
             repl_exits: Mutex::new(HashMap::new()),
             commands: Mutex::new(HashMap::new()),
-            init_dead: std::sync::atomic::AtomicBool::new(false),
             closed: std::sync::atomic::AtomicBool::new(false),
             range,
         });
@@ -498,7 +517,7 @@ impl ShimHandle {
                 }
             }
             ShimEvent::InitExited { .. } => {
-                self.init_dead.store(true, std::sync::atomic::Ordering::Relaxed);
+                // Commands it ran are gone with it.
                 self.commands.lock().await.clear();
             }
         }

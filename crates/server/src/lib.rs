@@ -56,6 +56,9 @@ pub fn check_exposure(listen: &SocketAddr, keys: &[String]) -> Result<(), String
 /// Run the server until SIGTERM/SIGINT, then destroy every sandbox.
 pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     check_exposure(&config.listen, &config.api_keys).map_err(anyhow::Error::msg)?;
+    if config.limits.max_sandboxes > jail::ids::SLOT_BLOCKS as usize {
+        anyhow::bail!("--max-sandboxes can be at most {} (the host ids one server owns)", jail::ids::SLOT_BLOCKS);
+    }
     if config.build_templates {
         template::check_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
     }
@@ -66,6 +69,9 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     })?;
     let templates = Templates::new(config.templates_dir.clone());
     templates.scan();
+    if !config.build_templates {
+        templates.mark_unbuilt();
+    }
     let state = AppState::new(config.clone(), jail, templates.clone());
     if config.build_templates {
         std::thread::Builder::new().name("template-builder".into()).spawn(move || templates.build_all())?;

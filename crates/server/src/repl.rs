@@ -50,6 +50,10 @@ pub struct PyError {
 pub struct Ready {
     pub pid: i64,
     pub python: String,
+    /// Whether the REPL moves the processes it starts into the sandbox's
+    /// leaf pid namespace (false: they stay in the family's, unseen by `ps`).
+    #[serde(default)]
+    pub pidns: bool,
 }
 
 pub struct ReplSession {

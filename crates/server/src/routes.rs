@@ -66,7 +66,17 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
 #[utoipa::path(post, path = "/v1/sandboxes", request_body = CreateSandbox,
     responses((status = 200, body = Created), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
         (status = 429, body = protocol::ErrorBody), (status = 501, body = protocol::ErrorBody), (status = 503, body = protocol::ErrorBody)))]
-pub async fn create(State(state): State<AppState>, body: bytes::Bytes) -> Result<Response, ApiError> {
+pub async fn create(
+    State(state): State<AppState>,
+    body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge(format!("request body is larger than {MAX_BODY} bytes"))
+        } else {
+            ApiError::BadRequest(e.body_text())
+        }
+    })?;
     // An empty body means "all defaults" (handy with curl).
     let req: CreateSandbox = if body.iter().all(u8::is_ascii_whitespace) {
         CreateSandbox::default()

@@ -47,8 +47,13 @@ pub struct SandboxEntry {
 /// The REPL as the exec queue sees it.
 pub struct ReplSlot {
     pub session: Option<ReplSession>,
-    /// Why the last REPL died, told to the next call.
+    /// Why the last REPL died, told to the next Python call.
     pub lost_state: Option<String>,
+    /// The sandbox was rebuilt after its init died: told to the next bash call.
+    pub rebuilt: bool,
+    /// The cgroup's OOM-kill count when the REPL was last seen alive, to tell
+    /// an OOM kill between calls from other deaths.
+    pub oom_seen: u64,
 }
 
 pub fn sandbox_env(id: &str) -> Vec<String> {
@@ -75,7 +80,11 @@ pub async fn start_repl(engine: &jail::Sandbox) -> Result<ReplSession, String> {
         .start_repl(argv, sandbox_env(&engine.id), "/root", REPL_SOURCE.as_bytes())
         .await
         .map_err(|e| format!("start the Python REPL: {e}"))?;
-    ReplSession::start(process).await
+    let session = ReplSession::start(process).await?;
+    if !session.ready.pidns {
+        tracing::warn!(sandbox = %engine.id, "the REPL could not switch pid namespaces: its subprocesses will not show in the sandbox's ps");
+    }
+    Ok(session)
 }
 
 impl SandboxEntry {
@@ -116,6 +125,7 @@ impl SandboxEntry {
         tracing::warn!(sandbox = %self.id, "sandbox init died: rebuilding its namespaces");
         slot.session = None;
         slot.lost_state = Some("ended because the sandbox's init process was killed; the sandbox was restarted with its files kept".into());
+        slot.rebuilt = true;
         self.repl_restarts.fetch_add(1, Ordering::Relaxed);
         self.engine.rebuild().await.map_err(|e| {
             tracing::error!(sandbox = %self.id, err = %e, "rebuild failed");
@@ -152,9 +162,12 @@ impl SandboxEntry {
                 ReplItem::Stdout(b) => sink.stdout(&b).await,
                 ReplItem::Stderr(b) => sink.stderr(&b).await,
                 ReplItem::Died(status) => {
+                    // It died between calls (a background thread's doing, an
+                    // OOM kill by another process's growth, ...).
                     slot.session = None;
-                    let reason = self.death_reason(status, false);
-                    slot.lost_state = Some(reason);
+                    let oom = self.engine.cgroup().oom_kills() > slot.oom_seen;
+                    slot.lost_state = Some(self.death_reason(status, oom));
+                    self.repl_restarts.fetch_add(1, Ordering::Relaxed);
                     return Box::pin(self.run_python(slot, code, timeout, sink)).await;
                 }
                 _ => {}
@@ -167,6 +180,7 @@ impl SandboxEntry {
                 // The REPL died while idle; its death item is queued.
                 slot.session = None;
                 slot.lost_state = Some("died while idle".into());
+                self.repl_restarts.fetch_add(1, Ordering::Relaxed);
                 return Box::pin(self.run_python(slot, code, timeout, sink)).await;
             }
         };
@@ -192,6 +206,7 @@ impl SandboxEntry {
                             d.exit_code
                         };
                         sink.exit(code).await;
+                        slot.oom_seen = self.engine.cgroup().oom_kills();
                         return;
                     }
                     Some(ReplItem::Done(_)) => {}
@@ -248,6 +263,7 @@ impl SandboxEntry {
         if let Ok(s) = self.restart_repl().await {
             slot.session = Some(s);
         }
+        slot.oom_seen = self.engine.cgroup().oom_kills();
     }
 
     async fn restart_repl(&self) -> Result<ReplSession, String> {
@@ -281,8 +297,8 @@ impl SandboxEntry {
             sink.exit(1).await;
             return;
         }
-        if let Some(reason) = slot.lost_state.as_ref().filter(|r| r.contains("init process")) {
-            sink.warning(format!("[forkbox] the sandbox's processes {reason}")).await;
+        if std::mem::take(&mut slot.rebuilt) {
+            sink.warning("[forkbox] the sandbox's init process was killed, so the sandbox was restarted with its files kept; its processes are gone".into()).await;
         }
         let argv = vec!["/bin/bash".to_string(), "-c".into(), code.to_string()];
         let mut cmd = match self.engine.spawn_command(argv, sandbox_env(&self.id), "/root").await {
@@ -358,7 +374,7 @@ pub fn new_entry(id: String, settings: Settings, engine: jail::Sandbox, session:
         repl_restarts: AtomicU64::new(0),
         replay: Default::default(),
         destroyed: AtomicBool::new(false),
-        slot: Mutex::new(ReplSlot { session: Some(session), lost_state: None }),
+        slot: Mutex::new(ReplSlot { session: Some(session), lost_state: None, rebuilt: false, oom_seen: 0 }),
         busy: AtomicU64::new(0),
     })
 }

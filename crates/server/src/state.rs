@@ -29,6 +29,8 @@ pub struct Inner {
     pub sandboxes: RwLock<HashMap<String, Arc<SandboxEntry>>>,
     /// Creates in flight, counted against `max_sandboxes` too.
     pub creating: std::sync::atomic::AtomicUsize,
+    /// Sandboxes in the registry (kept beside it so limits need no lock).
+    pub live: std::sync::atomic::AtomicUsize,
 }
 
 /// Sandbox ids: `sb-` and 20 lowercase base-32 characters (also the hostname).
@@ -53,6 +55,7 @@ impl AppState {
                 templates,
                 sandboxes: RwLock::new(HashMap::new()),
                 creating: std::sync::atomic::AtomicUsize::new(0),
+                live: std::sync::atomic::AtomicUsize::new(0),
             }),
         }
     }
@@ -67,6 +70,7 @@ impl AppState {
             templates: inner.templates.clone(),
             sandboxes: RwLock::new(HashMap::new()),
             creating: std::sync::atomic::AtomicUsize::new(0),
+            live: std::sync::atomic::AtomicUsize::new(0),
         }) }
     }
 
@@ -139,6 +143,7 @@ impl AppState {
         };
         let entry = new_entry(id.clone(), settings, engine, session);
         self.inner.sandboxes.write().await.insert(id, Arc::clone(&entry));
+        self.inner.live.fetch_add(1, Ordering::SeqCst);
         tracing::info!(sandbox = %entry.id, template = %entry.settings.template, jail_ms = jailed.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64, "created");
         Ok(entry)
@@ -147,6 +152,7 @@ impl AppState {
     /// Remove a sandbox from the registry and free everything it used.
     pub async fn destroy(&self, id: &str) -> Result<(), ApiError> {
         let entry = self.inner.sandboxes.write().await.remove(id).ok_or_else(|| ApiError::NotFound(format!("no sandbox `{id}`")))?;
+        self.inner.live.fetch_sub(1, Ordering::SeqCst);
         self.teardown(&entry).await;
         Ok(())
     }
@@ -166,11 +172,12 @@ impl AppState {
     /// Destroy everything (server shutdown).
     pub async fn destroy_all(&self) {
         let all: Vec<Arc<SandboxEntry>> = self.inner.sandboxes.write().await.drain().map(|(_, e)| e).collect();
+        self.inner.live.store(0, Ordering::SeqCst);
         let jobs = all.iter().map(|e| self.teardown(e));
         futures::future::join_all(jobs).await;
     }
 
-    /// Enforce lifetimes and idle timeouts, once a second, forever.
+    /// Enforce lifetimes and idle timeouts, twice a second, forever.
     pub async fn expire_loop(self) {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
@@ -202,7 +209,7 @@ struct CreateSlot<'a>(&'a AppState);
 
 impl<'a> CreateSlot<'a> {
     fn take(state: &'a AppState) -> Result<CreateSlot<'a>, ApiError> {
-        let live = state.inner.sandboxes.try_read().map(|m| m.len()).unwrap_or(0);
+        let live = state.inner.live.load(Ordering::SeqCst);
         let creating = state.inner.creating.fetch_add(1, Ordering::SeqCst);
         if live + creating >= state.inner.config.limits.max_sandboxes {
             state.inner.creating.fetch_sub(1, Ordering::SeqCst);

@@ -50,6 +50,16 @@ impl Templates {
         }
     }
 
+    /// With building disabled, say how to build what is missing instead of
+    /// "queued" forever.
+    pub fn mark_unbuilt(&self) {
+        for name in &self.order {
+            if !self.is_ready(name) {
+                self.set(name, State::Failed(format!("not built: run `forkbox template build {name}`")));
+            }
+        }
+    }
+
     /// Build every missing built-in, in order; blocking (run it on a thread).
     pub fn build_all(&self) {
         for name in self.order.clone() {

@@ -56,9 +56,26 @@ impl Family {
     /// Kill the reaper and wait for it: the kernel kills every process of
     /// the family's pid namespace and reaps them before the reaper's wait
     /// completes, so when this returns nothing of the family is left.
+    ///
+    /// The reaper's exit waits until every process of the namespace is
+    /// reaped, and the REPLs are our children (we are their subreaper), so
+    /// reap any child here, not only the reaper, or both would wait forever.
     pub fn terminate(&self) {
         let _ = nix::sys::signal::kill(self.reaper, nix::sys::signal::Signal::SIGKILL);
-        let _ = waitpid(self.reaper, None);
+        loop {
+            match waitpid(Pid::from_raw(-1), None) {
+                Ok(status) if status.pid() == Some(self.reaper) => break,
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => break,
+            }
+        }
+        // Nothing else may stay a zombie of ours after we exit.
+        while let Ok(status) = waitpid(Pid::from_raw(-1), Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+            if status == nix::sys::wait::WaitStatus::StillAlive {
+                break;
+            }
+        }
         let _ = nix::mount::umount2(&self.lower, nix::mount::MntFlags::MNT_DETACH);
     }
 

@@ -35,6 +35,8 @@ pub struct Member {
     pub ns: MemberNs,
     /// Seqpacket socket to the member's init.
     pub init: OwnedFd,
+    /// Host pid of the member's init.
+    pub init_pid: Pid,
 }
 
 /// The overlay for a member, mounted in the shim's private mount namespace.
@@ -124,7 +126,7 @@ pub fn create(family: &Family, hostname: &str, root: &Path, cgroup_procs: &[Path
                         ipc: open_ns(pid, "ipc")?,
                         pid: open_ns(pid, "pid")?,
                     };
-                    Ok(Member { root: root.to_path_buf(), ns, init: ours })
+                    Ok(Member { root: root.to_path_buf(), ns, init: ours, init_pid: pid })
                 }
                 InitMessage::SetupFailed { error } => Err(Error::Shim(format!("sandbox setup: {error}"))),
                 other => Err(Error::Shim(format!("unexpected first message from init: {other:?}"))),

@@ -213,8 +213,11 @@ impl Shim {
                 let root = member::mount_root(&self.family, &self.config.run_dir, &name, &upper, &work)?;
                 match member::create(&self.family, &hostname, &root, &cgroup_procs) {
                     Ok(m) => {
+                        // The server watches init through a pidfd: its death
+                        // must be known before the next request, not after.
+                        let pidfd = sys::pidfd_open(m.init_pid).map_err(|e| Error::sys("pidfd_open init", e))?;
                         self.members.insert(name, m);
-                        Ok((Reply::Done, vec![]))
+                        Ok((Reply::Done, vec![pidfd]))
                     }
                     Err(e) => {
                         member::unmount_root(&root);
@@ -289,13 +292,16 @@ impl Shim {
     }
 }
 
-/// Fork the REPL with a family pid at or above LEAF_PID_MAX.
+/// Fork the REPL with a family pid at or above LEAF_PID_MAX (falling back
+/// to any pid where the kernel cannot place it there).
 fn fork_repl() -> nix::Result<Forked> {
     let mut pid = LEAF_PID_MAX + 1 + (std::process::id() as i32 % 1000);
     loop {
         // SAFETY: the helper is single-threaded.
         match unsafe { sys::fork_with_pid(pid) } {
             Err(nix::errno::Errno::EEXIST) if pid < LEAF_PID_MAX + 100_000 => pid += 1,
+            // SAFETY: as above.
+            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOSYS | nix::errno::Errno::EPERM) => return unsafe { sys::fork_with(0) },
             other => return other,
         }
     }
