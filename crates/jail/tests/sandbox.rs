@@ -165,3 +165,18 @@ fn walk_contains(dir: &std::path::Path, name: &str, depth: u32) -> bool {
         .map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy() == name || (e.path().is_dir() && walk_contains(&e.path(), name, depth - 1))))
         .unwrap_or(false)
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_inside_never_reach_the_template() {
+    let sb = jail().create(spec(&unique("t-tmpl"))).await.unwrap();
+    let template = template_rootfs();
+    let before = std::fs::read(template.join("etc/hostname")).unwrap();
+    let (code, _, err) = bash(&sb, "echo changed > /etc/hostname && touch /usr/bin/forkbox-added && rm /etc/os-release && chmod 777 /usr").await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(template.join("etc/hostname")).unwrap(), before);
+    assert!(!template.join("usr/bin/forkbox-added").exists());
+    assert!(template.join("etc/os-release").exists());
+    use std::os::unix::fs::PermissionsExt;
+    assert_ne!(std::fs::metadata(template.join("usr")).unwrap().permissions().mode() & 0o777, 0o777);
+    jail().destroy(&sb).await.unwrap();
+}
