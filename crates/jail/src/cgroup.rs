@@ -95,6 +95,10 @@ impl Cgroups {
 
     /// Create `forkbox/<name>` with `limits`.
     pub fn create(&self, name: &str, limits: &Limits) -> Result<Cgroup> {
+        // Someone (an admin tidying up) may have removed our empty parent.
+        if self.parents().iter().any(|p| !p.exists()) {
+            self.prepare_parent()?;
+        }
         let cg = Cgroup { version: self.version, dirs: self.parents().into_iter().map(|p| p.join(name)).collect() };
         for dir in &cg.dirs {
             match fs::create_dir(dir) {
@@ -120,6 +124,13 @@ impl Cgroups {
         names.sort();
         names.dedup();
         names
+    }
+
+    /// Remove this server's (empty) parent cgroups, at shutdown.
+    pub fn remove_parent(&self) {
+        for dir in self.parents() {
+            let _ = fs::remove_dir(dir);
+        }
     }
 
     /// The cgroup of an existing sandbox (without creating it).

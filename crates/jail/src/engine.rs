@@ -292,8 +292,10 @@ impl Jail {
         Ok(())
     }
 
-    /// Unmount the volume (at server shutdown, after every sandbox is gone).
+    /// Unmount the volume and remove this server's parent cgroups (at
+    /// server shutdown, after every sandbox is gone).
     pub fn close(&self) -> Result<()> {
+        self.cgroups.remove_parent();
         self.volume.close()
     }
 }
