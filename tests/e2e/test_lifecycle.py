@@ -3,6 +3,8 @@ creating, destroying and shutting down leaves nothing behind on the host."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import glob
+import subprocess
 import os
 import signal
 import threading
@@ -179,6 +181,13 @@ def test_sigterm_with_live_sandboxes_leaves_nothing(say):
         for sid in ids:
             assert sandbox_cgroup_dirs(sid) == []
         assert not os.path.ismount(os.path.join(srv.state_dir, "volume"))
+        # The volume's loop device went with the mount (autoclear).
+        image = os.path.join(srv.state_dir, "volume.img")
+        loops = subprocess.run(["losetup", "-j", image], capture_output=True, text=True).stdout
+        assert loops.strip() == "", loops
+        # So did this server's parent cgroups.
+        leftover = [d for d in glob.glob("/sys/fs/cgroup/*/" + (srv.cgroup_parent or "forkbox-none")) if os.path.isdir(d)]
+        assert leftover == [], leftover
     finally:
         srv.stop()
         srv.cleanup()

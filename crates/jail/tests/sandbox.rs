@@ -180,3 +180,34 @@ async fn writes_inside_never_reach_the_template() {
     assert_ne!(std::fs::metadata(template.join("usr")).unwrap().permissions().mode() & 0o777, 0o777);
     jail().destroy(&sb).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn limits_are_written_to_the_sandbox_cgroup() {
+    let mut s = spec(&unique("t-limits"));
+    s.limits = forkbox_jail::Limits { memory_bytes: 300 << 20, pids: 77, cpu_weight: 50 };
+    let sb = jail().create(s).await.unwrap();
+    // The sandbox's init is in the cgroup; find the cgroup from its side.
+    let pid = sb.cgroup().pids()[0];
+    let read = |ctrl: &str, file: &str| -> String {
+        let line = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        let path = line
+            .lines()
+            .find_map(|l| {
+                let parts: Vec<&str> = l.splitn(3, ':').collect();
+                (parts[1].split(',').any(|c| c == ctrl) || (parts[1].is_empty() && ctrl.is_empty())).then(|| parts[2].to_string())
+            })
+            .unwrap();
+        let base = if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "/sys/fs/cgroup".to_string() } else { format!("/sys/fs/cgroup/{ctrl}") };
+        std::fs::read_to_string(format!("{base}{path}/{file}")).unwrap().trim().to_string()
+    };
+    if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        assert_eq!(read("", "memory.max"), (300u64 << 20).to_string());
+        assert_eq!(read("", "pids.max"), "77");
+        assert_eq!(read("", "cpu.weight"), "50");
+    } else {
+        assert_eq!(read("memory", "memory.limit_in_bytes"), (300u64 << 20).to_string());
+        assert_eq!(read("pids", "pids.max"), "77");
+        assert_eq!(read("cpu", "cpu.shares"), "512");
+    }
+    jail().destroy(&sb).await.unwrap();
+}
