@@ -171,19 +171,9 @@ def _json(o):
 
 
 # ---- streams -----------------------------------------------------------------
-class _Bin(io.BufferedIOBase):
-    def __init__(self, kind, fd, name):
-        self._k = kind
-        self._fd = fd
-        self.name = name
-
-    mode = 'wb'
-
-    def write(self, b):
-        if type(b) is not bytes:
-            b = memoryview(b).tobytes()
-        _out(self._k, b, b'\n' in b)
-        return len(b)
+class _Stream:
+    """What our stdout/stderr text and binary streams share: write-only,
+    never closed (close just flushes), not a tty, on fd 1 or 2."""
 
     def flush(self):
         _out(None, b'', True)
@@ -211,7 +201,23 @@ class _Bin(io.BufferedIOBase):
         return False
 
 
-class _Text(io.TextIOBase):
+class _Bin(_Stream, io.BufferedIOBase):
+    def __init__(self, kind, fd, name):
+        self._k = kind
+        self._fd = fd
+        self.name = name
+
+    mode = 'wb'
+
+    def write(self, b):
+        if type(b) is not bytes:
+            b = memoryview(b).tobytes()
+        _out(self._k, b, b'\n' in b)
+        return len(b)
+
+
+
+class _Text(_Stream, io.TextIOBase):
     encoding = 'utf-8'
     errors = 'surrogateescape'
     newlines = None
@@ -235,30 +241,6 @@ class _Text(io.TextIOBase):
         _out(self._k, b, '\n' in s)
         return len(s)
 
-    def flush(self):
-        _out(None, b'', True)
-
-    def close(self):
-        self.flush()
-
-    @property
-    def closed(self):
-        return False
-
-    def fileno(self):
-        return self._fd
-
-    def isatty(self):
-        return False
-
-    def readable(self):
-        return False
-
-    def writable(self):
-        return True
-
-    def seekable(self):
-        return False
 
     def reconfigure(self, *args, **kwargs):
         pass

@@ -91,13 +91,8 @@ impl Volume {
 
     /// Create an empty subvolume at `path` (its parent must exist).
     pub fn create_subvolume(&self, path: &Path) -> Result<()> {
-        let (parent, name) = split(path)?;
-        let dir = fs::File::open(parent).map_err(|e| Error::io("open subvolume parent", e))?;
-        let mut args = VolArgs { fd: 0, name: [0; BTRFS_PATH_NAME_MAX + 1] };
-        args.name[..name.len()].copy_from_slice(name);
-        // SAFETY: `args` is a valid btrfs_ioctl_vol_args and `dir` an open directory.
-        unsafe { btrfs_subvol_create(dir.as_raw_fd(), &args) }.map_err(|e| Error::sys("create subvolume", e))?;
-        Ok(())
+        // SAFETY: the ioctl gets a valid btrfs_ioctl_vol_args and an open directory.
+        name_ioctl(path, "create subvolume", |dir, args| unsafe { btrfs_subvol_create(dir, args) })
     }
 
     /// Snapshot the subvolume `src` to `dst` (copy-on-write, O(1)).
@@ -114,14 +109,20 @@ impl Volume {
 
     /// Delete the subvolume at `path` with everything in it.
     pub fn delete_subvolume(&self, path: &Path) -> Result<()> {
-        let (parent, name) = split(path)?;
-        let dir = fs::File::open(parent).map_err(|e| Error::io("open subvolume parent", e))?;
-        let mut args = VolArgs { fd: 0, name: [0; BTRFS_PATH_NAME_MAX + 1] };
-        args.name[..name.len()].copy_from_slice(name);
-        // SAFETY: `args` is a valid btrfs_ioctl_vol_args and `dir` an open directory.
-        unsafe { btrfs_snap_destroy(dir.as_raw_fd(), &args) }.map_err(|e| Error::sys("delete subvolume", e))?;
-        Ok(())
+        // SAFETY: the ioctl gets a valid btrfs_ioctl_vol_args and an open directory.
+        name_ioctl(path, "delete subvolume", |dir, args| unsafe { btrfs_snap_destroy(dir, args) })
     }
+}
+
+/// Run a btrfs ioctl that takes `btrfs_ioctl_vol_args` naming `path`'s last
+/// component, on `path`'s parent directory.
+fn name_ioctl(path: &Path, what: &'static str, ioctl: impl FnOnce(i32, &VolArgs) -> nix::Result<i32>) -> Result<()> {
+    let (parent, name) = split(path)?;
+    let dir = fs::File::open(parent).map_err(|e| Error::io("open subvolume parent", e))?;
+    let mut args = VolArgs { fd: 0, name: [0; BTRFS_PATH_NAME_MAX + 1] };
+    args.name[..name.len()].copy_from_slice(name);
+    ioctl(dir.as_raw_fd(), &args).map_err(|e| Error::sys(what, e))?;
+    Ok(())
 }
 
 fn split(path: &Path) -> Result<(&Path, &[u8])> {
