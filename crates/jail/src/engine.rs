@@ -102,7 +102,10 @@ impl CommandProcess {
 /// One sandbox as the engine sees it.
 pub struct Sandbox {
     pub id: String,
-    shim: Arc<ShimHandle>,
+    /// The family's supervisor; replaced if it dies (see `rebuild`).
+    shim: StdMutex<Arc<ShimHandle>>,
+    shim_exe: PathBuf,
+    shim_config: ShimConfig,
     cgroup: Cgroup,
     subvolume: PathBuf,
     volume: Volume,
@@ -195,9 +198,11 @@ impl Jail {
         };
         let made = self.create_member(&spec, &cgroup, &subvolume, range).await;
         match made {
-            Ok((shim, init_pidfd)) => Ok(Sandbox {
+            Ok((shim, init_pidfd, shim_config)) => Ok(Sandbox {
                 id: spec.id,
-                shim,
+                shim: StdMutex::new(shim),
+                shim_exe: self.config.shim_exe.clone(),
+                shim_config,
                 cgroup,
                 subvolume,
                 volume: self.volume.clone(),
@@ -241,7 +246,7 @@ impl Jail {
         cgroup: &Cgroup,
         subvolume: &Path,
         range: crate::ids::IdRange,
-    ) -> Result<(Arc<ShimHandle>, Option<OwnedFd>)> {
+    ) -> Result<(Arc<ShimHandle>, Option<OwnedFd>, ShimConfig)> {
         let config = ShimConfig {
             family: spec.id.clone(),
             id_base: range.base,
@@ -251,7 +256,7 @@ impl Jail {
         };
         let shim = ShimHandle::start(&self.config.shim_exe, &config, range).await?;
         match shim.call(create_member_request(&spec.id, cgroup, subvolume), &[]).await {
-            Ok((_, mut fds)) => Ok((shim, fds.pop())),
+            Ok((_, mut fds)) => Ok((shim, fds.pop(), config)),
             Err(e) => {
                 shim.shutdown().await;
                 Err(e)
@@ -265,15 +270,15 @@ impl Jail {
         tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE))
             .await
             .map_err(|e| Error::Shim(format!("join: {e}")))??;
-        let _ = sandbox
-            .shim
+        let shim = sandbox.shim();
+        let _ = shim
             .call(Request::DestroyMember { member: sandbox.id.clone(), cgroup_procs: vec![] }, &[])
             .await;
-        sandbox.shim.shutdown().await;
+        shim.shutdown().await;
         // The shim's mounts died with it; its mount points are plain dirs here.
         let _ = std::fs::remove_dir_all(self.run_dir(&sandbox.id));
         if let Ok(mut ids) = self.ids.lock() {
-            ids.release(sandbox.shim.range);
+            ids.release(shim.range);
         }
         sandbox.cgroup.remove()?;
         // The member's mount namespace is released asynchronously after its
@@ -301,6 +306,10 @@ impl Jail {
 }
 
 impl Sandbox {
+    fn shim(&self) -> Arc<ShimHandle> {
+        Arc::clone(&self.shim.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     pub fn cgroup(&self) -> &Cgroup {
         &self.cgroup
     }
@@ -315,9 +324,10 @@ impl Sandbox {
         let theirs_fd = OwnedFd::from(theirs);
         let fds = [stdout_w.as_raw_fd(), stderr_w.as_raw_fd(), theirs_fd.as_raw_fd(), memfd.as_raw_fd()];
         let (exited_tx, exited_rx) = oneshot::channel();
-        self.shim.repl_exits.lock().await.insert(self.id.clone(), exited_tx);
+        let shim = self.shim();
+        shim.repl_exits.lock().await.insert(self.id.clone(), exited_tx);
         let req = Request::SpawnRepl { member: self.id.clone(), cgroup_procs: self.cgroup.procs_files(), argv, env, cwd: cwd.to_string() };
-        let (reply, mut reply_fds) = self.shim.call(req, &fds).await?;
+        let (reply, mut reply_fds) = shim.call(req, &fds).await?;
         drop((stdout_w, stderr_w, theirs_fd, memfd));
         let host_pid = match reply {
             Reply::ReplSpawned { host_pid } => host_pid,
@@ -342,19 +352,20 @@ impl Sandbox {
         let (stderr_r, stderr_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
         let null = OwnedFd::from(std::fs::File::open("/dev/null").map_err(|e| Error::io("open /dev/null", e))?);
         let (tx, rx) = oneshot::channel();
-        self.shim.commands.lock().await.insert((self.id.clone(), id), tx);
+        let shim = self.shim();
+        shim.commands.lock().await.insert((self.id.clone(), id), tx);
         let req = Request::SpawnCommand { member: self.id.clone(), id, argv, env, cwd: cwd.to_string() };
-        let sent = self.shim.call(req, &[null.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()]).await;
+        let sent = shim.call(req, &[null.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()]).await;
         drop((stdout_w, stderr_w, null));
         if let Err(e) = sent {
-            self.shim.commands.lock().await.remove(&(self.id.clone(), id));
+            shim.commands.lock().await.remove(&(self.id.clone(), id));
             return Err(e);
         }
         Ok(CommandProcess {
             stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(|e| Error::io("register pipe", e))?,
             stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(|e| Error::io("register pipe", e))?,
             exited: rx,
-            shim: Arc::clone(&self.shim),
+            shim,
             member: self.id.clone(),
             id,
         })
@@ -362,14 +373,24 @@ impl Sandbox {
 
     /// Kill every process of the sandbox and build its namespaces and init
     /// again over the same files (after its init died, e.g. to `kill -1`
-    /// from the REPL): the filesystem survives, processes do not.
+    /// from the REPL, or its supervisor died): the filesystem survives,
+    /// processes do not.
     pub async fn rebuild(&self) -> Result<()> {
         let cgroup = self.cgroup.clone();
         tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE))
             .await
             .map_err(|e| Error::Shim(format!("join: {e}")))??;
-        self.shim.call(Request::DestroyMember { member: self.id.clone(), cgroup_procs: vec![] }, &[]).await?;
-        let (_, mut fds) = self.shim.call(create_member_request(&self.id, &self.cgroup, &self.subvolume), &[]).await?;
+        let mut shim = self.shim();
+        if shim.alive() {
+            shim.call(Request::DestroyMember { member: self.id.clone(), cgroup_procs: vec![] }, &[]).await?;
+        } else {
+            // The supervisor died, and its family with it: start a new one.
+            shim.shutdown().await;
+            let range = crate::ids::IdRange { base: self.shim_config.id_base, count: self.shim_config.id_count };
+            shim = ShimHandle::start(&self.shim_exe, &self.shim_config, range).await?;
+            *self.shim.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&shim);
+        }
+        let (_, mut fds) = shim.call(create_member_request(&self.id, &self.cgroup, &self.subvolume), &[]).await?;
         if let Ok(mut slot) = self.init_pidfd.lock() {
             *slot = fds.pop();
         }
@@ -384,7 +405,7 @@ impl Sandbox {
                 nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).map(|n| n > 0).unwrap_or(true)
             })
         });
-        exited == Some(false) && self.shim.alive()
+        exited == Some(false) && self.shim().alive()
     }
 }
 

@@ -122,9 +122,9 @@ impl SandboxEntry {
         if self.engine.init_alive() || self.destroyed.load(Ordering::Relaxed) {
             return Ok(());
         }
-        tracing::warn!(sandbox = %self.id, "sandbox init died: rebuilding its namespaces");
+        tracing::warn!(sandbox = %self.id, "sandbox init or supervisor died: rebuilding its namespaces");
         slot.session = None;
-        slot.lost_state = Some("ended because the sandbox's init process was killed; the sandbox was restarted with its files kept".into());
+        slot.lost_state = Some("ended because the sandbox's init process (or its supervisor) died; the sandbox was restarted with its files kept".into());
         slot.rebuilt = true;
         self.repl_restarts.fetch_add(1, Ordering::Relaxed);
         self.engine.rebuild().await.map_err(|e| {
@@ -298,7 +298,7 @@ impl SandboxEntry {
             return;
         }
         if std::mem::take(&mut slot.rebuilt) {
-            sink.warning("[forkbox] the sandbox's init process was killed, so the sandbox was restarted with its files kept; its processes are gone".into()).await;
+            sink.warning("[forkbox] the sandbox's init process (or its supervisor) died, so the sandbox was restarted with its files kept; its processes are gone".into()).await;
         }
         let argv = vec!["/bin/bash".to_string(), "-c".into(), code.to_string()];
         let mut cmd = match self.engine.spawn_command(argv, sandbox_env(&self.id), "/root").await {
