@@ -73,8 +73,15 @@ impl Progress for BarProgress {
 
     fn advance(&self, steps: u64, message: &str) {
         with_bar(|bar| {
+            let len = bar.length().unwrap_or(0).max(1);
+            let before = bar.position() * 10 / len;
             bar.inc(steps);
             bar.set_message(message.to_string());
+            // Without a terminal (CI logs) the bar is hidden: a line per 10%.
+            let after = bar.position() * 10 / len;
+            if after > before && !std::io::stderr().is_terminal() {
+                eprintln!("  {:>3}% {}: {message}", (after * 10).min(99), bar.prefix());
+            }
         });
     }
 
