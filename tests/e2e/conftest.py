@@ -2,7 +2,7 @@
 podflare SDK sandboxes on them.
 
 Environment:
-  FORKBOX_BIN             the server binary (default /work/main/target/debug/forkbox)
+  FORKBOX_BIN             the server binary (default <repo>/target/debug/forkbox)
   FORKBOX_TEMPLATES_DIR   built templates (default /var/lib/forkbox/templates)
   FORKBOX_E2E_ROOT        where per-server state dirs go (default /var/lib/forkbox-e2e)
 """

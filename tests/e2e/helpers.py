@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-FORKBOX_BIN = os.environ.get("FORKBOX_BIN", "/work/main/target/debug/forkbox")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FORKBOX_BIN = os.environ.get("FORKBOX_BIN", os.path.join(REPO, "target", "debug", "forkbox"))
 TEMPLATES_DIR = os.environ.get("FORKBOX_TEMPLATES_DIR", "/var/lib/forkbox/templates")
 # Not /tmp: it may be a tmpfs, and the server keeps a (sparse) volume image here.
 E2E_ROOT = os.environ.get("FORKBOX_E2E_ROOT", "/var/lib/forkbox-e2e")

@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from helpers import (
+    REPO,
     SANDBOX_UID_BASE, create_raw, delete_raw, exec_raw, proc_cmdline, sandbox_cgroup_dirs, sandbox_host_pids, uids,
 )
 
@@ -37,7 +38,7 @@ def host_marker():
 
 
 def test_host_files_are_invisible(sandbox, host_marker):
-    out = py(sandbox, "import os\nfor p in ['/work', '/work/main', '/root/.cargo', '/var/lib/forkbox', "
+    out = py(sandbox, "import os\nfor p in [" + repr(REPO) + ", '/root/.cargo', '/var/lib/forkbox', "
                       f"'/var/lib/forkbox-e2e', {host_marker!r}, '/root/.pyenv']:\n    print(p, os.path.exists(p))")
     for line in out.split("\n"):
         assert line.endswith(" False"), out
@@ -51,7 +52,7 @@ def test_proc_does_not_reveal_host_paths(sandbox, server):
     host's paths (binary, state dir, templates)."""
     r = sh(sandbox, "cat /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'")
     assert r.exit_code == 0, r
-    for host_path in (server.state_dir, "/work/main", "/var/lib/forkbox", "target/debug"):
+    for host_path in (server.state_dir, REPO, "/var/lib/forkbox", "target/debug"):
         assert host_path not in r.stdout, (host_path, r.stdout[:2000])
 
 
