@@ -2,7 +2,8 @@
 //! an overlay root on a copy-on-write volume (DESIGN.md §3.1).
 //!
 //! Layout: `engine` is the API the server uses; `shim` is the per-family
-//! supervisor process (and the member init it forks); `channel` carries typed
+//! supervisor process (and the member init it forks), `supervisor` the
+//! server's connection to one; `channel` carries typed
 //! messages between them; `cgroup`, `volume`, `ids` and `policy` are the
 //! resources and rules each sandbox gets; `sys` wraps raw syscalls.
 
@@ -13,6 +14,7 @@ pub mod error;
 pub mod ids;
 pub mod policy;
 pub mod shim;
+mod supervisor;
 pub mod sys;
 pub mod tools;
 pub mod volume;

@@ -47,7 +47,7 @@ pub enum Request {
     /// Send a signal to a command's whole process group.
     SignalCommand { member: String, id: u64, signal: i32 },
     /// Kill every process of the member and release its mounts.
-    DestroyMember { member: String, cgroup_procs: Vec<PathBuf> },
+    DestroyMember { member: String },
 }
 
 /// Shim → server.

@@ -240,7 +240,7 @@ impl Shim {
                 channel::send(m.init.as_fd(), &InitRequest::Signal { id, signal }, &[])?;
                 Ok((Reply::Done, vec![]))
             }
-            Request::DestroyMember { member: name, cgroup_procs: _ } => {
+            Request::DestroyMember { member: name } => {
                 if let Some(m) = self.members.remove(&name) {
                     self.repls.retain(|_, mem| *mem != name);
                     member::unmount_root(&m.root);

@@ -1,0 +1,195 @@
+//! `ShimHandle`: the server's connection to one family's shim. Requests go
+//! out with an id and their reply comes back through a oneshot; events
+//! (REPL and command exits) are routed to whoever waits for them. When the
+//! shim goes away, everything still waiting fails at once.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{oneshot, Mutex};
+
+use crate::channel;
+use crate::error::{Error, Result};
+use crate::shim::messages::*;
+
+type Pending = HashMap<u64, oneshot::Sender<(Reply, Vec<OwnedFd>)>>;
+
+/// The server's connection to one family's shim.
+pub(crate) struct ShimHandle {
+    sock: AsyncFd<OwnedFd>,
+    child: StdMutex<Option<std::process::Child>>,
+    send_lock: Mutex<()>,
+    next_req: std::sync::atomic::AtomicU64,
+    pending: Mutex<Pending>,
+    pub(crate) repl_exits: Mutex<HashMap<String, oneshot::Sender<ExitStatus>>>,
+    pub(crate) commands: Mutex<HashMap<(String, u64), oneshot::Sender<ExitStatus>>>,
+    closed: std::sync::atomic::AtomicBool,
+    pub(crate) range: crate::ids::IdRange,
+}
+
+impl ShimHandle {
+    pub(crate) async fn start(exe: &Path, config: &ShimConfig, range: crate::ids::IdRange) -> Result<Arc<ShimHandle>> {
+        use std::os::unix::process::CommandExt;
+        let (ours, theirs) = channel::pair()?;
+        let theirs_raw = theirs.as_raw_fd();
+        let json = serde_json::to_string(config).map_err(|e| Error::Shim(e.to_string()))?;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("__shim").arg(json).stdin(std::process::Stdio::null());
+        // SAFETY: only async-signal-safe calls (dup2/fcntl) in the child.
+        unsafe {
+            cmd.pre_exec(move || {
+                crate::sys::dup_to(theirs_raw, crate::shim::SHIM_SOCKET_FD).map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| Error::io("start sandbox supervisor", e))?;
+        drop(theirs);
+        nix::fcntl::fcntl(&ours, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).map_err(|e| Error::sys("nonblocking", e))?;
+        // SAFETY: the AsyncFd owns `ours`, so the descriptor stays open and
+        // the same for the AsyncFd's whole life.
+        let sock = unsafe { AsyncFd::register(ours) }.map_err(|e| Error::io("register shim socket", e.into_parts().1))?;
+        let handle = Arc::new(ShimHandle {
+            sock,
+            child: StdMutex::new(Some(child)),
+            send_lock: Mutex::new(()),
+            next_req: std::sync::atomic::AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            repl_exits: Mutex::new(HashMap::new()),
+            commands: Mutex::new(HashMap::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            range,
+        });
+        // The first message says whether the family came up.
+        let first = tokio::time::timeout(Duration::from_secs(30), handle.recv()).await;
+        match first {
+            Ok(Ok(Some((ShimMessage::Ready, _)))) => {}
+            Ok(Ok(Some((ShimMessage::Reply { reply: Reply::Failed { error }, .. }, _)))) => {
+                handle.shutdown().await;
+                return Err(Error::Shim(error));
+            }
+            Ok(Ok(other)) => {
+                handle.shutdown().await;
+                return Err(Error::Shim(format!("supervisor did not start: {:?}", other.map(|m| m.0))));
+            }
+            Ok(Err(e)) => {
+                handle.shutdown().await;
+                return Err(e);
+            }
+            Err(_) => {
+                handle.shutdown().await;
+                return Err(Error::Shim("supervisor did not start within 30 s".into()));
+            }
+        }
+        tokio::spawn(Arc::clone(&handle).read_loop());
+        Ok(handle)
+    }
+
+    pub(crate) fn alive(&self) -> bool {
+        !self.closed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    async fn recv(&self) -> Result<Option<(ShimMessage, Vec<OwnedFd>)>> {
+        loop {
+            let mut guard = self.sock.readable().await.map_err(|e| Error::io("wait for shim", e))?;
+            match channel::recv::<ShimMessage>(self.sock.get_ref().as_fd()) {
+                Ok(Some(r)) => return Ok(Some((r.msg, r.fds))),
+                Ok(None) => return Ok(None),
+                Err(Error::Sys { source: nix::errno::Errno::EAGAIN, .. }) => guard.clear_ready(),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn read_loop(self: Arc<Self>) {
+        loop {
+            match self.recv().await {
+                Ok(Some((ShimMessage::Reply { req, reply }, fds))) => {
+                    if let Some(tx) = self.pending.lock().await.remove(&req) {
+                        let _ = tx.send((reply, fds));
+                    }
+                }
+                Ok(Some((ShimMessage::Event(ev), _))) => self.on_event(ev).await,
+                Ok(Some((ShimMessage::Ready, _))) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Fail everything still waiting on this shim.
+        self.pending.lock().await.clear();
+        self.repl_exits.lock().await.clear();
+        self.commands.lock().await.clear();
+    }
+
+    async fn on_event(&self, ev: ShimEvent) {
+        match ev {
+            ShimEvent::ReplExited { member, status, .. } => {
+                if let Some(tx) = self.repl_exits.lock().await.remove(&member) {
+                    let _ = tx.send(status);
+                }
+            }
+            ShimEvent::CommandExited { member, id, status } => {
+                if let Some(tx) = self.commands.lock().await.remove(&(member, id)) {
+                    let _ = tx.send(status);
+                }
+            }
+            ShimEvent::InitExited { .. } => {
+                // Commands it ran are gone with it.
+                self.commands.lock().await.clear();
+            }
+        }
+    }
+
+    pub(crate) async fn call(&self, request: Request, fds: &[i32]) -> Result<(Reply, Vec<OwnedFd>)> {
+        if !self.alive() {
+            return Err(Error::Shim("sandbox supervisor is gone".into()));
+        }
+        let req = self.next_req.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().await.insert(req, tx);
+        {
+            let _g = self.send_lock.lock().await;
+            let env = Envelope { req, request };
+            loop {
+                let mut guard = self.sock.writable().await.map_err(|e| Error::io("wait for shim", e))?;
+                match channel::send(self.sock.get_ref().as_fd(), &env, fds) {
+                    Ok(()) => break,
+                    Err(Error::Sys { source: nix::errno::Errno::EAGAIN, .. }) => guard.clear_ready(),
+                    Err(e) => {
+                        self.pending.lock().await.remove(&req);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let (reply, fds) = rx.await.map_err(|_| Error::Shim("sandbox supervisor is gone".into()))?;
+        match reply {
+            Reply::Failed { error } => Err(Error::Shim(error)),
+            r => Ok((r, fds)),
+        }
+    }
+
+    /// Stop the shim: closing our socket tells it to exit; its reaper dies
+    /// with it and takes the family's processes along.
+    pub(crate) async fn shutdown(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = nix::sys::socket::shutdown(self.sock.get_ref().as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        let child = self.child.lock().ok().and_then(|mut c| c.take());
+        if let Some(mut child) = child {
+            let _ = tokio::task::spawn_blocking(move || {
+                for _ in 0..500 {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            })
+            .await;
+        }
+    }
+}
