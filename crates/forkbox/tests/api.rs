@@ -16,11 +16,21 @@ struct Fixture {
     state: server::AppState,
 }
 
-/// One engine per test binary (it locks its state directory); templates come
-/// from the machine's built ones (`forkbox template build default`).
+static F: OnceLock<Fixture> = OnceLock::new();
+
+extern "C" fn close_engine() {
+    if let Some(f) = F.get() {
+        let _ = f.state.inner.jail.close();
+    }
+}
+
+/// One engine per test binary (it locks its state directory, and is closed
+/// when the process exits); templates come from the machine's built ones
+/// (`forkbox template build default`).
 fn fixture() -> &'static Fixture {
-    static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
+        // SAFETY: registering a plain extern "C" function.
+        unsafe { libc::atexit(close_engine) };
         let state_dir = PathBuf::from("/var/lib/forkbox-test-api");
         let templates_dir = PathBuf::from(std::env::var("FORKBOX_TEMPLATES_DIR").unwrap_or_else(|_| "/var/lib/forkbox/templates".into()));
         let config = server::ServerConfig {

@@ -303,6 +303,14 @@ impl Jail {
     }
 }
 
+impl Drop for Jail {
+    /// An engine that goes away unmounts its volume (lazily: sandboxes still
+    /// running keep their files) and removes its empty cgroup parents.
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
 impl Sandbox {
     fn shim(&self) -> Arc<ShimHandle> {
         Arc::clone(&self.shim.lock().unwrap_or_else(|e| e.into_inner()))

@@ -26,14 +26,25 @@ pub fn template_rootfs() -> PathBuf {
     built.pop().expect("a built default template")
 }
 
-/// One engine per test binary (it locks its state directory).
+static JAIL: std::sync::OnceLock<Jail> = std::sync::OnceLock::new();
+
+/// One engine per test binary (it locks its state directory); closed when
+/// the test process exits, so no mount outlives the tests.
 pub fn jail() -> &'static Jail {
-    static JAIL: std::sync::OnceLock<Jail> = std::sync::OnceLock::new();
     JAIL.get_or_init(|| {
         let state = PathBuf::from(std::env::var("FORKBOX_TEST_STATE").unwrap_or_else(|_| "/var/lib/forkbox-test-jail".into()));
-        Jail::open(JailConfig { state_dir: state, shim_exe: PathBuf::from(env!("CARGO_BIN_EXE_forkbox-jail-shim")), volume_gib: 16 })
-            .expect("open engine")
+        let jail = Jail::open(JailConfig { state_dir: state, shim_exe: PathBuf::from(env!("CARGO_BIN_EXE_forkbox-jail-shim")), volume_gib: 16 })
+            .expect("open engine");
+        // SAFETY: registering a plain extern "C" function.
+        unsafe { libc::atexit(close_jail) };
+        jail
     })
+}
+
+extern "C" fn close_jail() {
+    if let Some(j) = JAIL.get() {
+        let _ = j.close();
+    }
 }
 
 /// A sandbox id unique in this test run.
