@@ -403,6 +403,20 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Wait up to `limit` for the member's init to be gone (after a failure
+    /// that says it is dying: init exits only once every process of its pid
+    /// namespace has). True when it is gone.
+    pub async fn wait_init_gone(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.init_alive() {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
     /// Whether the member's init (and so the sandbox's namespaces) is alive.
     pub fn init_alive(&self) -> bool {
         let exited = self.init_pidfd.lock().ok().and_then(|slot| {

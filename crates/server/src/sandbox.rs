@@ -297,11 +297,20 @@ impl SandboxEntry {
             sink.exit(1).await;
             return;
         }
-        if std::mem::take(&mut slot.rebuilt) {
-            sink.warning("[forkbox] the sandbox's init process (or its supervisor) died, so the sandbox was restarted with its files kept; its processes are gone".into()).await;
-        }
+        tell_rebuilt(slot, sink).await;
         let argv = vec!["/bin/bash".to_string(), "-c".into(), code.to_string()];
-        let mut cmd = match self.engine.spawn_command(argv, sandbox_env(&self.id), "/root").await {
+        let mut spawned = self.engine.spawn_command(argv.clone(), sandbox_env(&self.id), "/root").await;
+        if spawned.is_err() {
+            // Init may have been dying when we looked (SIGKILL is not
+            // instant, and init exits last in its namespace): wait for it to
+            // be gone, rebuild, try again.
+            self.engine.wait_init_gone(Duration::from_secs(3)).await;
+            if self.heal(slot).await.is_ok() {
+                tell_rebuilt(slot, sink).await;
+                spawned = self.engine.spawn_command(argv, sandbox_env(&self.id), "/root").await;
+            }
+        }
+        let mut cmd = match spawned {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(sandbox = %self.id, err = %e, "bash spawn failed");
@@ -359,6 +368,13 @@ impl SandboxEntry {
                 sink.exit(1).await;
             }
         }
+    }
+}
+
+/// Tell a bash call, once, that the sandbox was rebuilt since the last one.
+async fn tell_rebuilt(slot: &mut ReplSlot, sink: &mut EventSink) {
+    if std::mem::take(&mut slot.rebuilt) {
+        sink.warning("[forkbox] the sandbox's init process (or its supervisor) died, so the sandbox was restarted with its files kept; its processes are gone".into()).await;
     }
 }
 
