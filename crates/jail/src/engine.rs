@@ -84,6 +84,9 @@ pub struct CommandProcess {
     pub stdout: tokio::net::unix::pipe::Receiver,
     pub stderr: tokio::net::unix::pipe::Receiver,
     pub exited: oneshot::Receiver<ExitStatus>,
+    /// Resolves once init has forked the command. If `exited` fails while
+    /// this never resolved, the command never ran and may be retried.
+    pub started: oneshot::Receiver<()>,
     shim: Arc<ShimHandle>,
     member: String,
     id: u64,
@@ -358,8 +361,9 @@ impl Sandbox {
         let (stderr_r, stderr_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
         let null = OwnedFd::from(std::fs::File::open("/dev/null").map_err(|e| Error::io("open /dev/null", e))?);
         let (tx, rx) = oneshot::channel();
+        let (started_tx, started_rx) = oneshot::channel();
         let shim = self.shim();
-        shim.commands.lock().await.insert((self.id.clone(), id), tx);
+        shim.commands.lock().await.insert((self.id.clone(), id), crate::supervisor::CommandWaiters { started: Some(started_tx), exited: tx });
         let req = Request::SpawnCommand { member: self.id.clone(), id, argv, env, cwd: cwd.to_string() };
         let sent = shim.call(req, &[null.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()]).await;
         drop((stdout_w, stderr_w, null));
@@ -371,6 +375,7 @@ impl Sandbox {
             stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(|e| Error::io("register pipe", e))?,
             stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(|e| Error::io("register pipe", e))?,
             exited: rx,
+            started: started_rx,
             shim,
             member: self.id.clone(),
             id,

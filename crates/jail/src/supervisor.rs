@@ -18,6 +18,12 @@ use crate::shim::messages::*;
 
 type Pending = HashMap<u64, oneshot::Sender<(Reply, Vec<OwnedFd>)>>;
 
+/// Who waits for a command's start and exit.
+pub(crate) struct CommandWaiters {
+    pub(crate) started: Option<oneshot::Sender<()>>,
+    pub(crate) exited: oneshot::Sender<ExitStatus>,
+}
+
 /// The server's connection to one family's shim.
 pub(crate) struct ShimHandle {
     sock: AsyncFd<OwnedFd>,
@@ -26,7 +32,7 @@ pub(crate) struct ShimHandle {
     next_req: std::sync::atomic::AtomicU64,
     pending: Mutex<Pending>,
     pub(crate) repl_exits: Mutex<HashMap<String, oneshot::Sender<ExitStatus>>>,
-    pub(crate) commands: Mutex<HashMap<(String, u64), oneshot::Sender<ExitStatus>>>,
+    pub(crate) commands: Mutex<HashMap<(String, u64), CommandWaiters>>,
     closed: std::sync::atomic::AtomicBool,
     pub(crate) range: crate::ids::IdRange,
 }
@@ -131,9 +137,16 @@ impl ShimHandle {
                     let _ = tx.send(status);
                 }
             }
+            ShimEvent::CommandStarted { member, id } => {
+                if let Some(w) = self.commands.lock().await.get_mut(&(member, id)) {
+                    if let Some(tx) = w.started.take() {
+                        let _ = tx.send(());
+                    }
+                }
+            }
             ShimEvent::CommandExited { member, id, status } => {
-                if let Some(tx) = self.commands.lock().await.remove(&(member, id)) {
-                    let _ = tx.send(status);
+                if let Some(w) = self.commands.lock().await.remove(&(member, id)) {
+                    let _ = w.exited.send(status);
                 }
             }
             ShimEvent::InitExited { .. } => {

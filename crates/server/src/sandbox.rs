@@ -299,26 +299,40 @@ impl SandboxEntry {
         }
         tell_rebuilt(slot, sink).await;
         let argv = vec!["/bin/bash".to_string(), "-c".into(), code.to_string()];
-        let mut spawned = self.engine.spawn_command(argv.clone(), sandbox_env(&self.id), "/root").await;
-        if spawned.is_err() {
-            // Init may have been dying when we looked (SIGKILL is not
-            // instant, and init exits last in its namespace): wait for it to
-            // be gone, rebuild, try again.
-            self.engine.wait_init_gone(Duration::from_secs(3)).await;
-            if self.heal(slot).await.is_ok() {
-                tell_rebuilt(slot, sink).await;
-                spawned = self.engine.spawn_command(argv, sandbox_env(&self.id), "/root").await;
+        // One retry, only for a command that provably never started: init
+        // may be dying when we hand it over (SIGKILL is not instant, and init
+        // exits last in its namespace), after a kill(-1) from the REPL.
+        for attempt in 0..2 {
+            let spawned = match self.engine.spawn_command(argv.clone(), sandbox_env(&self.id), "/root").await {
+                Ok(cmd) => Some(cmd),
+                Err(e) => {
+                    tracing::warn!(sandbox = %self.id, err = %e, "bash spawn failed");
+                    None
+                }
+            };
+            let never_started = match spawned {
+                Some(cmd) => match self.stream_command(cmd, timeout, sink).await {
+                    CommandEnd::NeverStarted => true,
+                    CommandEnd::Done => return,
+                },
+                None => true,
+            };
+            if never_started && attempt == 0 {
+                self.engine.wait_init_gone(Duration::from_secs(3)).await;
+                if self.heal(slot).await.is_ok() {
+                    tell_rebuilt(slot, sink).await;
+                    continue;
+                }
             }
+            break;
         }
-        let mut cmd = match spawned {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(sandbox = %self.id, err = %e, "bash spawn failed");
-                sink.error("could not start bash in the sandbox".into(), None, None, None).await;
-                sink.exit(127).await;
-                return;
-            }
-        };
+        sink.error("could not start bash in the sandbox".into(), None, None, None).await;
+        sink.exit(127).await;
+    }
+
+    /// Stream a running command's output into `sink` until it exits (not
+    /// until EOF: a background child may hold the pipes open).
+    async fn stream_command(&self, mut cmd: jail::CommandProcess, timeout: Duration, sink: &mut EventSink) -> CommandEnd {
         let mut out = vec![0u8; 64 * 1024];
         let mut err = vec![0u8; 64 * 1024];
         let (mut out_open, mut err_open) = (true, true);
@@ -359,16 +373,28 @@ impl SandboxEntry {
         if timed_out {
             sink.error(format!("execution timed out after {} ms", timeout.as_millis()), Some("TimeoutError".into()), None, None).await;
             sink.exit(TIMEOUT_EXIT).await;
-            return;
+            return CommandEnd::Done;
         }
         match status {
             Some(s) => sink.exit(s.code()).await,
+            // The command's end was lost with init; if init never even
+            // forked it, the caller may try again.
+            None if cmd.started.try_recv().is_err() => return CommandEnd::NeverStarted,
             None => {
                 sink.error("the sandbox ended while bash was running".into(), None, None, None).await;
                 sink.exit(1).await;
             }
         }
+        CommandEnd::Done
     }
+}
+
+/// How streaming a command ended.
+enum CommandEnd {
+    /// Its exit (or failure) was reported to the sink.
+    Done,
+    /// Init died before forking it: nothing ran, nothing was reported.
+    NeverStarted,
 }
 
 /// Tell a bash call, once, that the sandbox was rebuilt since the last one.

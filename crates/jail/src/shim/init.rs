@@ -211,9 +211,25 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
         let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: "spawn needs 3 descriptors".into() }, &[]);
         return;
     }
+    // The child waits until the shim has heard "started": a command whose
+    // start was never reported must not have run (the server may retry it).
+    let (go_r, go_w) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: format!("pipe: {e}") }, &[]);
+            return;
+        }
+    };
     // SAFETY: init is single-threaded.
     match unsafe { sys::fork_with(0) } {
         Ok(Forked::Child) => {
+            drop(go_w);
+            let mut b = [0u8; 1];
+            if !matches!(nix::unistd::read(go_r.as_fd(), &mut b), Ok(1)) {
+                // SAFETY: leaving a forked child that must not run.
+                unsafe { libc::_exit(127) }
+            }
+            drop(go_r);
             let _ = nix::unistd::setsid();
             for (i, fd) in fds.iter().enumerate() {
                 let _ = sys::dup_to(fd.as_raw_fd(), i as i32);
@@ -233,7 +249,11 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
             }
         }
         Ok(Forked::Parent(pid)) => {
+            drop(go_r);
             running.insert(pid.as_raw(), id);
+            if channel::send(sock.as_fd(), &InitMessage::Started { id }, &[]).is_ok() {
+                let _ = nix::unistd::write(go_w.as_fd(), b"g");
+            }
         }
         Err(e) => {
             let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: format!("fork: {e}") }, &[]);

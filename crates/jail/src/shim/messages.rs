@@ -70,6 +70,8 @@ pub enum Reply {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ShimEvent {
     ReplExited { member: String, host_pid: i32, status: ExitStatus },
+    /// Init forked the command (it may have side effects from here on).
+    CommandStarted { member: String, id: u64 },
     CommandExited { member: String, id: u64, status: ExitStatus },
     /// The member's init died: its namespaces are unusable.
     InitExited { member: String },
@@ -97,6 +99,7 @@ pub enum InitMessage {
     /// Sent with credentials, so the shim learns init's host pid.
     Ready,
     SetupFailed { error: String },
+    Started { id: u64 },
     SpawnFailed { id: u64, error: String },
     Exited { id: u64, status: ExitStatus },
 }

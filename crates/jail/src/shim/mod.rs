@@ -184,6 +184,7 @@ impl Shim {
         };
         let member = name.to_string();
         match got {
+            InitMessage::Started { id } => self.send(&ShimMessage::Event(ShimEvent::CommandStarted { member, id }), &[]),
             InitMessage::Exited { id, status } => self.send(&ShimMessage::Event(ShimEvent::CommandExited { member, id, status }), &[]),
             InitMessage::SpawnFailed { id, error } => {
                 tracing::debug!(%error, "spawn failed");
