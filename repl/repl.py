@@ -5,6 +5,7 @@ docs/repl-protocol.md.  fd 3 is the control socket (framed), fd 1/2 are the raw
 stdout/stderr pipes, Python-level sys.stdout/sys.stderr become ``O``/``E`` frames.
 User code runs in ``__main__.__dict__``.
 """
+import _socket
 import _thread
 import ast
 import io
@@ -50,6 +51,7 @@ _loop = None
 _traceback = None
 _cflush = None
 _OUT = _ERR = _IN = None
+_CTRL = None                  # the control socket reader (_Control)
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(',', ':')).encode
 
 
@@ -345,6 +347,290 @@ def _setup_pidns():
     return True
 
 
+# ---- control socket ----------------------------------------------------------
+class _Control:
+    """Reads frames from the control socket with recvmsg, so descriptors the
+    server attaches (fork frames) are kept, in arrival order, in ``fds``."""
+
+    _ANC = _socket.CMSG_SPACE(64 * 4)
+
+    def __init__(self):
+        self.sock = _socket.socket(fileno=_CTL)
+        self.sock.setblocking(True)
+        self.buf = bytearray()
+        self.fds = []
+
+    def _fill(self):
+        data, anc, _flags, _addr = self.sock.recvmsg(1 << 16, self._ANC, _socket.MSG_CMSG_CLOEXEC)
+        for level, kind, raw in anc:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                n = len(raw) - len(raw) % 4
+                self.fds.extend(int.from_bytes(raw[i:i + 4], sys.byteorder, signed=True) for i in range(0, n, 4))
+        self.buf += data
+        return bool(data)
+
+    def read(self, n):
+        while len(self.buf) < n:
+            if not self._fill():
+                break
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def take_fds(self, n):
+        got, self.fds = self.fds[:n], self.fds[n:]
+        return got
+
+    def reset(self):
+        """In a fork child: fd 3 is a new socket; drop the parent's leftovers."""
+        for fd in self.fds:
+            _close(fd)
+        self.fds = []
+        self.buf = bytearray()
+
+
+def _close(fd):
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+# ---- fork into new sandboxes (DESIGN.md §3.1) ----------------------------------
+# The server sends one `F` frame per child with that child's descriptors:
+# its mount, net, uts, ipc and leaf pid namespaces, its control socket and
+# its stdout/stderr pipes, and a plan (in the first frame) of what to redo
+# in the child so it shares nothing with its parent: which descriptors to
+# reopen on the child's own files and which shared mappings to replace.
+_os_fork = os.fork
+_NS_TYPES = (0x00020000, 0x40000000, 0x04000000, 0x08000000)   # mnt, net, uts, ipc
+_forks = set()                # pids of our fork children, reaped between frames
+_pending = []                 # descriptor sets of the fork being assembled
+_plan = None
+
+
+def _reap_forks():
+    for pid in list(_forks):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _forks.discard(pid)
+
+
+def _fork_frame(ctl, msg):
+    """Collect one child's descriptors; fork once all have arrived.
+    Returns in the parent and, with their own state, in every child."""
+    global _plan
+    fds = ctl.take_fds(8)
+    if msg.get('index', 0) == 0:
+        for old in _pending:
+            for fd in old:
+                _close(fd)
+        _pending.clear()
+        _plan = msg.get('plan') or {}
+    _pending.append(fds)
+    if len(_pending) < msg['count']:
+        return
+    sets = list(_pending)
+    _pending.clear()
+    _fork(msg['id'], sets, _plan)
+
+
+def _fork(fid, sets, plan):
+    global _child
+    _flush_all()
+    _out(None, b'', True)
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = '/'
+    pids = []
+    error = None
+    for i, fds in enumerate(sets):
+        if len(fds) != 8:
+            error = 'fork frame %d carried %d descriptors, not 8' % (i, len(fds))
+            break
+        try:
+            pid = _os_fork()
+        except OSError as e:
+            error = 'fork: %s' % e
+            break
+        if pid == 0:
+            _child = False    # a sandbox's REPL, not a user's fork child
+            for other in sets[i + 1:]:
+                for fd in other:
+                    _close(fd)
+            _become_child(fds, plan, cwd)
+            return
+        for fd in fds:
+            _close(fd)
+        _forks.add(pid)
+        pids.append(pid)
+    for fds in sets[len(pids):]:
+        for fd in fds:
+            _close(fd)
+    _frame(b'f', _json({'id': fid, 'pids': pids, 'error': error}))
+
+
+def _become_child(fds, plan, cwd):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    for fd, kind in zip(fds[:4], _NS_TYPES):
+        if libc.setns(fd, kind) != 0:
+            os._exit(121)
+    ctl_fd, out_fd, err_fd, leaf = fds[5], fds[6], fds[7], fds[4]
+    os.dup2(ctl_fd, _CTL, inheritable=False)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.dup2(leaf, _LEAF_FD, inheritable=False)
+    for fd in fds:
+        _close(fd)
+    _CTRL.reset()
+    _forks.clear()
+    try:
+        os.chdir(cwd)
+    except OSError:
+        os.chdir('/')
+    for entry in plan.get('fds', ()):
+        try:
+            _redo_fd(entry)
+        except OSError:
+            _to_null(entry['fd'], entry.get('cloexec', True))
+    for entry in plan.get('maps', ()):
+        try:
+            _redo_map(libc, entry)
+        except (OSError, ValueError):
+            pass
+    _reseed()
+    _frame(b'R', _json({'pid': os.getpid(), 'python': sys.version.split()[0], 'pidns': _setns is not None, 'forked': True}))
+
+
+def _to_null(fd, cloexec):
+    null = os.open('/dev/null', os.O_RDWR)
+    os.dup2(null, fd, inheritable=not cloexec)
+    os.close(null)
+
+
+def _copy_into(src, dst):
+    pos = 0
+    while True:
+        chunk = os.pread(src, 1 << 20, pos)
+        if not chunk:
+            return
+        os.write(dst, chunk)
+        pos += len(chunk)
+
+
+def _redo_fd(e):
+    """Give the child its own object behind descriptor ``e['fd']``."""
+    fd, kind, cloexec = e['fd'], e['kind'], e.get('cloexec', True)
+    flags = e.get('flags', 0) & ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_NOCTTY | os.O_CLOEXEC)
+    new = None
+    if kind in ('file', 'dir'):
+        new = os.open(e['path'], flags)         # the child's own copy of the file
+    elif kind in ('deleted', 'memfd'):
+        # No name to reopen: copy the contents into a new anonymous file.
+        if kind == 'deleted':
+            try:
+                new = os.open(os.path.dirname(e['path']) or '/', os.O_TMPFILE | os.O_RDWR, 0o600)
+            except OSError:
+                new = None
+        if new is None:
+            new = os.memfd_create(e.get('name') or 'forkbox', os.MFD_CLOEXEC)
+        try:
+            _copy_into(fd, new)
+        except OSError:
+            pass
+        if flags & (os.O_APPEND | os.O_NONBLOCK):
+            import fcntl
+            fcntl.fcntl(new, fcntl.F_SETFL, flags & (os.O_APPEND | os.O_NONBLOCK))
+    elif kind == 'socket':
+        new = _fresh_socket(fd)
+    elif kind == 'epoll':
+        import select
+        ep = select.epoll()
+        new = os.dup(ep.fileno())
+        ep.close()
+    elif kind == 'eventfd':
+        new = os.eventfd(0)
+    if new is None:
+        _to_null(fd, cloexec)
+        return
+    os.dup2(new, fd, inheritable=not cloexec)
+    os.close(new)
+    if kind in ('file', 'deleted', 'memfd'):
+        os.lseek(fd, e.get('pos', 0), os.SEEK_SET)
+
+
+def _fresh_socket(fd):
+    """A new socket like ``fd``'s: unconnected (the parent's connections are
+    its own), but listening again on the same address if ``fd`` listened."""
+    old = _socket.socket(fileno=os.dup(fd))
+    try:
+        new = _socket.socket(old.family, old.type, old.proto)
+        try:
+            if old.getsockopt(_socket.SOL_SOCKET, _socket.SO_ACCEPTCONN):
+                name = old.getsockname()
+                if old.family == _socket.AF_UNIX and isinstance(name, str) and name:
+                    try:
+                        os.unlink(name)
+                    except OSError:
+                        pass
+                new.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+                new.bind(name)
+                new.listen(128)
+        except OSError:
+            pass
+        return new.detach()
+    finally:
+        old.close()
+
+
+_PROT = {'r': 1, 'w': 2, 'x': 4}
+
+
+def _redo_map(libc, e):
+    """Replace a shared mapping inherited from the parent, at the same
+    address: a file mapping maps the child's own copy of the file, anything
+    else (shared anonymous memory, SysV, memfd) gets a private copy."""
+    import ctypes
+    start, end = e['start'], e['end']
+    size = end - start
+    prot = sum(_PROT[c] for c in e.get('perms', 'rw')[:3] if c in _PROT)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    MAP_SHARED, MAP_FIXED, MAP_ANON = 0x01, 0x10, 0x20
+    if e.get('kind') == 'file':
+        fd = os.open(e['path'], os.O_RDWR if prot & 2 else os.O_RDONLY)
+        try:
+            if libc.mmap(start, size, prot, MAP_SHARED | MAP_FIXED, fd, e.get('offset', 0)) == ctypes.c_void_p(-1).value:
+                raise OSError(ctypes.get_errno(), 'mmap')
+        finally:
+            os.close(fd)
+        return
+    data = ctypes.string_at(start, size) if prot & 1 else None
+    if libc.mmap(start, size, 3, MAP_SHARED | MAP_FIXED | MAP_ANON, -1, 0) == ctypes.c_void_p(-1).value:
+        raise OSError(ctypes.get_errno(), 'mmap')
+    if data is not None:
+        ctypes.memmove(start, data, size)
+    libc.mprotect(ctypes.c_void_p(start), ctypes.c_size_t(size), prot)
+
+
+def _reseed():
+    """Siblings must not share random streams.  ``random`` reseeds itself in
+    a fork child (an at-fork hook); numpy's global generator does not."""
+    for name in ('random', 'numpy.random'):
+        mod = sys.modules.get(name)
+        seed = getattr(mod, 'seed', None) if mod is not None else None
+        if seed is not None:
+            try:
+                seed()
+            except Exception:
+                pass
+
+
 # ---- exec --------------------------------------------------------------------
 def _compile(src, fn):
     global _fflags
@@ -538,8 +824,9 @@ def main():
     pidns = _setup_pidns()
     os.register_at_fork(after_in_child=_after_fork_child)
     _fflush()                         # import ctypes now, not during the first exec
-    rd = open(_CTL, 'rb', buffering=1 << 16, closefd=False)
-    read = rd.read
+    global _CTRL
+    _CTRL = _Control()
+    read = _CTRL.read
     loads = json.loads
     _frame(b'R', _json({'pid': os.getpid(), 'python': sys.version.split()[0], 'pidns': pidns}))
     while True:
@@ -551,14 +838,24 @@ def main():
             payload = read(n) if n > 0 else b''
             if len(payload) < n:
                 os._exit(0)
-            if hdr[4] != 0x58:        # only 'X' is defined
-                continue
+            if _forks:
+                _reap_forks()
+            kind = hdr[4]
             try:
                 msg = loads(payload)
-                eid = msg['id']
-                src = msg['code']
             except Exception:
                 continue
-            _exec(eid, src)
+            if kind == 0x58:          # X: run code
+                try:
+                    eid = msg['id']
+                    src = msg['code']
+                except Exception:
+                    continue
+                _exec(eid, src)
+            elif kind == 0x46:        # F: fork
+                try:
+                    _fork_frame(_CTRL, msg)
+                except Exception as e:
+                    _frame(b'f', _json({'id': msg.get('id'), 'pids': [], 'error': 'fork failed: %r' % e}))
         except KeyboardInterrupt:
             continue

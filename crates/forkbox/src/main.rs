@@ -98,9 +98,13 @@ struct ServeArgs {
     /// Most processes per sandbox.
     #[arg(long, default_value_t = 1024)]
     pids_limit: u64,
-    /// Most live sandboxes.
+    /// Most live sandboxes (creates and fork children beyond it answer 429).
     #[arg(long, default_value_t = 1000)]
     max_sandboxes: usize,
+    /// Refuse creates and forks (429) while sandboxes use this much memory
+    /// in all, MiB [default: 90% of the host's memory].
+    #[arg(long)]
+    max_memory_mib: Option<u64>,
     /// Default exec timeout (milliseconds).
     #[arg(long, default_value_t = 300_000)]
     exec_timeout_ms: u64,
@@ -207,6 +211,7 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         max_ram_mib: a.max_ram_mib,
         pids: a.pids_limit,
         max_sandboxes: a.max_sandboxes,
+        max_memory_mib: a.max_memory_mib,
         default_exec_timeout: Duration::from_millis(a.exec_timeout_ms),
         interrupt_grace: Duration::from_millis(a.interrupt_grace_ms),
         ..Default::default()

@@ -212,6 +212,43 @@ impl Cgroup {
         fs::read_to_string(file).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
     }
 
+    /// Stop every process of the cgroup and wait until they all are.
+    pub fn freeze(&self) -> Result<()> {
+        self.set_frozen(true)
+    }
+
+    pub fn thaw(&self) -> Result<()> {
+        self.set_frozen(false)
+    }
+
+    fn set_frozen(&self, frozen: bool) -> Result<()> {
+        let (file, value, done): (PathBuf, &str, Box<dyn Fn() -> bool>) = match self.version {
+            Version::V1 => {
+                let file = self.dir("freezer").join("freezer.state");
+                let want = if frozen { "FROZEN" } else { "THAWED" };
+                let check = file.clone();
+                (file, want, Box::new(move || fs::read_to_string(&check).map(|s| s.trim() == want).unwrap_or(false)))
+            }
+            Version::V2 => {
+                let events = self.dirs[0].join("cgroup.events");
+                let want = if frozen { "frozen 1" } else { "frozen 0" };
+                (self.dirs[0].join("cgroup.freeze"), if frozen { "1" } else { "0" }, Box::new(move || {
+                    fs::read_to_string(&events).map(|s| s.lines().any(|l| l.trim() == want)).unwrap_or(false)
+                }))
+            }
+        };
+        write(&file, value)?;
+        // Freezing is asynchronous: a task in a syscall stops when it leaves it.
+        let start = Instant::now();
+        while !done() {
+            if start.elapsed() > Duration::from_secs(5) {
+                return Err(Error::Invalid(format!("sandbox cgroup did not become {value} within 5 s")));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+
     /// SIGKILL every process in the cgroup and wait until it is empty.
     /// Processes forking meanwhile cannot escape: v2 kills atomically, v1
     /// freezes the group first.

@@ -18,8 +18,9 @@ use crate::error::{Error, Result};
 
 /// Largest message; bulky payloads (scripts, code) travel in memfds instead.
 pub const MAX_MESSAGE: usize = 64 * 1024;
-/// Most descriptors attached to one message.
-pub const MAX_FDS: usize = 8;
+/// Most descriptors attached to one message (a fork's reply carries one
+/// pidfd per child, up to 32).
+pub const MAX_FDS: usize = 64;
 
 /// A connected pair of seqpacket sockets (close-on-exec).
 pub fn pair() -> Result<(OwnedFd, OwnedFd)> {
@@ -47,6 +48,9 @@ fn send_inner<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, fds: &[RawFd], creds:
     let body = serde_json::to_vec(msg).map_err(|e| Error::Shim(format!("encode message: {e}")))?;
     if body.len() > MAX_MESSAGE {
         return Err(Error::Shim(format!("message of {} bytes is too large", body.len())));
+    }
+    if fds.len() > MAX_FDS {
+        return Err(Error::Shim(format!("{} descriptors are more than a message carries", fds.len())));
     }
     let iov = [IoSlice::new(&body)];
     let ucred = UnixCredentials::new();

@@ -1,6 +1,7 @@
-//! The engine's public face: `Jail` creates and destroys sandboxes, each
-//! backed by a family shim (one family per sandbox until fork arrives), a
-//! cgroup and a subvolume on the copy-on-write volume.
+//! The engine's public face: `Jail` creates, forks and destroys sandboxes.
+//! A sandbox is a member of a family (DESIGN.md §3.1): a create starts a new
+//! family with its own shim; a fork adds members to the parent's family.
+//! Each member has its own cgroup and subvolume on the copy-on-write volume.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -100,19 +101,40 @@ impl CommandProcess {
     }
 }
 
-/// One sandbox as the engine sees it.
-pub struct Sandbox {
-    pub id: String,
-    /// The family's supervisor; replaced if it dies (see `rebuild`).
+/// A family as the server sees it: its shim, shared by every member.
+struct FamilyHandle {
+    /// The family's supervisor; replaced if it dies (see `Sandbox::rebuild`).
     shim: StdMutex<Arc<ShimHandle>>,
     shim_exe: PathBuf,
-    shim_config: ShimConfig,
+    config: ShimConfig,
+    /// Live members; the shim stops with the last one.
+    members: std::sync::atomic::AtomicUsize,
+    /// Serialises restarts of a dead shim among the members that notice.
+    restart: tokio::sync::Mutex<()>,
+}
+
+impl FamilyHandle {
+    fn shim(&self) -> Arc<ShimHandle> {
+        Arc::clone(&self.shim.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// One sandbox as the engine sees it.
+pub struct Sandbox {
+    /// The member's name in its family (the id it was created with; it
+    /// stays the same when the server re-keys it after a merge).
+    pub id: String,
+    family: Arc<FamilyHandle>,
+    template_rootfs: PathBuf,
+    limits: Limits,
     cgroup: Cgroup,
     subvolume: PathBuf,
     volume: Volume,
     next_command: std::sync::atomic::AtomicU64,
     /// A pidfd of the member's init; readable once init has exited.
     init_pidfd: StdMutex<Option<OwnedFd>>,
+    /// Set once this member stopped counting towards its family.
+    released: std::sync::atomic::AtomicBool,
 }
 
 fn create_member_request(id: &str, cgroup: &Cgroup, subvolume: &Path) -> Request {
@@ -199,17 +221,16 @@ impl Jail {
         };
         let made = self.create_member(&spec, &cgroup, &subvolume, range).await;
         match made {
-            Ok((shim, init_pidfd, shim_config)) => Ok(Sandbox {
-                id: spec.id,
-                shim: StdMutex::new(shim),
-                shim_exe: self.config.shim_exe.clone(),
-                shim_config,
-                cgroup,
-                subvolume,
-                volume: self.volume.clone(),
-                next_command: std::sync::atomic::AtomicU64::new(1),
-                init_pidfd: StdMutex::new(init_pidfd),
-            }),
+            Ok((shim, init_pidfd, config)) => {
+                let family = Arc::new(FamilyHandle {
+                    shim: StdMutex::new(shim),
+                    shim_exe: self.config.shim_exe.clone(),
+                    config,
+                    members: std::sync::atomic::AtomicUsize::new(1),
+                    restart: tokio::sync::Mutex::new(()),
+                });
+                Ok(Sandbox::new(spec.id, family, spec.template_rootfs, spec.limits, cgroup, subvolume, self.volume.clone(), init_pidfd))
+            }
             Err(e) => {
                 let _ = cgroup.kill_all(DESTROY_DEADLINE);
                 let _ = cgroup.remove();
@@ -218,6 +239,112 @@ impl Jail {
                 release(&self.ids);
                 Err(e)
             }
+        }
+    }
+
+    /// Make `ids.len()` new members of `parent`'s family whose files are a
+    /// snapshot of the parent's, taken while the parent is frozen. Their
+    /// REPLs come from the parent's REPL forking itself into their
+    /// namespaces (see `ForkChild`); until then they have none.
+    pub async fn fork_members(&self, parent: &Sandbox, ids: &[String]) -> Result<Vec<ForkChild>> {
+        let mut made: Vec<Sandbox> = Vec::with_capacity(ids.len());
+        let result = self.fork_members_into(parent, ids, &mut made).await;
+        match result {
+            Ok(ns) => Ok(made.into_iter().zip(ns).map(|(sandbox, (ns, exited))| ForkChild { sandbox, ns, exited }).collect()),
+            Err(e) => {
+                for child in &made {
+                    let _ = self.destroy(child).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    async fn fork_members_into(
+        &self,
+        parent: &Sandbox,
+        ids: &[String],
+        made: &mut Vec<Sandbox>,
+    ) -> Result<Vec<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)>> {
+        let subvolumes: Vec<PathBuf> = ids.iter().map(|id| self.volume.root().join(SANDBOXES_DIR).join(id)).collect();
+        // The parent is paused only while its files are snapshotted.
+        let frozen = parent.cgroup.clone();
+        let (volume, src, dsts) = (self.volume.clone(), parent.subvolume.clone(), subvolumes.clone());
+        let snapped = tokio::task::spawn_blocking(move || -> Result<usize> {
+            frozen.freeze()?;
+            let mut done = 0;
+            let result = dsts.iter().try_for_each(|dst| {
+                volume.snapshot(&src, dst)?;
+                done += 1;
+                Ok(())
+            });
+            frozen.thaw()?;
+            result.map(|()| done)
+        })
+        .await
+        .map_err(|e| Error::Shim(format!("join: {e}")))?;
+        let snapped = match snapped {
+            Ok(n) => n,
+            Err(e) => {
+                for dst in &subvolumes {
+                    let _ = self.volume.delete_subvolume(dst);
+                }
+                return Err(e);
+            }
+        };
+        debug_assert_eq!(snapped, ids.len());
+        let shim = parent.shim();
+        let mut out = Vec::with_capacity(ids.len());
+        for (id, subvolume) in ids.iter().zip(subvolumes) {
+            let cgroup = match self.cgroups.create(id, &parent.limits) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = self.volume.delete_subvolume(&subvolume);
+                    return Err(e);
+                }
+            };
+            let (exited_tx, exited_rx) = oneshot::channel();
+            shim.repl_exits.lock().await.insert(id.clone(), exited_tx);
+            parent.family.members.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (init_pidfd, ns) = match shim.call(create_member_request(id, &cgroup, &subvolume), &[]).await {
+                Ok((_, fds)) => {
+                    let mut fds = fds.into_iter();
+                    (fds.next(), fds.collect::<Vec<_>>())
+                }
+                Err(e) => (None, {
+                    tracing::warn!(sandbox = %id, err = %e, "fork: creating a member failed");
+                    Vec::new()
+                }),
+            };
+            let ok = ns.len() == 5;
+            made.push(Sandbox::new(
+                id.clone(),
+                Arc::clone(&parent.family),
+                parent.template_rootfs.clone(),
+                parent.limits,
+                cgroup,
+                subvolume,
+                self.volume.clone(),
+                init_pidfd,
+            ));
+            if !ok {
+                return Err(Error::Shim(format!("could not build the namespaces of fork child {id}")));
+            }
+            out.push((ns, exited_rx));
+        }
+        Ok(out)
+    }
+
+    /// After the parent's REPL (host pid `parent_repl`) forked itself into
+    /// `children` and each child said it is ready: move each into its
+    /// cgroup and return (host pid, pidfd) per child.
+    pub async fn adopt_forks(&self, parent: &Sandbox, parent_repl: i32, children: &[&Sandbox]) -> Result<Vec<(i32, OwnedFd)>> {
+        let list = children.iter().map(|c| ForkedChild { member: c.id.clone(), cgroup_procs: c.cgroup.procs_files() }).collect();
+        let (reply, fds) = parent.shim().call(Request::AdoptForks { parent_repl, children: list }, &[]).await?;
+        match reply {
+            Reply::Adopted { host_pids } if host_pids.len() == fds.len() => Ok(host_pids.into_iter().zip(fds).collect()),
+            other => Err(Error::Shim(format!("unexpected reply {other:?}"))),
         }
     }
 
@@ -257,7 +384,7 @@ impl Jail {
         };
         let shim = ShimHandle::start(&self.config.shim_exe, &config, range).await?;
         match shim.call(create_member_request(&spec.id, cgroup, subvolume), &[]).await {
-            Ok((_, mut fds)) => Ok((shim, fds.pop(), config)),
+            Ok((_, fds)) => Ok((shim, fds.into_iter().next(), config)),
             Err(e) => {
                 shim.shutdown().await;
                 Err(e)
@@ -265,7 +392,8 @@ impl Jail {
         }
     }
 
-    /// Destroy a sandbox and free everything it used.
+    /// Destroy a sandbox and free everything it used. The family's shim
+    /// (and its id range) goes with its last member.
     pub async fn destroy(&self, sandbox: &Sandbox) -> Result<()> {
         let cgroup = sandbox.cgroup.clone();
         tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE))
@@ -275,11 +403,16 @@ impl Jail {
         let _ = shim
             .call(Request::DestroyMember { member: sandbox.id.clone() }, &[])
             .await;
-        shim.shutdown().await;
-        // The shim's mounts died with it; its mount points are plain dirs here.
-        let _ = std::fs::remove_dir_all(self.run_dir(&sandbox.id));
-        if let Ok(mut ids) = self.ids.lock() {
-            ids.release(shim.range);
+        let family = &sandbox.family;
+        if !sandbox.released.swap(true, std::sync::atomic::Ordering::SeqCst)
+            && family.members.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1
+        {
+            shim.shutdown().await;
+            // The shim's mounts died with it; its mount points are plain dirs here.
+            let _ = std::fs::remove_dir_all(&family.config.run_dir);
+            if let Ok(mut ids) = self.ids.lock() {
+                ids.release(shim.range);
+            }
         }
         sandbox.cgroup.remove()?;
         // The member's mount namespace is released asynchronously after its
@@ -314,9 +447,54 @@ impl Drop for Jail {
     }
 }
 
+/// A new member made by `Jail::fork_members`, waiting for its REPL.
+pub struct ForkChild {
+    pub sandbox: Sandbox,
+    /// Its mnt, net, uts, ipc and leaf pid namespaces, to hand to the
+    /// forking REPL (docs/repl-protocol.md, `F` frame).
+    pub ns: Vec<OwnedFd>,
+    /// Resolves with its REPL's exit status once that REPL dies.
+    pub exited: oneshot::Receiver<ExitStatus>,
+}
+
 impl Sandbox {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        id: String,
+        family: Arc<FamilyHandle>,
+        template_rootfs: PathBuf,
+        limits: Limits,
+        cgroup: Cgroup,
+        subvolume: PathBuf,
+        volume: Volume,
+        init_pidfd: Option<OwnedFd>,
+    ) -> Sandbox {
+        Sandbox {
+            id,
+            family,
+            template_rootfs,
+            limits,
+            cgroup,
+            subvolume,
+            volume,
+            next_command: std::sync::atomic::AtomicU64::new(1),
+            init_pidfd: StdMutex::new(init_pidfd),
+            released: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
     fn shim(&self) -> Arc<ShimHandle> {
-        Arc::clone(&self.shim.lock().unwrap_or_else(|e| e.into_inner()))
+        self.family.shim()
+    }
+
+    /// The sandbox's filesystem as overlay layers on the host (for diff).
+    pub fn layers(&self) -> (PathBuf, PathBuf) {
+        (self.subvolume.join("upper"), self.template_rootfs.clone())
+    }
+
+    /// Whether two sandboxes are members of the same family.
+    pub fn same_family(&self, other: &Sandbox) -> bool {
+        Arc::ptr_eq(&self.family, &other.family)
     }
 
     pub fn cgroup(&self) -> &Cgroup {
@@ -391,19 +569,25 @@ impl Sandbox {
         tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE))
             .await
             .map_err(|e| Error::Shim(format!("join: {e}")))??;
-        let mut shim = self.shim();
-        if shim.alive() {
-            shim.call(Request::DestroyMember { member: self.id.clone() }, &[]).await?;
-        } else {
-            // The supervisor died, and its family with it: start a new one.
-            shim.shutdown().await;
-            let range = crate::ids::IdRange { base: self.shim_config.id_base, count: self.shim_config.id_count };
-            shim = ShimHandle::start(&self.shim_exe, &self.shim_config, range).await?;
-            *self.shim.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&shim);
-        }
-        let (_, mut fds) = shim.call(create_member_request(&self.id, &self.cgroup, &self.subvolume), &[]).await?;
+        let shim = {
+            let _one_at_a_time = self.family.restart.lock().await;
+            let mut shim = self.shim();
+            if shim.alive() {
+                let _ = shim.call(Request::DestroyMember { member: self.id.clone() }, &[]).await;
+            } else {
+                // The supervisor died, and its family with it: start a new
+                // one (the family's other members rebuild into it too).
+                shim.shutdown().await;
+                let config = &self.family.config;
+                let range = crate::ids::IdRange { base: config.id_base, count: config.id_count };
+                shim = ShimHandle::start(&self.family.shim_exe, config, range).await?;
+                *self.family.shim.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&shim);
+            }
+            shim
+        };
+        let (_, fds) = shim.call(create_member_request(&self.id, &self.cgroup, &self.subvolume), &[]).await?;
         if let Ok(mut slot) = self.init_pidfd.lock() {
-            *slot = fds.pop();
+            *slot = fds.into_iter().next();
         }
         Ok(())
     }

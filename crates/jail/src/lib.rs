@@ -11,6 +11,7 @@ pub mod cgroup;
 pub mod channel;
 pub mod engine;
 pub mod error;
+pub mod forkplan;
 pub mod ids;
 pub mod policy;
 pub mod shim;
@@ -20,6 +21,6 @@ pub mod tools;
 pub mod volume;
 
 pub use cgroup::Limits;
-pub use engine::{CommandProcess, Jail, JailConfig, ReplProcess, Sandbox, SandboxSpec};
+pub use engine::{CommandProcess, ForkChild, Jail, JailConfig, ReplProcess, Sandbox, SandboxSpec};
 pub use error::{Error, Result};
 pub use shim::messages::ExitStatus;

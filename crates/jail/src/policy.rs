@@ -155,7 +155,8 @@ pub struct SeccompPolicy {
     pub member_enosys: BpfProgram,
     /// The REPL's allow-list: `member`, plus `setns(fd, CLONE_NEWPID)` (the
     /// REPL moves its children into the sandbox's leaf pid namespace, see
-    /// repl/repl.py), minus `pidfd_open` (a pidfd would let it join another
+    /// repl/repl.py) and setns of an explicit mount/net/uts/ipc type (a
+    /// forked REPL enters its new member), minus `pidfd_open` (a pidfd would let it join another
     /// sandbox's namespaces with setns).
     pub repl: BpfProgram,
 }
@@ -163,6 +164,8 @@ pub struct SeccompPolicy {
 /// The name of the REPL's filter, derived from `member` at compile time.
 pub const REPL_FILTER: &str = "repl";
 const CLONE_NEWPID: u64 = 0x2000_0000;
+/// Namespace types a forked REPL enters besides pid.
+const FORK_NAMESPACES: [(u64, &str); 4] = [(0x0002_0000, "mount"), (0x4000_0000, "network"), (0x0400_0000, "uts"), (0x0800_0000, "ipc")];
 
 /// Add the `repl` filter to a policy document: a copy of `member` with the
 /// REPL's differences, so the two can never drift apart.
@@ -177,6 +180,18 @@ fn with_repl_filter(json: &str) -> Result<String, PolicyError> {
                       "comment": "only pid namespaces: pid_for_children of the REPL's own threads"}],
             "comment": "the REPL switches between its family and leaf pid namespaces"
         }));
+        // A forked REPL enters its new member's namespaces (DESIGN.md §3.1).
+        // It can only name namespaces it holds descriptors for: its own
+        // (its /proc shows only its member) and, during a fork, the new
+        // members' the server hands it.
+        for (flag, what) in FORK_NAMESPACES {
+            rules.push(serde_json::json!({
+                "syscall": "setns",
+                "args": [{"index": 1, "type": "dword", "op": "eq", "val": flag,
+                          "comment": format!("only an explicit {what} namespace type")}],
+                "comment": "a forked REPL enters its new member's namespaces"
+            }));
+        }
     }
     if let Some(map) = doc.as_object_mut() {
         map.insert(REPL_FILTER.to_string(), repl);

@@ -133,7 +133,8 @@ impl ShimHandle {
     async fn on_event(&self, ev: ShimEvent) {
         match ev {
             ShimEvent::ReplExited { member, status, .. } => {
-                if let Some(tx) = self.repl_exits.lock().await.remove(&member) {
+                // An unknown status drops the sender: the waiter sees None.
+                if let (Some(tx), Some(status)) = (self.repl_exits.lock().await.remove(&member), status) {
                     let _ = tx.send(status);
                 }
             }

@@ -96,3 +96,28 @@ pub struct TemplateInfo {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
+
+/// Body of `POST /v1/sandboxes/{id}/fork`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many children, 1 to 32.
+    pub n: i64,
+}
+
+/// Answer of `POST /v1/sandboxes/{id}/fork`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Forked {
+    /// The children's ids, in no particular meaning of order.
+    pub children: Vec<String>,
+}
+
+/// Answer of `GET /v1/sandboxes/{id}/diff/{other}`: paths of regular files,
+/// sorted; `added` = in `other` but not in `id`, `removed` = the reverse,
+/// `modified` = in both with different contents.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct DiffResult {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub modified: Vec<String>,
+}

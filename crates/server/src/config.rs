@@ -40,6 +40,18 @@ pub struct SandboxLimits {
     /// How long an interrupted exec may take to stop before the REPL is killed.
     pub interrupt_grace: Duration,
     pub max_sandboxes: usize,
+    /// Refuse creates and forks while the sandboxes' cgroups use this much
+    /// memory (None: 90% of the host's memory).
+    pub max_memory_mib: Option<u64>,
+}
+
+/// 90% of the host's memory, in MiB (the default memory cap).
+pub fn default_memory_cap_mib() -> u64 {
+    let total_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("MemTotal:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())))
+        .unwrap_or(8 << 20);
+    total_kib / 1024 * 9 / 10
 }
 
 impl Default for SandboxLimits {
@@ -59,6 +71,7 @@ impl Default for SandboxLimits {
             max_exec_timeout: Duration::from_secs(24 * 3600),
             interrupt_grace: Duration::from_secs(2),
             max_sandboxes: 1000,
+            max_memory_mib: None,
         }
     }
 }

@@ -7,6 +7,7 @@
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod fork;
 pub mod openapi;
 pub mod repl;
 pub mod routes;

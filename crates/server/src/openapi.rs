@@ -13,7 +13,8 @@ use crate::routes;
         routes::replay, routes::templates, routes::fork, routes::merge_into
     ),
     components(schemas(protocol::CreateSandbox, protocol::Created, protocol::ExecRequest, protocol::SandboxInfo,
-        protocol::SandboxList, protocol::ErrorBody, protocol::Event, protocol::EventKind, protocol::TemplateInfo)),
+        protocol::SandboxList, protocol::ErrorBody, protocol::Event, protocol::EventKind, protocol::TemplateInfo,
+        protocol::ForkRequest, protocol::Forked, protocol::DiffResult)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

@@ -28,6 +28,8 @@ pub enum ReplItem {
     Stderr(Vec<u8>),
     Result(serde_json::Value),
     Done(Done),
+    /// The REPL forked itself (answer to `send_fork`).
+    Forked(Forked),
     /// The process is gone (its status when known).
     Died(Option<ExitStatus>),
 }
@@ -37,6 +39,14 @@ pub struct Done {
     pub id: u64,
     pub exit_code: i32,
     pub error: Option<PyError>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Forked {
+    pub id: u64,
+    /// The children's pids in the family pid namespace.
+    pub pids: Vec<i64>,
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -54,12 +64,20 @@ pub struct Ready {
     /// leaf pid namespace (false: they stay in the family's, unseen by `ps`).
     #[serde(default)]
     pub pidns: bool,
+    /// Whether this REPL is a fork of another.
+    #[serde(default)]
+    pub forked: bool,
 }
 
 pub struct ReplSession {
     control: tokio::net::unix::OwnedWriteHalf,
     items: mpsc::Receiver<ReplItem>,
-    pidfd: OwnedFd,
+    /// Items read while waiting for something else (a fork's answer),
+    /// handed out first.
+    held: std::collections::VecDeque<ReplItem>,
+    /// None for a forked REPL until the engine adopted it.
+    pidfd: Option<OwnedFd>,
+    pub host_pid: i32,
     next_id: u64,
     pub ready: Ready,
 }
@@ -67,10 +85,43 @@ pub struct ReplSession {
 impl ReplSession {
     /// Take over a freshly spawned REPL and wait until it is ready.
     pub async fn start(process: ReplProcess) -> Result<ReplSession, String> {
-        let (read, write) = process.control.into_split();
+        let (control, pidfd, host_pid) = (process.control, process.pidfd, process.host_pid);
+        let mut session = Self::begin(control, process.stdout, process.stderr, process.exited).await.map_err(|said| {
+            let _ = jail::sys::pidfd_send_signal(pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL);
+            format!("the Python REPL did not start: {said}")
+        })?;
+        session.pidfd = Some(pidfd);
+        session.host_pid = host_pid;
+        Ok(session)
+    }
+
+    /// Take over the server's ends of a REPL that a fork is making, and wait
+    /// for its ready frame; `adopted` supplies its pidfd afterwards.
+    pub async fn start_forked(
+        control: tokio::net::UnixStream,
+        stdout: pipe::Receiver,
+        stderr: pipe::Receiver,
+        exited: oneshot::Receiver<ExitStatus>,
+    ) -> Result<ReplSession, String> {
+        Self::begin(control, stdout, stderr, exited).await.map_err(|said| format!("the forked Python REPL did not start: {said}"))
+    }
+
+    pub fn adopted(&mut self, host_pid: i32, pidfd: OwnedFd) {
+        self.host_pid = host_pid;
+        self.pidfd = Some(pidfd);
+    }
+
+    /// Wait for the ready frame; on failure, what the process said.
+    async fn begin(
+        control: tokio::net::UnixStream,
+        stdout: pipe::Receiver,
+        stderr: pipe::Receiver,
+        exited: oneshot::Receiver<ExitStatus>,
+    ) -> Result<ReplSession, String> {
+        let (read, write) = control.into_split();
         let (tx, mut rx) = mpsc::channel(256);
         let (ready_tx, ready_rx) = oneshot::channel();
-        tokio::spawn(pump(read, process.stdout, process.stderr, process.exited, tx, ready_tx));
+        tokio::spawn(pump(read, stdout, stderr, exited, tx, ready_tx));
         let ready = match tokio::time::timeout(START_TIMEOUT, ready_rx).await {
             Ok(Ok(r)) => r,
             _ => {
@@ -86,11 +137,10 @@ impl ReplSession {
                         _ => {}
                     }
                 }
-                let _ = jail::sys::pidfd_send_signal(process.pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL);
-                return Err(format!("the Python REPL did not start: {}", String::from_utf8_lossy(&said).trim()));
+                return Err(String::from_utf8_lossy(&said).trim().to_string());
             }
         };
-        Ok(ReplSession { control: write, items: rx, pidfd: process.pidfd, next_id: 1, ready })
+        Ok(ReplSession { control: write, items: rx, held: Default::default(), pidfd: None, host_pid: 0, next_id: 1, ready })
     }
 
     /// Send code to run; returns the exec id the matching `Done` carries.
@@ -107,16 +157,78 @@ impl ReplSession {
     }
 
     pub async fn next(&mut self) -> Option<ReplItem> {
-        self.items.recv().await
+        match self.held.pop_front() {
+            Some(item) => Some(item),
+            None => self.items.recv().await,
+        }
     }
 
     /// Items already waiting (output of background threads between execs).
     pub fn try_next(&mut self) -> Option<ReplItem> {
-        self.items.try_recv().ok()
+        self.held.pop_front().or_else(|| self.items.try_recv().ok())
     }
 
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
-        let _ = jail::sys::pidfd_send_signal(self.pidfd.as_fd(), sig);
+        if let Some(fd) = &self.pidfd {
+            let _ = jail::sys::pidfd_send_signal(fd.as_fd(), sig);
+        }
+    }
+
+    /// Ask the REPL to fork itself once per child: one `F` frame per child,
+    /// carrying that child's descriptors (docs/repl-protocol.md). Returns
+    /// the fork id its `Forked` answer carries.
+    pub async fn send_fork(&mut self, plan: &serde_json::Value, children: &[Vec<std::os::fd::RawFd>]) -> std::io::Result<u64> {
+        use std::os::fd::AsRawFd;
+        let id = self.next_id;
+        self.next_id += 1;
+        for (index, fds) in children.iter().enumerate() {
+            let mut msg = serde_json::json!({"id": id, "index": index, "count": children.len()});
+            if index == 0 {
+                msg["plan"] = plan.clone();
+            }
+            let body = serde_json::to_vec(&msg)?;
+            let mut frame = Vec::with_capacity(body.len() + 5);
+            frame.extend_from_slice(&((body.len() + 1) as u32).to_be_bytes());
+            frame.push(b'F');
+            frame.extend_from_slice(&body);
+            let stream: &tokio::net::UnixStream = self.control.as_ref();
+            let raw = stream.as_raw_fd();
+            // The descriptors ride on the frame's first byte; the rest of a
+            // large frame follows as plain bytes.
+            let mut sent = 0;
+            while sent == 0 {
+                stream.writable().await?;
+                match stream.try_io(tokio::io::Interest::WRITABLE, || {
+                    let iov = [std::io::IoSlice::new(&frame)];
+                    let cmsg = [nix::sys::socket::ControlMessage::ScmRights(fds)];
+                    nix::sys::socket::sendmsg::<()>(raw, &iov, &cmsg, nix::sys::socket::MsgFlags::MSG_NOSIGNAL, None).map_err(std::io::Error::from)
+                }) {
+                    Ok(n) => sent = n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            if sent < frame.len() {
+                self.control.write_all(&frame[sent..]).await?;
+            }
+        }
+        Ok(id)
+    }
+
+    /// Wait for the answer to fork `id`, keeping anything else that arrives
+    /// meanwhile for the next exec.
+    pub async fn wait_forked(&mut self, id: u64) -> Result<Forked, String> {
+        loop {
+            match self.items.recv().await {
+                Some(ReplItem::Forked(f)) if f.id == id => return Ok(f),
+                Some(ReplItem::Died(status)) => {
+                    self.held.push_back(ReplItem::Died(status));
+                    return Err("the Python process died while forking".into());
+                }
+                Some(other) => self.held.push_back(other),
+                None => return Err("the Python process died while forking".into()),
+            }
+        }
     }
 }
 
@@ -148,6 +260,7 @@ async fn pump(
                                 b'E' => ReplItem::Stderr(payload),
                                 b'V' => match serde_json::from_slice(&payload) { Ok(v) => ReplItem::Result(v), Err(_) => continue },
                                 b'D' => match serde_json::from_slice(&payload) { Ok(d) => ReplItem::Done(d), Err(_) => continue },
+                                b'f' => match serde_json::from_slice(&payload) { Ok(f) => ReplItem::Forked(f), Err(_) => continue },
                                 b'R' => {
                                     if let (Some(t), Ok(r)) = (ready_tx.take(), serde_json::from_slice::<Ready>(&payload)) {
                                         let _ = t.send(r);

@@ -102,7 +102,9 @@ pub async fn info(State(state): State<AppState>, Path(id): Path<String>) -> Resu
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 204), (status = 404, body = protocol::ErrorBody)))]
 pub async fn destroy(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    state.get(&id).await?;
+    if !crate::state::valid_id(&id) {
+        state.get(&id).await?;
+    }
     state.destroy(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -181,16 +183,20 @@ pub async fn templates(State(state): State<AppState>) -> Response {
     json(StatusCode::OK, &state.inner.templates.list())
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", params(("id" = String, Path)), responses((status = 501, body = protocol::ErrorBody)))]
-pub async fn fork(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    state.get(&id).await?;
-    Err(ApiError::NotImplemented("fork is not available yet".into()))
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", params(("id" = String, Path)), request_body = protocol::ForkRequest,
+    responses((status = 200, body = protocol::Forked), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
+        (status = 429, body = protocol::ErrorBody), (status = 500, body = protocol::ErrorBody)))]
+pub async fn fork(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<protocol::ForkRequest>) -> Result<Response, ApiError> {
+    let n = usize::try_from(req.n).unwrap_or(0);
+    let children = state.fork(&id, n).await?;
+    Ok(json(StatusCode::OK, &protocol::Forked { children }))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/merge_into/{winner}", params(("id" = String, Path), ("winner" = String, Path)), responses((status = 501, body = protocol::ErrorBody)))]
-pub async fn merge_into(State(state): State<AppState>, Path((id, _winner)): Path<(String, String)>) -> Result<Response, ApiError> {
-    state.get(&id).await?;
-    Err(ApiError::NotImplemented("merge_into is not available yet".into()))
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/merge_into/{winner}", params(("id" = String, Path), ("winner" = String, Path)),
+    responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
+pub async fn merge_into(State(state): State<AppState>, Path((id, winner)): Path<(String, String)>) -> Result<Response, ApiError> {
+    state.merge_into(&id, &winner).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 pub async fn not_found() -> ApiError {

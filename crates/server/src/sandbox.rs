@@ -18,6 +18,7 @@ use crate::repl::{ReplItem, ReplSession, REPL_BOOTSTRAP, REPL_SOURCE};
 /// Exit code of an exec stopped by its timeout (as GNU `timeout` does).
 pub const TIMEOUT_EXIT: i32 = 124;
 
+#[derive(Clone)]
 pub struct Settings {
     pub template: String,
     pub ram_mib: u64,
@@ -30,7 +31,10 @@ pub struct Settings {
 pub struct SandboxEntry {
     pub id: String,
     pub settings: Settings,
-    pub engine: jail::Sandbox,
+    pub engine: Arc<jail::Sandbox>,
+    /// Ids of the sandboxes this one was forked from, nearest last (a
+    /// merge re-points them; see `AppState::merge_into`).
+    pub lineage: std::sync::Mutex<Vec<String>>,
     pub created_at: u64,
     pub last_active: AtomicU64,
     pub execs: AtomicU64,
@@ -133,6 +137,15 @@ impl SandboxEntry {
         })
     }
 
+    /// Make sure the sandbox has a live REPL (before a fork).
+    pub async fn ensure_repl(&self, slot: &mut ReplSlot) -> Result<(), String> {
+        self.heal(slot).await?;
+        if slot.session.is_none() {
+            slot.session = Some(self.restart_repl().await?);
+        }
+        Ok(())
+    }
+
     /// Run Python code in the REPL (the caller holds the slot).
     pub async fn run_python(&self, slot: &mut ReplSlot, code: &str, timeout: Duration, sink: &mut EventSink) {
         if let Err(e) = self.heal(slot).await {
@@ -209,7 +222,7 @@ impl SandboxEntry {
                         slot.oom_seen = self.engine.cgroup().oom_kills();
                         return;
                     }
-                    Some(ReplItem::Done(_)) => {}
+                    Some(ReplItem::Done(_)) | Some(ReplItem::Forked(_)) => {}
                     Some(ReplItem::Died(status)) => {
                         self.on_repl_death(slot, status, oom_before, interrupted, timeout, sink).await;
                         return;
@@ -404,12 +417,13 @@ async fn tell_rebuilt(slot: &mut ReplSlot, sink: &mut EventSink) {
     }
 }
 
-pub fn new_entry(id: String, settings: Settings, engine: jail::Sandbox, session: ReplSession) -> Arc<SandboxEntry> {
+pub fn new_entry(id: String, settings: Settings, engine: Arc<jail::Sandbox>, session: ReplSession, lineage: Vec<String>) -> Arc<SandboxEntry> {
     let now = now_ms();
     Arc::new(SandboxEntry {
         id,
         settings,
         engine,
+        lineage: std::sync::Mutex::new(lineage),
         created_at: now,
         last_active: AtomicU64::new(now),
         execs: AtomicU64::new(0),
@@ -417,6 +431,31 @@ pub fn new_entry(id: String, settings: Settings, engine: jail::Sandbox, session:
         replay: Default::default(),
         destroyed: AtomicBool::new(false),
         slot: Mutex::new(ReplSlot { session: Some(session), lost_state: None, rebuilt: false, oom_seen: 0 }),
+        busy: AtomicU64::new(0),
+    })
+}
+
+/// The entry that answers to `parent`'s id after a merge: the winner's
+/// engine and REPL under the parent's id, settings and lifetime.
+pub fn merged_entry(parent: &SandboxEntry, winner: &SandboxEntry, winner_slot: &mut ReplSlot, lineage: Vec<String>) -> Arc<SandboxEntry> {
+    let now = now_ms();
+    Arc::new(SandboxEntry {
+        id: parent.id.clone(),
+        settings: parent.settings.clone(),
+        engine: Arc::clone(&winner.engine),
+        lineage: std::sync::Mutex::new(lineage),
+        created_at: parent.created_at,
+        last_active: AtomicU64::new(now),
+        execs: AtomicU64::new(winner.execs.load(Ordering::Relaxed)),
+        repl_restarts: AtomicU64::new(winner.repl_restarts.load(Ordering::Relaxed)),
+        replay: Default::default(),
+        destroyed: AtomicBool::new(false),
+        slot: Mutex::new(ReplSlot {
+            session: winner_slot.session.take(),
+            lost_state: winner_slot.lost_state.take(),
+            rebuilt: std::mem::take(&mut winner_slot.rebuilt),
+            oom_seen: winner_slot.oom_seen,
+        }),
         busy: AtomicU64::new(0),
     })
 }

@@ -31,6 +31,10 @@ pub struct Inner {
     pub creating: std::sync::atomic::AtomicUsize,
     /// Sandboxes in the registry (kept beside it so limits need no lock).
     pub live: std::sync::atomic::AtomicUsize,
+    /// Ids that were merged away → the id that now holds their state (the
+    /// most recent `MERGED_REMEMBERED`), so a late DELETE is harmless and a
+    /// late exec gets a clear 404.
+    pub merged: std::sync::Mutex<crate::fork::MergedIds>,
 }
 
 /// Sandbox ids: `sb-` and 20 lowercase base-32 characters (also the hostname).
@@ -56,6 +60,7 @@ impl AppState {
                 sandboxes: RwLock::new(HashMap::new()),
                 creating: std::sync::atomic::AtomicUsize::new(0),
                 live: std::sync::atomic::AtomicUsize::new(0),
+                merged: Default::default(),
             }),
         }
     }
@@ -71,6 +76,7 @@ impl AppState {
             sandboxes: RwLock::new(HashMap::new()),
             creating: std::sync::atomic::AtomicUsize::new(0),
             live: std::sync::atomic::AtomicUsize::new(0),
+            merged: Default::default(),
         }) }
     }
 
@@ -78,7 +84,19 @@ impl AppState {
         if !valid_id(id) {
             return Err(ApiError::BadRequest(format!("invalid sandbox id `{}`", id.chars().take(80).collect::<String>())));
         }
-        self.inner.sandboxes.read().await.get(id).cloned().ok_or_else(|| ApiError::NotFound(format!("no sandbox `{id}`")))
+        if let Some(e) = self.inner.sandboxes.read().await.get(id).cloned() {
+            return Ok(e);
+        }
+        match self.inner.merged.lock().ok().and_then(|m| m.get(id).cloned()) {
+            Some(into) => Err(ApiError::NotFound(format!("sandbox `{id}` was merged into `{into}`; use that id"))),
+            None => Err(ApiError::NotFound(format!("no sandbox `{id}`"))),
+        }
+    }
+
+    /// Memory the live sandboxes use now (their cgroups' usage), in MiB.
+    pub fn memory_in_use_mib(&self) -> u64 {
+        let Ok(all) = self.inner.sandboxes.try_read() else { return 0 };
+        all.values().map(|e| e.engine.cgroup().memory_usage()).sum::<u64>() >> 20
     }
 
     /// Validate a create request against the defaults and caps.
@@ -141,7 +159,7 @@ impl AppState {
                 return Err(ApiError::engine("could not start the sandbox's Python REPL", e));
             }
         };
-        let entry = new_entry(id.clone(), settings, engine, session);
+        let entry = new_entry(id.clone(), settings, Arc::new(engine), session, Vec::new());
         self.inner.sandboxes.write().await.insert(id, Arc::clone(&entry));
         self.inner.live.fetch_add(1, Ordering::SeqCst);
         tracing::info!(sandbox = %entry.id, template = %entry.settings.template, jail_ms = jailed.as_millis() as u64,
@@ -151,13 +169,20 @@ impl AppState {
 
     /// Remove a sandbox from the registry and free everything it used.
     pub async fn destroy(&self, id: &str) -> Result<(), ApiError> {
-        let entry = self.inner.sandboxes.write().await.remove(id).ok_or_else(|| ApiError::NotFound(format!("no sandbox `{id}`")))?;
+        let Some(entry) = self.inner.sandboxes.write().await.remove(id) else {
+            // Deleting an id that was merged away is harmless: its state
+            // lives on under the id it was merged into.
+            if self.inner.merged.lock().map(|m| m.contains_key(id)).unwrap_or(false) {
+                return Ok(());
+            }
+            return Err(ApiError::NotFound(format!("no sandbox `{id}`")));
+        };
         self.inner.live.fetch_sub(1, Ordering::SeqCst);
         self.teardown(&entry).await;
         Ok(())
     }
 
-    async fn teardown(&self, entry: &SandboxEntry) {
+    pub(crate) async fn teardown(&self, entry: &SandboxEntry) {
         entry.destroyed.store(true, Ordering::Relaxed);
         if let Err(e) = self.inner.jail.destroy(&entry.engine).await {
             tracing::error!(sandbox = %entry.id, err = %e, "destroy failed");
@@ -204,23 +229,40 @@ impl AppState {
     }
 }
 
-/// A reservation against `max_sandboxes`, released when dropped.
-struct CreateSlot<'a>(&'a AppState);
+/// A reservation of `n` sandboxes against the server's caps, released when
+/// dropped (creates and forks in flight count like live sandboxes).
+pub(crate) struct CreateSlot<'a>(&'a AppState, usize);
 
 impl<'a> CreateSlot<'a> {
-    fn take(state: &'a AppState) -> Result<CreateSlot<'a>, ApiError> {
+    pub(crate) fn take(state: &'a AppState) -> Result<CreateSlot<'a>, ApiError> {
+        Self::take_n(state, 1)
+    }
+
+    pub(crate) fn take_n(state: &'a AppState, n: usize) -> Result<CreateSlot<'a>, ApiError> {
+        let limits = &state.inner.config.limits;
         let live = state.inner.live.load(Ordering::SeqCst);
-        let creating = state.inner.creating.fetch_add(1, Ordering::SeqCst);
-        if live + creating >= state.inner.config.limits.max_sandboxes {
-            state.inner.creating.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::TooMany(format!("the server's limit of {} sandboxes is reached", state.inner.config.limits.max_sandboxes)));
+        let creating = state.inner.creating.fetch_add(n, Ordering::SeqCst);
+        let slot = CreateSlot(state, n);
+        if live + creating + n > limits.max_sandboxes {
+            return Err(ApiError::TooMany(format!(
+                "the server's limit of {} live sandboxes is reached ({} live, {n} more requested)",
+                limits.max_sandboxes,
+                live + creating
+            )));
         }
-        Ok(CreateSlot(state))
+        let cap = limits.max_memory_mib.unwrap_or_else(crate::config::default_memory_cap_mib);
+        let used = state.memory_in_use_mib();
+        if used >= cap {
+            return Err(ApiError::TooMany(format!(
+                "the server's memory limit is reached: sandboxes use {used} MiB of the {cap} MiB allowed (--max-memory-mib)"
+            )));
+        }
+        Ok(slot)
     }
 }
 
 impl Drop for CreateSlot<'_> {
     fn drop(&mut self) {
-        self.0.inner.creating.fetch_sub(1, Ordering::SeqCst);
+        self.0.inner.creating.fetch_sub(self.1, Ordering::SeqCst);
     }
 }

@@ -96,6 +96,11 @@ fn reaper(go: OwnedFd) -> ! {
     if !matches!(read(go.as_fd(), &mut b), Ok(1)) {
         std::process::exit(1);
     }
+    // Allocate the family's pids from LEAF_PID_MAX up, so a forked REPL's
+    // pid is never the number of a process in its sandbox's /proc (a leaf
+    // namespace never goes that high). The write applies to the writer's
+    // own pid namespace, which is why the reaper does it.
+    let _ = std::fs::write("/proc/sys/kernel/ns_last_pid", crate::shim::LEAF_PID_MAX.to_string());
     sys::close_fds_from(0);
     let _ = sys::set_not_dumpable();
     loop {

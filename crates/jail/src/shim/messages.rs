@@ -37,7 +37,8 @@ impl ExitStatus {
 /// Server → shim. Attached descriptors are listed per variant.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
-    /// Build a member: overlay root, namespaces, init.
+    /// Build a member: overlay root, namespaces, init. Reply fds: [pidfd of
+    /// init, then its mnt, net, uts, ipc and leaf pid namespaces].
     CreateMember { member: String, hostname: String, upper: PathBuf, work: PathBuf, cgroup_procs: Vec<PathBuf> },
     /// Start the member's REPL. fds: [stdout write end, stderr write end,
     /// control socket, source memfd].
@@ -48,6 +49,18 @@ pub enum Request {
     SignalCommand { member: String, id: u64, signal: i32 },
     /// Kill every process of the member and release its mounts.
     DestroyMember { member: String },
+    /// After a REPL forked itself into new members (DESIGN.md §3.1): find
+    /// each child among the forking REPL's children (by the mount namespace
+    /// it entered), move it into its member's cgroup and watch it.
+    /// Reply: `Adopted`, fds: [pidfd of each child, in order].
+    AdoptForks { parent_repl: i32, children: Vec<ForkedChild> },
+}
+
+/// One child of a REPL fork, as `AdoptForks` names it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ForkedChild {
+    pub member: String,
+    pub cgroup_procs: Vec<PathBuf>,
 }
 
 /// Shim → server.
@@ -64,12 +77,16 @@ pub enum Reply {
     Done,
     /// fds: [pidfd of the REPL].
     ReplSpawned { host_pid: i32 },
+    /// Host pids of the adopted fork children, in request order.
+    Adopted { host_pids: Vec<i32> },
     Failed { error: String },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ShimEvent {
-    ReplExited { member: String, host_pid: i32, status: ExitStatus },
+    /// `status` is None when it could not be learnt (a forked REPL whose
+    /// zombie was reaped by someone else first).
+    ReplExited { member: String, host_pid: i32, status: Option<ExitStatus> },
     /// Init forked the command (it may have side effects from here on).
     CommandStarted { member: String, id: u64 },
     CommandExited { member: String, id: u64, status: ExitStatus },

@@ -48,6 +48,10 @@ struct Shim {
     /// REPL host pid → member. The shim is a child subreaper, so REPLs
     /// (whose spawning helper exits) become its children and it reaps them.
     repls: HashMap<i32, String>,
+    /// REPLs forked from other REPLs (not our children): host pid →
+    /// (member, pidfd). Their exit is seen on the pidfd and their status
+    /// read from the zombie's /proc entry.
+    forked: HashMap<i32, (String, OwnedFd)>,
     sigchld: nix::sys::signalfd::SignalFd,
     confinement: Confinement,
 }
@@ -89,7 +93,7 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
         }
     };
     channel::send(sock.as_fd(), &ShimMessage::Ready, &[])?;
-    let mut shim = Shim { config, sock, family, members: HashMap::new(), repls: HashMap::new(), sigchld, confinement };
+    let mut shim = Shim { config, sock, family, members: HashMap::new(), repls: HashMap::new(), forked: HashMap::new(), sigchld, confinement };
     let result = shim.serve();
     shim.family.terminate();
     for m in shim.members.values() {
@@ -111,6 +115,7 @@ impl Shim {
     fn serve(&mut self) -> Result<()> {
         loop {
             let names: Vec<String> = self.members.keys().cloned().collect();
+            let forked: Vec<i32> = self.forked.keys().copied().collect();
             let ready: Vec<bool> = {
                 let mut fds = vec![
                     PollFd::new(self.sock.as_fd(), PollFlags::POLLIN),
@@ -118,6 +123,9 @@ impl Shim {
                 ];
                 for n in &names {
                     fds.push(PollFd::new(self.members[n].init.as_fd(), PollFlags::POLLIN));
+                }
+                for pid in &forked {
+                    fds.push(PollFd::new(self.forked[pid].1.as_fd(), PollFlags::POLLIN));
                 }
                 match poll(&mut fds, PollTimeout::NONE) {
                     Ok(_) => fds.iter().map(|f| f.any().unwrap_or(false)).collect(),
@@ -134,6 +142,11 @@ impl Shim {
             for (i, name) in names.iter().enumerate() {
                 if ready[2 + i] {
                     self.on_init_message(name)?;
+                }
+            }
+            for (i, pid) in forked.iter().enumerate() {
+                if ready[2 + names.len() + i] {
+                    self.on_forked_exit(*pid)?;
                 }
             }
             if ready[0] {
@@ -164,9 +177,43 @@ impl Shim {
                 return Ok(false);
             }
             if let Some(member) = self.repls.remove(&pid.as_raw()) {
-                self.send(&ShimMessage::Event(ShimEvent::ReplExited { member, host_pid: pid.as_raw(), status }), &[])?;
+                self.send(&ShimMessage::Event(ShimEvent::ReplExited { member, host_pid: pid.as_raw(), status: Some(status) }), &[])?;
             }
         }
+    }
+
+    /// A forked REPL is gone: report it with the status its zombie holds.
+    fn on_forked_exit(&mut self, pid: i32) -> Result<()> {
+        let Some((member, _pidfd)) = self.forked.remove(&pid) else { return Ok(()) };
+        let status = zombie_status(pid);
+        self.send(&ShimMessage::Event(ShimEvent::ReplExited { member, host_pid: pid, status }), &[])
+    }
+
+    /// Find the children a REPL just forked (DESIGN.md §3.1): each entered
+    /// its member's mount namespace before it said it was ready, which is
+    /// how we tell them apart. Move each into its member's cgroup and watch it.
+    fn adopt_forks(&mut self, parent_repl: i32, children: &[ForkedChild]) -> Result<(Vec<i32>, Vec<OwnedFd>)> {
+        let candidates = children_of(parent_repl);
+        let mut host_pids = Vec::with_capacity(children.len());
+        let mut pidfds = Vec::with_capacity(children.len());
+        for child in children {
+            let m = self.members.get(&child.member).ok_or_else(|| Error::Invalid(format!("no member {}", child.member)))?;
+            let want = ns_inode(m.ns.mnt.as_fd())?;
+            let pid = candidates
+                .iter()
+                .copied()
+                .find(|pid| proc_ns_inode(*pid, "mnt") == Some(want))
+                .ok_or_else(|| Error::Shim(format!("the forked REPL of {} is gone", child.member)))?;
+            let pidfd = sys::pidfd_open(Pid::from_raw(pid)).map_err(|e| Error::sys("pidfd_open forked REPL", e))?;
+            for file in &child.cgroup_procs {
+                fs::write(file, pid.to_string()).map_err(|e| Error::io("move forked REPL into its cgroup", e))?;
+            }
+            let watch = pidfd.try_clone().map_err(|e| Error::io("dup pidfd", e))?;
+            self.forked.insert(pid, (child.member.clone(), watch));
+            host_pids.push(pid);
+            pidfds.push(pidfd);
+        }
+        Ok((host_pids, pidfds))
     }
 
     fn on_init_message(&mut self, name: &str) -> Result<()> {
@@ -216,9 +263,12 @@ impl Shim {
                     Ok(m) => {
                         // The server watches init through a pidfd: its death
                         // must be known before the next request, not after.
-                        let pidfd = sys::pidfd_open(m.init_pid).map_err(|e| Error::sys("pidfd_open init", e))?;
+                        let mut fds = vec![sys::pidfd_open(m.init_pid).map_err(|e| Error::sys("pidfd_open init", e))?];
+                        for ns in [&m.ns.mnt, &m.ns.net, &m.ns.uts, &m.ns.ipc, &m.ns.pid] {
+                            fds.push(ns.try_clone().map_err(|e| Error::io("dup namespace", e))?);
+                        }
                         self.members.insert(name, m);
-                        Ok((Reply::Done, vec![pidfd]))
+                        Ok((Reply::Done, fds))
                     }
                     Err(e) => {
                         member::unmount_root(&root);
@@ -241,9 +291,14 @@ impl Shim {
                 channel::send(m.init.as_fd(), &InitRequest::Signal { id, signal }, &[])?;
                 Ok((Reply::Done, vec![]))
             }
+            Request::AdoptForks { parent_repl, children } => {
+                let (host_pids, pidfds) = self.adopt_forks(parent_repl, &children)?;
+                Ok((Reply::Adopted { host_pids }, pidfds))
+            }
             Request::DestroyMember { member: name } => {
                 if let Some(m) = self.members.remove(&name) {
                     self.repls.retain(|_, mem| *mem != name);
+                    self.forked.retain(|_, (mem, _)| *mem != name);
                     member::unmount_root(&m.root);
                 }
                 Ok((Reply::Done, vec![]))
@@ -291,6 +346,41 @@ impl Shim {
             }
         }
     }
+}
+
+/// Host pids of the children of every thread of `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.flatten() {
+            let text = fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            out.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+    }
+    out
+}
+
+/// The inode number that identifies a namespace.
+fn ns_inode(fd: std::os::fd::BorrowedFd<'_>) -> Result<u64> {
+    nix::sys::stat::fstat(fd).map(|st| st.st_ino).map_err(|e| Error::sys("stat namespace", e))
+}
+
+fn proc_ns_inode(pid: i32, kind: &str) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(format!("/proc/{pid}/ns/{kind}")).ok().map(|m| m.ino())
+}
+
+/// The exit status a zombie holds (field 52 of /proc/<pid>/stat, in
+/// waitpid's encoding); None once it was reaped.
+fn zombie_status(pid: i32) -> Option<ExitStatus> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // After the comm field: state is field 3, exit_code is field 52.
+    if fields.first() != Some(&"Z") {
+        return None;
+    }
+    let raw: i32 = fields.get(52 - 3)?.parse().ok()?;
+    Some(if raw & 0x7f == 0 { ExitStatus::Code((raw >> 8) & 0xff) } else { ExitStatus::Signal(raw & 0x7f) })
 }
 
 /// Fork the REPL with a family pid at or above LEAF_PID_MAX (falling back

@@ -1,0 +1,251 @@
+//! fork and merge_into (docs/fork.md): the server's half of DESIGN.md §3.1.
+//!
+//! A fork takes the parent's exec slot (so it waits for a running exec, in
+//! arrival order), has the engine snapshot the parent's files and build one
+//! new member per child, hands the parent's REPL each child's namespaces and
+//! channels, and waits until every child REPL said it is ready. Whatever
+//! fails on the way is destroyed again: a fork makes all its children or none.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::ApiError;
+use crate::repl::ReplSession;
+use crate::sandbox::{new_entry, SandboxEntry};
+use crate::state::{new_id, AppState, CreateSlot};
+
+/// Children per fork (the podflare contract's limit).
+pub const MAX_FORK: usize = 32;
+/// Longest wait for the parent REPL to answer a fork.
+const FORK_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many merged-away ids are remembered.
+const MERGED_REMEMBERED: usize = 10_000;
+
+/// Merged-away id → the id holding its state now, oldest first out.
+#[derive(Default)]
+pub struct MergedIds {
+    map: HashMap<String, String>,
+    order: VecDeque<String>,
+}
+
+impl MergedIds {
+    pub fn insert(&mut self, gone: String, into: String) {
+        if self.order.len() >= MERGED_REMEMBERED {
+            if let Some(old) = self.order.pop_front() {
+                self.map.remove(&old);
+            }
+        }
+        self.order.push_back(gone.clone());
+        self.map.insert(gone, into);
+    }
+
+    pub fn get(&self, id: &str) -> Option<&String> {
+        self.map.get(id)
+    }
+
+    pub fn contains_key(&self, id: &str) -> bool {
+        self.map.contains_key(id)
+    }
+}
+
+/// The server's ends of one child's REPL channels, and the child's ends
+/// that travel to the forking REPL.
+struct ChildChannels {
+    control: std::os::unix::net::UnixStream,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    /// The REPL's ends: control socket, stdout and stderr write ends.
+    theirs: [OwnedFd; 3],
+}
+
+fn child_channels() -> Result<ChildChannels, ApiError> {
+    let io = |e: std::io::Error| ApiError::engine("could not make a fork child's channels", e);
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(io)?;
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io(e.into()));
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    Ok(ChildChannels { control: ours, stdout: out_r, stderr: err_r, theirs: [OwnedFd::from(theirs), out_w, err_w] })
+}
+
+impl AppState {
+    /// Fork sandbox `id` into `n` children; returns their ids.
+    pub async fn fork(&self, id: &str, n: usize) -> Result<Vec<String>, ApiError> {
+        if !(1..=MAX_FORK).contains(&n) {
+            return Err(ApiError::BadRequest(format!("n must be between 1 and {MAX_FORK}, got {n}")));
+        }
+        let parent = self.get(id).await?;
+        let _reserved = CreateSlot::take_n(self, n)?;
+        parent.busy.fetch_add(1, Ordering::SeqCst);
+        parent.touch();
+        let result = self.fork_locked(&parent, n).await;
+        parent.busy.fetch_sub(1, Ordering::SeqCst);
+        parent.touch();
+        let children = result?;
+        let ids: Vec<String> = children.iter().map(|c| c.id.clone()).collect();
+        {
+            let mut all = self.inner.sandboxes.write().await;
+            if parent.destroyed.load(Ordering::SeqCst) {
+                drop(all);
+                for c in &children {
+                    self.teardown(c).await;
+                }
+                return Err(ApiError::NotFound(format!("sandbox `{id}` was destroyed during the fork")));
+            }
+            for c in children {
+                all.insert(c.id.clone(), c);
+            }
+            self.inner.live.fetch_add(n, Ordering::SeqCst);
+        }
+        tracing::info!(sandbox = %id, children = ?ids, "forked");
+        Ok(ids)
+    }
+
+    async fn fork_locked(&self, parent: &Arc<SandboxEntry>, n: usize) -> Result<Vec<Arc<SandboxEntry>>, ApiError> {
+        let started = std::time::Instant::now();
+        let mut slot = parent.slot.lock().await;
+        if parent.destroyed.load(Ordering::SeqCst) {
+            return Err(ApiError::NotFound(format!("sandbox `{}` was destroyed", parent.id)));
+        }
+        parent.ensure_repl(&mut slot).await.map_err(ApiError::Conflict)?;
+        let ids: Vec<String> = (0..n).map(|_| new_id()).collect();
+        let jail = &self.inner.jail;
+        let made = jail.fork_members(&parent.engine, &ids).await.map_err(|e| ApiError::engine("could not fork the sandbox", e))?;
+        let snapshotted = started.elapsed();
+        let mut channels = Vec::with_capacity(n);
+        for _ in 0..n {
+            channels.push(child_channels()?);
+        }
+        let session = slot.session.as_mut().ok_or_else(|| ApiError::Conflict("the sandbox has no Python process".into()))?;
+        let plan = serde_json::to_value(jail::forkplan::plan_for(session.host_pid)).unwrap_or_default();
+        let fd_sets: Vec<Vec<i32>> = made
+            .iter()
+            .zip(&channels)
+            .map(|(child, ch)| child.ns.iter().chain(ch.theirs.iter()).map(|fd| fd.as_raw_fd()).collect())
+            .collect();
+        let parent_repl = session.host_pid;
+        let answer = match session.send_fork(&plan, &fd_sets).await {
+            Ok(fid) => tokio::time::timeout(FORK_ANSWER_TIMEOUT, session.wait_forked(fid))
+                .await
+                .unwrap_or_else(|_| Err("the Python process did not answer the fork in time".into())),
+            Err(e) => Err(format!("could not reach the Python process: {e}")),
+        };
+        // The forking REPL holds its copies now; ours would keep the
+        // children's pipes open after they die.
+        let mut children = Vec::with_capacity(n);
+        let mut exits = Vec::with_capacity(n);
+        for (child, ch) in made.into_iter().zip(channels) {
+            let jail::ForkChild { sandbox, ns, exited } = child;
+            drop(ns);
+            drop(ch.theirs);
+            children.push((Arc::new(sandbox), ch.control, ch.stdout, ch.stderr));
+            exits.push(exited);
+        }
+        let fail = |children: Vec<(Arc<jail::Sandbox>, _, _, _)>, msg: String| async move {
+            for (sandbox, ..) in children {
+                let _ = self.inner.jail.destroy(&sandbox).await;
+            }
+            Err(ApiError::engine("could not fork the sandbox", msg))
+        };
+        let forked = match answer {
+            Ok(f) if f.error.is_none() && f.pids.len() == n => f,
+            Ok(f) => return fail(children, f.error.unwrap_or_else(|| format!("{} of {n} children forked", f.pids.len()))).await,
+            Err(e) => return fail(children, e).await,
+        };
+        let _ = forked.pids;
+        let mut sessions = Vec::with_capacity(n);
+        let mut starts = Vec::with_capacity(n);
+        for ((_, control, stdout, stderr), exited) in children.iter_mut().zip(exits) {
+            let control = control.try_clone().map_err(|e| ApiError::engine("dup control socket", e))?;
+            let stdout = stdout.try_clone().map_err(|e| ApiError::engine("dup pipe", e))?;
+            let stderr = stderr.try_clone().map_err(|e| ApiError::engine("dup pipe", e))?;
+            starts.push(start_child(control, stdout, stderr, exited));
+        }
+        for r in futures::future::join_all(starts).await {
+            match r {
+                Ok(s) => sessions.push(s),
+                Err(e) => return fail(children, e).await,
+            }
+        }
+        let members: Vec<&jail::Sandbox> = children.iter().map(|(s, ..)| s.as_ref()).collect();
+        let adopted = match jail.adopt_forks(&parent.engine, parent_repl, &members).await {
+            Ok(a) => a,
+            Err(e) => return fail(children, e.to_string()).await,
+        };
+        let mut lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
+        lineage.push(parent.id.clone());
+        let entries = children
+            .into_iter()
+            .zip(sessions)
+            .zip(adopted)
+            .map(|(((sandbox, ..), mut session), (host_pid, pidfd))| {
+                session.adopted(host_pid, pidfd);
+                new_entry(sandbox.id.clone(), parent.settings.clone(), sandbox, session, lineage.clone())
+            })
+            .collect();
+        tracing::debug!(sandbox = %parent.id, n, snapshot_ms = snapshotted.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64, "fork timings");
+        Ok(entries)
+    }
+
+    /// Make `parent`'s id drive `winner`'s REPL and files; free the
+    /// parent's old state; `winner`'s id stops existing.
+    pub async fn merge_into(&self, parent_id: &str, winner_id: &str) -> Result<(), ApiError> {
+        if parent_id == winner_id {
+            return Err(ApiError::BadRequest("cannot merge a sandbox into itself".into()));
+        }
+        let parent = self.get(parent_id).await?;
+        let winner = self.get(winner_id).await?;
+        let descends = winner.lineage.lock().map(|l| l.iter().any(|a| a == parent_id)).unwrap_or(false);
+        if !descends || !parent.engine.same_family(&winner.engine) {
+            return Err(ApiError::Conflict(format!("`{winner_id}` is not a fork descendant of `{parent_id}`")));
+        }
+        // Both queues drain first: a running exec finishes before its
+        // sandbox changes hands. Lock in a fixed order (parent, then
+        // descendant) so two merges cannot deadlock.
+        let mut parent_slot = parent.slot.lock().await;
+        let mut winner_slot = winner.slot.lock().await;
+        let mut all = self.inner.sandboxes.write().await;
+        if !all.get(parent_id).is_some_and(|e| Arc::ptr_eq(e, &parent)) || !all.get(winner_id).is_some_and(|e| Arc::ptr_eq(e, &winner)) {
+            return Err(ApiError::Conflict("a sandbox of this merge was destroyed or merged meanwhile".into()));
+        }
+        let lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
+        let merged = crate::sandbox::merged_entry(&parent, &winner, &mut winner_slot, lineage);
+        winner.destroyed.store(true, Ordering::SeqCst);
+        all.remove(winner_id);
+        all.insert(parent_id.to_string(), merged);
+        // The winner's descendants now descend from the parent's id.
+        for e in all.values() {
+            if let Ok(mut l) = e.lineage.lock() {
+                l.retain(|a| a != winner_id);
+            }
+        }
+        self.inner.live.fetch_sub(1, Ordering::SeqCst);
+        drop(all);
+        if let Ok(mut m) = self.inner.merged.lock() {
+            m.insert(winner_id.to_string(), parent_id.to_string());
+        }
+        parent_slot.session = None;
+        drop(parent_slot);
+        drop(winner_slot);
+        self.teardown(&parent).await;
+        tracing::info!(sandbox = %parent_id, winner = %winner_id, "merged");
+        Ok(())
+    }
+}
+
+async fn start_child(
+    control: std::os::unix::net::UnixStream,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    exited: tokio::sync::oneshot::Receiver<jail::ExitStatus>,
+) -> Result<ReplSession, String> {
+    let io = |e: std::io::Error| format!("register a fork child's channels: {e}");
+    control.set_nonblocking(true).map_err(io)?;
+    let control = tokio::net::UnixStream::from_std(control).map_err(io)?;
+    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout).map_err(io)?;
+    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr).map_err(io)?;
+    ReplSession::start_forked(control, stdout, stderr, exited).await
+}
