@@ -13,6 +13,7 @@ pub mod engine;
 pub mod error;
 pub mod forkplan;
 pub mod ids;
+pub mod notify;
 pub mod policy;
 pub mod shim;
 mod supervisor;

@@ -14,7 +14,14 @@ pub struct Confinement {
     pub seccomp: SeccompPolicy,
     pub capabilities: Vec<caps::Capability>,
     pub repl_capabilities: Vec<caps::Capability>,
+    /// The REPL's extra filter: calls that could reach another member's
+    /// processes go to the shim for vetting (crate::notify).
+    pub repl_notify: Vec<libc::sock_filter>,
 }
+
+/// Where a REPL sends its seccomp listener before it execs (a descriptor
+/// the REPL helper sets up; close-on-exec).
+pub const LISTENER_SOCKET_FD: i32 = 7;
 
 /// Which confinement a process gets.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -31,6 +38,7 @@ impl Confinement {
             seccomp: crate::policy::seccomp()?,
             capabilities: crate::policy::capabilities()?,
             repl_capabilities: crate::policy::repl_capabilities()?,
+            repl_notify: crate::notify::repl_filter(),
         })
     }
 
@@ -43,10 +51,22 @@ impl Confinement {
     }
 
     fn exec_inner(&self, role: Role, argv: &[String], env: &[String]) -> Result<std::convert::Infallible, String> {
-        let keep = if role == Role::Repl { &self.repl_capabilities } else { &self.capabilities };
+        let keep = if role == Role::Repl {
+            &self.repl_capabilities
+        } else {
+            &self.capabilities
+        };
         reset_signals();
-        let argv_c: Vec<CString> = argv.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().map_err(|_| "NUL in argv")?;
-        let env_c: Vec<CString> = env.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().map_err(|_| "NUL in env")?;
+        let argv_c: Vec<CString> = argv
+            .iter()
+            .map(|a| CString::new(a.as_bytes()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| "NUL in argv")?;
+        let env_c: Vec<CString> = env
+            .iter()
+            .map(|a| CString::new(a.as_bytes()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| "NUL in env")?;
         let program = argv_c.first().ok_or("empty argv")?.clone();
         for cap in caps::all() {
             if !keep.contains(&cap) {
@@ -61,6 +81,14 @@ impl Confinement {
             Role::Repl => crate::policy::install_repl(&self.seccomp),
         }
         .map_err(|e| format!("seccomp: {e}"))?;
+        if role == Role::Repl {
+            // The shim vets this REPL's (and its forks') signals from here on.
+            let listener = crate::notify::install_with_listener(&self.repl_notify).map_err(|e| format!("seccomp listener: {e}"))?;
+            // SAFETY: the helper put the shim's socket on this descriptor.
+            let sock = unsafe { std::os::fd::BorrowedFd::borrow_raw(LISTENER_SOCKET_FD) };
+            crate::channel::send(sock, &"listener", &[std::os::fd::AsRawFd::as_raw_fd(&listener)])
+                .map_err(|e| format!("hand over the seccomp listener: {e}"))?;
+        }
         let err = nix::unistd::execvpe(&program, &argv_c, &env_c).unwrap_err();
         Err(format!("exec {}: {err}", argv[0]))
     }

@@ -33,9 +33,8 @@ impl Family {
             Forked::Parent(pid) => {
                 drop(go_r);
                 let map = format!("0 {id_base} {id_count}\n");
-                let write_map = |file: &str, text: &str| {
-                    fs::write(format!("/proc/{pid}/{file}"), text).map_err(|e| Error::io("write id map", e))
-                };
+                let write_map =
+                    |file: &str, text: &str| fs::write(format!("/proc/{pid}/{file}"), text).map_err(|e| Error::io("write id map", e));
                 write_map("uid_map", &map)?;
                 write_map("setgroups", "deny")?;
                 write_map("gid_map", &map)?;
@@ -48,7 +47,12 @@ impl Family {
                 let tree = sys::open_tree_clone(template).map_err(|e| Error::sys("open template", e))?;
                 sys::mount_setattr_idmap(tree.as_fd(), userns.as_fd(), true).map_err(|e| Error::sys("id-map template", e))?;
                 sys::move_mount_to(tree.as_fd(), &lower).map_err(|e| Error::sys("mount template", e))?;
-                Ok(Family { reaper: pid, userns, pidns, lower })
+                Ok(Family {
+                    reaper: pid,
+                    userns,
+                    pidns,
+                    lower,
+                })
             }
         }
     }
@@ -85,7 +89,9 @@ impl Family {
 }
 
 pub fn open_ns(pid: Pid, kind: &str) -> Result<OwnedFd> {
-    fs::File::open(format!("/proc/{pid}/ns/{kind}")).map(OwnedFd::from).map_err(|e| Error::io("open namespace", e))
+    fs::File::open(format!("/proc/{pid}/ns/{kind}"))
+        .map(OwnedFd::from)
+        .map_err(|e| Error::io("open namespace", e))
 }
 
 /// PID 1 of the family's pid namespace: reap whatever is orphaned into it.

@@ -57,7 +57,13 @@ pub fn mount_root(family: &Family, run_dir: &Path, name: &str, upper: &Path, wor
     // to be released by the kernel (EBUSY: "upperdir in use").
     let mut tries = 0;
     let mounted = loop {
-        match mount(Some("overlay"), &root, Some("overlay"), MsFlags::empty(), Some("lowerdir=l,upperdir=u,workdir=w")) {
+        match mount(
+            Some("overlay"),
+            &root,
+            Some("overlay"),
+            MsFlags::empty(),
+            Some("lowerdir=l,upperdir=u,workdir=w"),
+        ) {
             Err(nix::errno::Errno::EBUSY) if tries < 200 => {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(10));
@@ -126,7 +132,12 @@ pub fn create(family: &Family, hostname: &str, root: &Path, cgroup_procs: &[Path
                         ipc: open_ns(pid, "ipc")?,
                         pid: open_ns(pid, "pid")?,
                     };
-                    Ok(Member { root: root.to_path_buf(), ns, init: ours, init_pid: pid })
+                    Ok(Member {
+                        root: root.to_path_buf(),
+                        ns,
+                        init: ours,
+                        init_pid: pid,
+                    })
                 }
                 InitMessage::SetupFailed { error } => Err(Error::Shim(format!("sandbox setup: {error}"))),
                 other => Err(Error::Shim(format!("unexpected first message from init: {other:?}"))),
@@ -166,7 +177,13 @@ fn build_in_child(
                 | CloneFlags::CLONE_NEWIPC
                 | CloneFlags::CLONE_NEWPID;
             if let Err(e) = unshare(flags) {
-                let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: format!("unshare: {e}") }, &[]);
+                let _ = channel::send(
+                    sock.as_fd(),
+                    &InitMessage::SetupFailed {
+                        error: format!("unshare: {e}"),
+                    },
+                    &[],
+                );
                 // SAFETY: leaving a forked child.
                 unsafe { libc::_exit(1) }
             }
@@ -178,7 +195,13 @@ fn build_in_child(
                     unsafe { libc::_exit(0) }
                 }
                 Err(e) => {
-                    let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: format!("fork init: {e}") }, &[]);
+                    let _ = channel::send(
+                        sock.as_fd(),
+                        &InitMessage::SetupFailed {
+                            error: format!("fork init: {e}"),
+                        },
+                        &[],
+                    );
                     // SAFETY: leaving a forked child.
                     unsafe { libc::_exit(1) }
                 }

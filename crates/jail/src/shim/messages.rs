@@ -39,12 +39,30 @@ impl ExitStatus {
 pub enum Request {
     /// Build a member: overlay root, namespaces, init. Reply fds: [pidfd of
     /// init, then its mnt, net, uts, ipc and leaf pid namespaces].
-    CreateMember { member: String, hostname: String, upper: PathBuf, work: PathBuf, cgroup_procs: Vec<PathBuf> },
+    CreateMember {
+        member: String,
+        hostname: String,
+        upper: PathBuf,
+        work: PathBuf,
+        cgroup_procs: Vec<PathBuf>,
+    },
     /// Start the member's REPL. fds: [stdout write end, stderr write end,
     /// control socket, source memfd].
-    SpawnRepl { member: String, cgroup_procs: Vec<PathBuf>, argv: Vec<String>, env: Vec<String>, cwd: String },
+    SpawnRepl {
+        member: String,
+        cgroup_procs: Vec<PathBuf>,
+        argv: Vec<String>,
+        env: Vec<String>,
+        cwd: String,
+    },
     /// Run a command through the member's init. fds: [stdin, stdout, stderr].
-    SpawnCommand { member: String, id: u64, argv: Vec<String>, env: Vec<String>, cwd: String },
+    SpawnCommand {
+        member: String,
+        id: u64,
+        argv: Vec<String>,
+        env: Vec<String>,
+        cwd: String,
+    },
     /// Send a signal to a command's whole process group.
     SignalCommand { member: String, id: u64, signal: i32 },
     /// Kill every process of the member and release its mounts.
@@ -68,7 +86,10 @@ pub struct ForkedChild {
 pub enum ShimMessage {
     /// The family is set up; requests may follow.
     Ready,
-    Reply { req: u64, reply: Reply },
+    Reply {
+        req: u64,
+        reply: Reply,
+    },
     Event(ShimEvent),
 }
 
@@ -76,22 +97,41 @@ pub enum ShimMessage {
 pub enum Reply {
     Done,
     /// fds: [pidfd of the REPL].
-    ReplSpawned { host_pid: i32 },
+    ReplSpawned {
+        host_pid: i32,
+    },
     /// Host pids of the adopted fork children, in request order.
-    Adopted { host_pids: Vec<i32> },
-    Failed { error: String },
+    Adopted {
+        host_pids: Vec<i32>,
+    },
+    Failed {
+        error: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ShimEvent {
     /// `status` is None when it could not be learnt (a forked REPL whose
     /// zombie was reaped by someone else first).
-    ReplExited { member: String, host_pid: i32, status: Option<ExitStatus> },
+    ReplExited {
+        member: String,
+        host_pid: i32,
+        status: Option<ExitStatus>,
+    },
     /// Init forked the command (it may have side effects from here on).
-    CommandStarted { member: String, id: u64 },
-    CommandExited { member: String, id: u64, status: ExitStatus },
+    CommandStarted {
+        member: String,
+        id: u64,
+    },
+    CommandExited {
+        member: String,
+        id: u64,
+        status: ExitStatus,
+    },
     /// The member's init died: its namespaces are unusable.
-    InitExited { member: String },
+    InitExited {
+        member: String,
+    },
 }
 
 /// Server → shim envelope.
@@ -105,7 +145,12 @@ pub struct Envelope {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum InitRequest {
     /// fds: [stdin, stdout, stderr].
-    Spawn { id: u64, argv: Vec<String>, env: Vec<String>, cwd: String },
+    Spawn {
+        id: u64,
+        argv: Vec<String>,
+        env: Vec<String>,
+        cwd: String,
+    },
     /// Signal the process group of a running command.
     Signal { id: u64, signal: i32 },
 }
@@ -115,8 +160,18 @@ pub enum InitRequest {
 pub enum InitMessage {
     /// Sent with credentials, so the shim learns init's host pid.
     Ready,
-    SetupFailed { error: String },
-    Started { id: u64 },
-    SpawnFailed { id: u64, error: String },
-    Exited { id: u64, status: ExitStatus },
+    SetupFailed {
+        error: String,
+    },
+    Started {
+        id: u64,
+    },
+    SpawnFailed {
+        id: u64,
+        error: String,
+    },
+    Exited {
+        id: u64,
+        status: ExitStatus,
+    },
 }

@@ -54,6 +54,10 @@ struct Shim {
     forked: HashMap<i32, (String, OwnedFd)>,
     sigchld: nix::sys::signalfd::SignalFd,
     confinement: Confinement,
+    /// Seccomp listeners of the REPLs (shared with their forks), and the
+    /// view of the family's processes their calls are vetted against.
+    listeners: Vec<crate::notify::Listener>,
+    family_view: crate::notify::ProcFamilyView,
 }
 
 /// Entry point of `forkbox __shim`. Never returns.
@@ -83,17 +87,41 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
     let mut mask = nix::sys::signal::SigSet::empty();
     mask.add(nix::sys::signal::Signal::SIGCHLD);
     mask.thread_block().map_err(|e| Error::sys("block SIGCHLD", e))?;
-    let sigchld = nix::sys::signalfd::SignalFd::with_flags(&mask, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK)
-        .map_err(|e| Error::sys("signalfd", e))?;
-    let family = match Family::create(config.id_base, config.id_count, &config.template_rootfs, &config.run_dir) {
+    let sigchld = nix::sys::signalfd::SignalFd::with_flags(
+        &mask,
+        nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
+    )
+    .map_err(|e| Error::sys("signalfd", e))?;
+    let started = Family::create(config.id_base, config.id_count, &config.template_rootfs, &config.run_dir).and_then(|family| {
+        match family_view(&family, &config.run_dir) {
+            Ok(view) => Ok((family, view)),
+            Err(e) => {
+                family.terminate();
+                Err(e)
+            }
+        }
+    });
+    let (family, family_view) = match started {
         Ok(f) => f,
         Err(e) => {
-            let _ = channel::send(sock.as_fd(), &ShimMessage::Reply { req: 0, reply: Reply::Failed { error: e.to_string() } }, &[]);
+            let failed = ShimMessage::Reply { req: 0, reply: Reply::Failed { error: e.to_string() } };
+            let _ = channel::send(sock.as_fd(), &failed, &[]);
             return Err(e);
         }
     };
     channel::send(sock.as_fd(), &ShimMessage::Ready, &[])?;
-    let mut shim = Shim { config, sock, family, members: HashMap::new(), repls: HashMap::new(), forked: HashMap::new(), sigchld, confinement };
+    let mut shim = Shim {
+        config,
+        sock,
+        family,
+        members: HashMap::new(),
+        repls: HashMap::new(),
+        forked: HashMap::new(),
+        sigchld,
+        confinement,
+        listeners: Vec::new(),
+        family_view,
+    };
     let result = shim.serve();
     shim.family.terminate();
     for m in shim.members.values() {
@@ -101,6 +129,25 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
     }
     let _ = fs::remove_dir_all(&shim.config.run_dir);
     result
+}
+
+/// A procfs of the family's pid namespace (REPLs name pids in it) and the
+/// view that resolves them, for vetting the REPLs' signals.
+fn family_view(family: &Family, run_dir: &std::path::Path) -> Result<crate::notify::ProcFamilyView> {
+    let proc_dir = run_dir.join("proc");
+    fs::create_dir_all(&proc_dir).map_err(|e| Error::io("create family proc dir", e))?;
+    crate::notify::mount_family_proc(family.pidns.as_fd(), &proc_dir)?;
+    crate::notify::ProcFamilyView::for_reaper(&proc_dir, family.reaper().as_raw()).map_err(|e| Error::io("family process view", e))
+}
+
+/// Whether a seccomp listener reports a hang-up (no process uses its
+/// filter any more); a recv on it would never succeed again.
+fn listener_hung_up(l: &crate::notify::Listener) -> bool {
+    let mut fds = [PollFd::new(l.as_fd(), PollFlags::POLLIN)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL))
 }
 
 fn fcntl_cloexec(fd: i32) -> nix::Result<()> {
@@ -116,6 +163,7 @@ impl Shim {
         loop {
             let names: Vec<String> = self.members.keys().cloned().collect();
             let forked: Vec<i32> = self.forked.keys().copied().collect();
+            let listeners = self.listeners.len();
             let ready: Vec<bool> = {
                 let mut fds = vec![
                     PollFd::new(self.sock.as_fd(), PollFlags::POLLIN),
@@ -127,7 +175,11 @@ impl Shim {
                 for pid in &forked {
                     fds.push(PollFd::new(self.forked[pid].1.as_fd(), PollFlags::POLLIN));
                 }
+                for l in &self.listeners {
+                    fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+                }
                 match poll(&mut fds, PollTimeout::NONE) {
+                    // POLLIN, or a hang-up (a listener whose filter nobody uses any more).
                     Ok(_) => fds.iter().map(|f| f.any().unwrap_or(false)).collect(),
                     Err(nix::errno::Errno::EINTR) => continue,
                     Err(e) => return Err(Error::sys("poll", e)),
@@ -148,6 +200,23 @@ impl Shim {
                 if ready[2 + names.len() + i] {
                     self.on_forked_exit(*pid)?;
                 }
+            }
+            let first = 2 + names.len() + forked.len();
+            let mut gone = Vec::new();
+            for i in 0..listeners {
+                if ready[first + i] {
+                    // Nothing to receive (every process using the filter is
+                    // gone: a hang-up) or an error retires the listener.
+                    match self.listeners[i].serve_one(&self.family_view) {
+                        Ok(Some(_)) => {}
+                        Ok(None) if listener_hung_up(&self.listeners[i]) => gone.push(i),
+                        Ok(None) => {}
+                        Err(_) => gone.push(i),
+                    }
+                }
+            }
+            for i in gone.into_iter().rev() {
+                self.listeners.remove(i);
             }
             if ready[0] {
                 match channel::recv::<Envelope>(self.sock.as_fd())? {
@@ -177,16 +246,32 @@ impl Shim {
                 return Ok(false);
             }
             if let Some(member) = self.repls.remove(&pid.as_raw()) {
-                self.send(&ShimMessage::Event(ShimEvent::ReplExited { member, host_pid: pid.as_raw(), status: Some(status) }), &[])?;
+                self.send(
+                    &ShimMessage::Event(ShimEvent::ReplExited {
+                        member,
+                        host_pid: pid.as_raw(),
+                        status: Some(status),
+                    }),
+                    &[],
+                )?;
             }
         }
     }
 
     /// A forked REPL is gone: report it with the status its zombie holds.
     fn on_forked_exit(&mut self, pid: i32) -> Result<()> {
-        let Some((member, _pidfd)) = self.forked.remove(&pid) else { return Ok(()) };
+        let Some((member, _pidfd)) = self.forked.remove(&pid) else {
+            return Ok(());
+        };
         let status = zombie_status(pid);
-        self.send(&ShimMessage::Event(ShimEvent::ReplExited { member, host_pid: pid, status }), &[])
+        self.send(
+            &ShimMessage::Event(ShimEvent::ReplExited {
+                member,
+                host_pid: pid,
+                status,
+            }),
+            &[],
+        )
     }
 
     /// Find the children a REPL just forked (DESIGN.md §3.1): each entered
@@ -197,7 +282,10 @@ impl Shim {
         let mut host_pids = Vec::with_capacity(children.len());
         let mut pidfds = Vec::with_capacity(children.len());
         for child in children {
-            let m = self.members.get(&child.member).ok_or_else(|| Error::Invalid(format!("no member {}", child.member)))?;
+            let m = self
+                .members
+                .get(&child.member)
+                .ok_or_else(|| Error::Invalid(format!("no member {}", child.member)))?;
             let want = ns_inode(m.ns.mnt.as_fd())?;
             let pid = candidates
                 .iter()
@@ -235,7 +323,14 @@ impl Shim {
             InitMessage::Exited { id, status } => self.send(&ShimMessage::Event(ShimEvent::CommandExited { member, id, status }), &[]),
             InitMessage::SpawnFailed { id, error } => {
                 tracing::debug!(%error, "spawn failed");
-                self.send(&ShimMessage::Event(ShimEvent::CommandExited { member, id, status: ExitStatus::Code(127) }), &[])
+                self.send(
+                    &ShimMessage::Event(ShimEvent::CommandExited {
+                        member,
+                        id,
+                        status: ExitStatus::Code(127),
+                    }),
+                    &[],
+                )
             }
             _ => Ok(()),
         }
@@ -253,7 +348,13 @@ impl Shim {
 
     fn handle(&mut self, request: Request, fds: Vec<OwnedFd>) -> Result<(Reply, Vec<OwnedFd>)> {
         match request {
-            Request::CreateMember { member: name, hostname, upper, work, cgroup_procs } => {
+            Request::CreateMember {
+                member: name,
+                hostname,
+                upper,
+                work,
+                cgroup_procs,
+            } => {
                 if self.members.contains_key(&name) {
                     return Err(Error::Invalid(format!("member {name} exists")));
                 }
@@ -276,11 +377,23 @@ impl Shim {
                     }
                 }
             }
-            Request::SpawnRepl { member: name, cgroup_procs, argv, env, cwd } => {
+            Request::SpawnRepl {
+                member: name,
+                cgroup_procs,
+                argv,
+                env,
+                cwd,
+            } => {
                 let pidfd = self.spawn_repl(&name, &cgroup_procs, &argv, &env, &cwd, fds)?;
                 Ok((Reply::ReplSpawned { host_pid: pidfd.0 }, vec![pidfd.1]))
             }
-            Request::SpawnCommand { member: name, id, argv, env, cwd } => {
+            Request::SpawnCommand {
+                member: name,
+                id,
+                argv,
+                env,
+                cwd,
+            } => {
                 let m = self.members.get(&name).ok_or_else(|| Error::Invalid(format!("no member {name}")))?;
                 let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
                 channel::send(m.init.as_fd(), &InitRequest::Spawn { id, argv, env, cwd }, &raw)?;
@@ -323,16 +436,29 @@ impl Shim {
             return Err(Error::Invalid("spawn repl needs 4 descriptors".into()));
         }
         let (report_r, report_w) = pipe().map_err(|e| Error::sys("pipe", e))?;
+        let (listener_r, listener_w) = channel::pair()?;
         // SAFETY: the shim is single-threaded.
         match unsafe { sys::fork_with(0) }.map_err(|e| Error::sys("fork", e))? {
             Forked::Child => {
                 drop(report_r);
-                let code = repl_helper(&self.family, m, cgroup_procs, argv, env, cwd, &fds, report_w, &self.confinement);
+                drop(listener_r);
+                let helper = ReplHelper {
+                    family: &self.family,
+                    member: m,
+                    cgroup_procs,
+                    argv,
+                    env,
+                    cwd,
+                    fds: &fds,
+                    listener_to: listener_w,
+                };
+                let code = helper.run(report_w, &self.confinement);
                 // SAFETY: leaving a forked child.
                 unsafe { libc::_exit(code) }
             }
             Forked::Parent(helper) => {
                 drop(report_w);
+                drop(listener_w);
                 let mut buf = [0u8; 4];
                 let n = nix::unistd::read(report_r.as_fd(), &mut buf).unwrap_or(0);
                 let _ = waitpid(helper, None);
@@ -342,6 +468,18 @@ impl Shim {
                 let host_pid = i32::from_ne_bytes(buf);
                 let pidfd = sys::pidfd_open(Pid::from_raw(host_pid)).map_err(|e| Error::sys("pidfd_open", e))?;
                 self.repls.insert(host_pid, name.to_string());
+                // The REPL hands over its seccomp listener right before it
+                // execs (or the socket closes if it failed before that).
+                match channel::recv::<String>(listener_r.as_fd()) {
+                    Ok(Some(mut got)) if got.fds.len() == 1 => {
+                        let listener = crate::notify::Listener::new(got.fds.remove(0)).map_err(|e| Error::io("seccomp listener", e))?;
+                        self.listeners.push(listener);
+                    }
+                    _ => {
+                        let _ = sys::pidfd_send_signal(pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL);
+                        return Err(Error::Shim("the REPL could not install its seccomp filter".into()));
+                    }
+                }
                 Ok((host_pid, pidfd))
             }
         }
@@ -362,7 +500,9 @@ fn children_of(pid: i32) -> Vec<i32> {
 
 /// The inode number that identifies a namespace.
 fn ns_inode(fd: std::os::fd::BorrowedFd<'_>) -> Result<u64> {
-    nix::sys::stat::fstat(fd).map(|st| st.st_ino).map_err(|e| Error::sys("stat namespace", e))
+    nix::sys::stat::fstat(fd)
+        .map(|st| st.st_ino)
+        .map_err(|e| Error::sys("stat namespace", e))
 }
 
 fn proc_ns_inode(pid: i32, kind: &str) -> Option<u64> {
@@ -380,7 +520,11 @@ fn zombie_status(pid: i32) -> Option<ExitStatus> {
         return None;
     }
     let raw: i32 = fields.get(52 - 3)?.parse().ok()?;
-    Some(if raw & 0x7f == 0 { ExitStatus::Code((raw >> 8) & 0xff) } else { ExitStatus::Signal(raw & 0x7f) })
+    Some(if raw & 0x7f == 0 {
+        ExitStatus::Code((raw >> 8) & 0xff)
+    } else {
+        ExitStatus::Signal(raw & 0x7f)
+    })
 }
 
 /// Fork the REPL with a family pid at or above LEAF_PID_MAX (falling back
@@ -398,76 +542,96 @@ fn fork_repl() -> nix::Result<Forked> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn repl_helper(
-    family: &Family,
-    m: &Member,
-    cgroup_procs: &[std::path::PathBuf],
-    argv: &[String],
-    env: &[String],
-    cwd: &str,
-    fds: &[OwnedFd],
-    report: OwnedFd,
-    confinement: &Confinement,
-) -> i32 {
-    if let Err(e) = member::enter_family(family, cgroup_procs) {
-        eprintln!("forkbox shim: {e}");
-        return 1;
-    }
-    if let Err(e) = setns(family.pidns.as_fd(), CloneFlags::CLONE_NEWPID) {
-        eprintln!("forkbox shim: enter family pid namespace: {e}");
-        return 1;
-    }
-    match fork_repl() {
-        Ok(Forked::Parent(pid)) => {
-            let _ = nix::unistd::write(report.as_fd(), &pid.as_raw().to_ne_bytes());
-            0
+/// What the forked REPL helper needs: it enters the family and forks the
+/// REPL into the member (see `Shim::spawn_repl`).
+struct ReplHelper<'a> {
+    family: &'a Family,
+    member: &'a Member,
+    cgroup_procs: &'a [std::path::PathBuf],
+    argv: &'a [String],
+    env: &'a [String],
+    cwd: &'a str,
+    fds: &'a [OwnedFd],
+    /// Where the REPL sends its seccomp listener.
+    listener_to: OwnedFd,
+}
+
+impl ReplHelper<'_> {
+    fn run(self, report: OwnedFd, confinement: &Confinement) -> i32 {
+        let ReplHelper {
+            family,
+            member: m,
+            cgroup_procs,
+            argv,
+            env,
+            cwd,
+            fds,
+            listener_to,
+        } = self;
+        if let Err(e) = member::enter_family(family, cgroup_procs) {
+            eprintln!("forkbox shim: {e}");
+            return 1;
         }
-        Ok(Forked::Child) => {
-            drop(report);
-            if let Err(e) = member::enter_member(&m.ns) {
-                let msg = format!("forkbox: {e}\n");
-                let _ = nix::unistd::write(fds[1].as_fd(), msg.as_bytes());
-                return 1;
-            }
-            // fds: 0 = /dev/null inside, 1/2 = pipes, 3 = control, 4 = source.
-            let null = match fs::File::open("/dev/null") {
-                Ok(f) => OwnedFd::from(f),
-                Err(_) => return 1,
-            };
-            // 5 and 6: the family's and the member's pid namespaces, between
-            // which the REPL switches its pid_for_children (repl/repl.py).
-            let sources = [
-                null.as_raw_fd(),
-                fds[0].as_raw_fd(),
-                fds[1].as_raw_fd(),
-                fds[2].as_raw_fd(),
-                fds[3].as_raw_fd(),
-                family.pidns.as_raw_fd(),
-                m.ns.pid.as_raw_fd(),
-            ];
-            // Copy every source above the targets first, so no dup2 clobbers
-            // a source that happens to sit on a target number.
-            // SAFETY: fcntl duplicating descriptors we hold.
-            let high: Vec<i32> = sources.iter().map(|fd| unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) }).collect();
-            for (target, fd) in high.iter().enumerate() {
-                let _ = sys::dup_to(*fd, target as i32);
-            }
-            sys::close_fds_from(7);
-            if chdir(cwd).is_err() {
-                let _ = chdir("/");
-            }
-            let err = confinement.exec(confine::Role::Repl, argv, env);
-            let msg = format!("forkbox: {err}\n");
-            // SAFETY: writing to stderr and leaving the forked child.
-            unsafe {
-                libc::write(2, msg.as_ptr().cast(), msg.len());
-                libc::_exit(127)
-            }
+        if let Err(e) = setns(family.pidns.as_fd(), CloneFlags::CLONE_NEWPID) {
+            eprintln!("forkbox shim: enter family pid namespace: {e}");
+            return 1;
         }
-        Err(e) => {
-            eprintln!("forkbox shim: fork repl: {e}");
-            1
+        match fork_repl() {
+            Ok(Forked::Parent(pid)) => {
+                let _ = nix::unistd::write(report.as_fd(), &pid.as_raw().to_ne_bytes());
+                0
+            }
+            Ok(Forked::Child) => {
+                drop(report);
+                if let Err(e) = member::enter_member(&m.ns) {
+                    let msg = format!("forkbox: {e}\n");
+                    let _ = nix::unistd::write(fds[1].as_fd(), msg.as_bytes());
+                    return 1;
+                }
+                // fds: 0 = /dev/null inside, 1/2 = pipes, 3 = control, 4 = source.
+                let null = match fs::File::open("/dev/null") {
+                    Ok(f) => OwnedFd::from(f),
+                    Err(_) => return 1,
+                };
+                // 5 and 6: the family's and the member's pid namespaces, between
+                // which the REPL switches its pid_for_children (repl/repl.py).
+                let sources = [
+                    null.as_raw_fd(),
+                    fds[0].as_raw_fd(),
+                    fds[1].as_raw_fd(),
+                    fds[2].as_raw_fd(),
+                    fds[3].as_raw_fd(),
+                    family.pidns.as_raw_fd(),
+                    m.ns.pid.as_raw_fd(),
+                    listener_to.as_raw_fd(),
+                ];
+                // Copy every source above the targets first, so no dup2 clobbers
+                // a source that happens to sit on a target number.
+                // SAFETY: fcntl duplicating descriptors we hold.
+                let high: Vec<i32> = sources
+                    .iter()
+                    .map(|fd| unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) })
+                    .collect();
+                for (target, fd) in high.iter().enumerate() {
+                    let _ = sys::dup_to(*fd, target as i32);
+                }
+                sys::close_fds_from(confine::LISTENER_SOCKET_FD + 1);
+                let _ = fcntl_cloexec(confine::LISTENER_SOCKET_FD);
+                if chdir(cwd).is_err() {
+                    let _ = chdir("/");
+                }
+                let err = confinement.exec(confine::Role::Repl, argv, env);
+                let msg = format!("forkbox: {err}\n");
+                // SAFETY: writing to stderr and leaving the forked child.
+                unsafe {
+                    libc::write(2, msg.as_ptr().cast(), msg.len());
+                    libc::_exit(127)
+                }
+            }
+            Err(e) => {
+                eprintln!("forkbox shim: fork repl: {e}");
+                1
+            }
         }
     }
 }
