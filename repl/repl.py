@@ -399,7 +399,8 @@ def _close(fd):
 # ---- fork into new sandboxes (DESIGN.md §3.1) ----------------------------------
 # The server sends one `F` frame per child with that child's descriptors:
 # its mount, net, uts, ipc and leaf pid namespaces, its control socket and
-# its stdout/stderr pipes, and a plan (in the first frame) of what to redo
+# its stdout/stderr pipes, then (v1 cgroups) its cgroups' `tasks` files,
+# and a plan (in the first frame) of what to redo
 # in the child so it shares nothing with its parent: which descriptors to
 # reopen on the child's own files and which shared mappings to replace.
 _os_fork = os.fork
@@ -423,7 +424,7 @@ def _fork_frame(ctl, msg):
     """Collect one child's descriptors; fork once all have arrived.
     Returns in the parent and, with their own state, in every child."""
     global _plan
-    fds = ctl.take_fds(8)
+    fds = ctl.take_fds(msg.get('fds', 8))
     if msg.get('index', 0) == 0:
         for old in _pending:
             for fd in old:
@@ -449,8 +450,8 @@ def _fork(fid, sets, plan):
     pids = []
     error = None
     for i, fds in enumerate(sets):
-        if len(fds) != 8:
-            error = 'fork frame %d carried %d descriptors, not 8' % (i, len(fds))
+        if len(fds) < 8:
+            error = 'fork frame %d carried %d descriptors, not 8 or more' % (i, len(fds))
             break
         try:
             pid = _os_fork()
@@ -477,9 +478,20 @@ def _fork(fid, sets, plan):
 def _become_child(fds, plan, cwd):
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
+    old_host = os.uname().nodename
     for fd, kind in zip(fds[:4], _NS_TYPES):
         if libc.setns(fd, kind) != 0:
             os._exit(121)
+    if os.environ.get('HOSTNAME') == old_host:     # the child has its own name
+        os.environ['HOSTNAME'] = os.uname().nodename
+    # Join the new sandbox's cgroups: "0" moves the calling thread, and we
+    # are single-threaded here, which spares the kernel's global
+    # threadgroup lock (the server moves us if this fails).
+    for fd in fds[8:]:
+        try:
+            os.write(fd, b'0')
+        except OSError:
+            pass
     ctl_fd, out_fd, err_fd, leaf = fds[5], fds[6], fds[7], fds[4]
     os.dup2(ctl_fd, _CTL, inheritable=False)
     os.dup2(out_fd, 1)
@@ -489,6 +501,7 @@ def _become_child(fds, plan, cwd):
         _close(fd)
     _CTRL.reset()
     _forks.clear()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)   # a zygote's reaper is not ours
     try:
         os.chdir(cwd)
     except OSError:

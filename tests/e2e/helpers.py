@@ -398,6 +398,19 @@ def sandbox_uid_processes() -> list[int]:
     return out
 
 
+def is_family_reaper(pid: int) -> bool:
+    ppid = int(proc_status(pid).get("PPid", "0") or 0)
+    return ppid > 0 and "__shim" in proc_cmdline(ppid)
+
+
+def is_fork_zombie(pid: int) -> bool:
+    """A forked REPL that exited and waits for its parent REPL (which reaps
+    its fork children at its next call, docs/fork.md)."""
+    st = proc_status(pid)
+    ppid = int(st.get("PPid", "0") or 0)
+    return st.get("State", "").startswith("Z") and ppid > 0 and any("forkbox_repl" in a for a in proc_cmdline(ppid))
+
+
 def leaked_processes(server: ForkboxServer, live_ids=frozenset()) -> list[str]:
     """Processes that belong to `server` (in its cgroup parent, or with its
     state dir on the command line) but to none of `live_ids`, and processes
@@ -418,16 +431,38 @@ def leaked_processes(server: ForkboxServer, live_ids=frozenset()) -> list[str]:
         ours = in_parent or mentions_state
         if ours and any(f"/{sid}" in cg or any(f"/{sid}" in a for a in cmd) for sid in live_ids):
             continue
-        orphan_sandbox_uid = high and "/forkbox-" not in cg
+        # A family's reaper (pid 1 of its pid namespace) runs as the family's
+        # uid outside any cgroup, as a child of its shim: the shim is what
+        # the checks above judge.
+        orphan_sandbox_uid = high and "/forkbox-" not in cg and not is_family_reaper(pid) and not is_fork_zombie(pid)
         if ours or orphan_sandbox_uid:
             leaks.append(f"pid {pid} uid {u} cmd {' '.join(cmd)[:200]!r} cgroup {cg.strip()[:300]!r}")
     return leaks
 
 
+def pool_ids(server: ForkboxServer) -> set[str]:
+    """Ids of the warm pool's hidden sandboxes (GET /v1/pool), if the server runs."""
+    if server.proc is None or server.proc.poll() is not None:
+        return set()
+    try:
+        with server.http() as c:
+            r = c.get("/v1/pool")
+    except httpx.HTTPError:
+        return set()
+    if r.status_code != 200:
+        return set()
+    ids = set()
+    for t in r.json()["templates"].values():
+        ids.add(t["zygote"])
+        ids.update(t["spares"])
+    return ids
+
+
 def server_leaks(server: ForkboxServer, expect_volume_mounted: bool, live_ids=frozenset(),
                  check_run_dir: bool = True) -> list[str]:
-    """Everything a server should have freed, but for the sandboxes `live_ids`."""
-    live_ids = set(live_ids)
+    """Everything a server should have freed, but for the sandboxes `live_ids`
+    (and the warm pool's hidden zygotes and spares, while it runs)."""
+    live_ids = set(live_ids) | pool_ids(server)
     problems = leaked_processes(server, live_ids)
     if server.cgroup_parent:
         kids = [k for k in cgroup_children(server.cgroup_parent) if os.path.basename(k) not in live_ids]

@@ -105,6 +105,10 @@ struct ServeArgs {
     /// in all, MiB [default: 90% of the host's memory].
     #[arg(long)]
     max_memory_mib: Option<u64>,
+    /// Create every sandbox the slow way instead of forking a warm,
+    /// pre-imported zygote of its template (docs/fork.md).
+    #[arg(long)]
+    no_warm_pool: bool,
     /// Default exec timeout (milliseconds).
     #[arg(long, default_value_t = 300_000)]
     exec_timeout_ms: u64,
@@ -225,5 +229,6 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         volume_gib: a.volume_gib,
         build_templates: !a.no_build_templates,
         shim_exe: std::env::current_exe().context("locate the forkbox executable")?,
+        warm_pool: !a.no_warm_pool,
     })
 }

@@ -126,7 +126,7 @@ pub struct Sandbox {
     pub id: String,
     family: Arc<FamilyHandle>,
     template_rootfs: PathBuf,
-    limits: Limits,
+    limits: StdMutex<Limits>,
     cgroup: Cgroup,
     subvolume: PathBuf,
     volume: Volume,
@@ -143,7 +143,7 @@ fn create_member_request(id: &str, cgroup: &Cgroup, subvolume: &Path) -> Request
         hostname: id.to_string(),
         upper: subvolume.join("upper"),
         work: subvolume.join("work"),
-        cgroup_procs: cgroup.procs_files(),
+        cgroup_procs: cgroup.join_files(),
     }
 }
 
@@ -294,46 +294,88 @@ impl Jail {
             }
         };
         debug_assert_eq!(snapped, ids.len());
-        let shim = parent.shim();
         let mut out = Vec::with_capacity(ids.len());
         for (id, subvolume) in ids.iter().zip(subvolumes) {
-            let cgroup = match self.cgroups.create(id, &parent.limits) {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = self.volume.delete_subvolume(&subvolume);
-                    return Err(e);
-                }
-            };
-            let (exited_tx, exited_rx) = oneshot::channel();
-            shim.repl_exits.lock().await.insert(id.clone(), exited_tx);
-            parent.family.members.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let (init_pidfd, ns) = match shim.call(create_member_request(id, &cgroup, &subvolume), &[]).await {
-                Ok((_, fds)) => {
-                    let mut fds = fds.into_iter();
-                    (fds.next(), fds.collect::<Vec<_>>())
-                }
-                Err(e) => (None, {
-                    tracing::warn!(sandbox = %id, err = %e, "fork: creating a member failed");
-                    Vec::new()
-                }),
-            };
-            let ok = ns.len() == 5;
-            made.push(Sandbox::new(
-                id.clone(),
-                Arc::clone(&parent.family),
-                parent.template_rootfs.clone(),
-                parent.limits,
-                cgroup,
-                subvolume,
-                self.volume.clone(),
-                init_pidfd,
-            ));
-            if !ok {
-                return Err(Error::Shim(format!("could not build the namespaces of fork child {id}")));
-            }
-            out.push((ns, exited_rx));
+            out.push(self.add_member(parent, id, subvolume, &parent.limits(), made).await?);
         }
         Ok(out)
+    }
+
+    /// New members of `sibling`'s family over fresh (template-only) files,
+    /// waiting for a REPL like fork children do: the warm pool's spares.
+    pub async fn spare_members(&self, sibling: &Sandbox, ids: &[String], limits: &Limits) -> Result<Vec<ForkChild>> {
+        let mut made: Vec<Sandbox> = Vec::with_capacity(ids.len());
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let subvolume = self.volume.root().join(SANDBOXES_DIR).join(id);
+            let range = crate::ids::IdRange { base: sibling.family.config.id_base, count: sibling.family.config.id_count };
+            let built = match self.make_layers(&subvolume, &sibling.template_rootfs, range) {
+                Ok(()) => self.add_member(sibling, id, subvolume, limits, &mut made).await,
+                Err(e) => {
+                    let _ = self.volume.delete_subvolume(&subvolume);
+                    Err(e)
+                }
+            };
+            match built {
+                Ok(parts) => out.push(parts),
+                Err(e) => {
+                    for child in &made {
+                        let _ = self.destroy(child).await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(made.into_iter().zip(out).map(|(sandbox, (ns, exited))| ForkChild { sandbox, ns, exited }).collect())
+    }
+
+    /// Build one member in `sibling`'s family over `subvolume` (pushed onto
+    /// `made` as soon as it exists, so the caller can clean up); returns
+    /// its namespaces and REPL exit receiver.
+    async fn add_member(
+        &self,
+        sibling: &Sandbox,
+        id: &str,
+        subvolume: PathBuf,
+        limits: &Limits,
+        made: &mut Vec<Sandbox>,
+    ) -> Result<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)> {
+        let shim = sibling.shim();
+        let cgroup = match self.cgroups.create(id, limits) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = self.volume.delete_subvolume(&subvolume);
+                return Err(e);
+            }
+        };
+        let (exited_tx, exited_rx) = oneshot::channel();
+        shim.repl_exits.lock().await.insert(id.to_string(), exited_tx);
+        sibling.family.members.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let (init_pidfd, ns) = match shim.call(create_member_request(id, &cgroup, &subvolume), &[]).await {
+            Ok((_, fds)) => {
+                let mut fds = fds.into_iter();
+                (fds.next(), fds.collect::<Vec<_>>())
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %id, err = %e, "creating a family member failed");
+                (None, Vec::new())
+            }
+        };
+        let ok = ns.len() == 5;
+        made.push(Sandbox::new(
+            id.to_string(),
+            Arc::clone(&sibling.family),
+            sibling.template_rootfs.clone(),
+            *limits,
+            cgroup,
+            subvolume,
+            self.volume.clone(),
+            init_pidfd,
+        ));
+        if !ok {
+            return Err(Error::Shim(format!("could not build the namespaces of sandbox {id}")));
+        }
+        Ok((ns, exited_rx))
     }
 
     /// After the parent's REPL (host pid `parent_repl`) forked itself into
@@ -473,7 +515,7 @@ impl Sandbox {
             id,
             family,
             template_rootfs,
-            limits,
+            limits: StdMutex::new(limits),
             cgroup,
             subvolume,
             volume,
@@ -487,9 +529,37 @@ impl Sandbox {
         self.family.shim()
     }
 
+    pub fn limits(&self) -> Limits {
+        *self.limits.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Change the sandbox's resource limits (a warm spare handed out with
+    /// the limits its create asked for).
+    pub fn set_limits(&self, limits: &Limits) -> Result<()> {
+        self.cgroup.set_limits(limits)?;
+        *self.limits.lock().unwrap_or_else(|e| e.into_inner()) = *limits;
+        Ok(())
+    }
+
     /// The sandbox's filesystem as overlay layers on the host (for diff).
     pub fn layers(&self) -> (PathBuf, PathBuf) {
         (self.subvolume.join("upper"), self.template_rootfs.clone())
+    }
+
+    /// Descriptors a forked REPL writes "0" to, to move itself into this
+    /// sandbox's cgroup cheaply (v1 only; see `Cgroup::join_files`); the
+    /// shim moves it otherwise.
+    pub fn self_join_fds(&self) -> Vec<OwnedFd> {
+        if self.cgroup.version() != crate::cgroup::Version::V1 {
+            return Vec::new();
+        }
+        let open = |p: &PathBuf| std::fs::OpenOptions::new().write(true).open(p).ok().map(OwnedFd::from);
+        let fds: Vec<OwnedFd> = self.cgroup.join_files().iter().filter_map(open).collect();
+        if fds.len() == self.cgroup.join_files().len() {
+            fds
+        } else {
+            Vec::new()
+        }
     }
 
     /// Whether two sandboxes are members of the same family.
@@ -513,7 +583,7 @@ impl Sandbox {
         let (exited_tx, exited_rx) = oneshot::channel();
         let shim = self.shim();
         shim.repl_exits.lock().await.insert(self.id.clone(), exited_tx);
-        let req = Request::SpawnRepl { member: self.id.clone(), cgroup_procs: self.cgroup.procs_files(), argv, env, cwd: cwd.to_string() };
+        let req = Request::SpawnRepl { member: self.id.clone(), cgroup_procs: self.cgroup.join_files(), argv, env, cwd: cwd.to_string() };
         let (reply, mut reply_fds) = shim.call(req, &fds).await?;
         drop((stdout_w, stderr_w, theirs_fd, memfd));
         let host_pid = match reply {

@@ -9,6 +9,7 @@
 
 pub mod cgroup;
 pub mod channel;
+pub mod diff;
 pub mod engine;
 pub mod error;
 pub mod forkplan;

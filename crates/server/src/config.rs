@@ -20,6 +20,8 @@ pub struct ServerConfig {
     pub build_templates: bool,
     /// The executable that runs `__shim` (the server's own binary).
     pub shim_exe: PathBuf,
+    /// Create sandboxes by forking a warm zygote per template (src/pool.rs).
+    pub warm_pool: bool,
 }
 
 /// Defaults and caps for sandboxes.

@@ -111,19 +111,51 @@ impl AppState {
         }
         parent.ensure_repl(&mut slot).await.map_err(ApiError::Conflict)?;
         let ids: Vec<String> = (0..n).map(|_| new_id()).collect();
-        let jail = &self.inner.jail;
-        let made = jail.fork_members(&parent.engine, &ids).await.map_err(|e| ApiError::engine("could not fork the sandbox", e))?;
+        let made = self.inner.jail.fork_members(&parent.engine, &ids).await.map_err(|e| ApiError::engine("could not fork the sandbox", e))?;
         let snapshotted = started.elapsed();
+        let session = slot.session.as_mut().ok_or_else(|| ApiError::Conflict("the sandbox has no Python process".into()))?;
+        let children = self.fork_repl_into(session, &parent.engine, made).await?;
+        let mut lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
+        lineage.push(parent.id.clone());
+        let entries = children
+            .into_iter()
+            .map(|(sandbox, session)| new_entry(sandbox.id.clone(), parent.settings.clone(), sandbox, session, lineage.clone()))
+            .collect();
+        tracing::debug!(sandbox = %parent.id, n, snapshot_ms = snapshotted.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64, "fork timings");
+        Ok(entries)
+    }
+
+    /// Have the REPL of `session` (in `parent`) fork itself into the new
+    /// members `made`, and wait until every child REPL is ready and adopted.
+    /// On failure every member in `made` is destroyed.
+    pub(crate) async fn fork_repl_into(
+        &self,
+        session: &mut ReplSession,
+        parent: &jail::Sandbox,
+        made: Vec<jail::ForkChild>,
+    ) -> Result<Vec<(Arc<jail::Sandbox>, ReplSession)>, ApiError> {
+        let jail = &self.inner.jail;
+        let n = made.len();
         let mut channels = Vec::with_capacity(n);
         for _ in 0..n {
-            channels.push(child_channels()?);
+            match child_channels() {
+                Ok(c) => channels.push(c),
+                Err(e) => {
+                    for child in &made {
+                        let _ = jail.destroy(&child.sandbox).await;
+                    }
+                    return Err(e);
+                }
+            }
         }
-        let session = slot.session.as_mut().ok_or_else(|| ApiError::Conflict("the sandbox has no Python process".into()))?;
         let plan = serde_json::to_value(jail::forkplan::plan_for(session.host_pid)).unwrap_or_default();
+        let joins: Vec<Vec<OwnedFd>> = made.iter().map(|c| c.sandbox.self_join_fds()).collect();
         let fd_sets: Vec<Vec<i32>> = made
             .iter()
             .zip(&channels)
-            .map(|(child, ch)| child.ns.iter().chain(ch.theirs.iter()).map(|fd| fd.as_raw_fd()).collect())
+            .zip(&joins)
+            .map(|((child, ch), join)| child.ns.iter().chain(ch.theirs.iter()).chain(join.iter()).map(|fd| fd.as_raw_fd()).collect())
             .collect();
         let parent_repl = session.host_pid;
         let answer = match session.send_fork(&plan, &fd_sets).await {
@@ -132,62 +164,47 @@ impl AppState {
                 .unwrap_or_else(|_| Err("the Python process did not answer the fork in time".into())),
             Err(e) => Err(format!("could not reach the Python process: {e}")),
         };
+        drop(joins);
         // The forking REPL holds its copies now; ours would keep the
         // children's pipes open after they die.
         let mut children = Vec::with_capacity(n);
-        let mut exits = Vec::with_capacity(n);
+        let mut starts = Vec::with_capacity(n);
         for (child, ch) in made.into_iter().zip(channels) {
             let jail::ForkChild { sandbox, ns, exited } = child;
             drop(ns);
             drop(ch.theirs);
-            children.push((Arc::new(sandbox), ch.control, ch.stdout, ch.stderr));
-            exits.push(exited);
+            children.push(Arc::new(sandbox));
+            starts.push(start_child(ch.control, ch.stdout, ch.stderr, exited));
         }
-        let fail = |children: Vec<(Arc<jail::Sandbox>, _, _, _)>, msg: String| async move {
-            for (sandbox, ..) in children {
-                let _ = self.inner.jail.destroy(&sandbox).await;
+        let result = async {
+            match answer {
+                Ok(f) if f.error.is_none() && f.pids.len() == n => {}
+                Ok(f) => return Err(f.error.unwrap_or_else(|| format!("{} of {n} children forked", f.pids.len()))),
+                Err(e) => return Err(e),
             }
-            Err(ApiError::engine("could not fork the sandbox", msg))
-        };
-        let forked = match answer {
-            Ok(f) if f.error.is_none() && f.pids.len() == n => f,
-            Ok(f) => return fail(children, f.error.unwrap_or_else(|| format!("{} of {n} children forked", f.pids.len()))).await,
-            Err(e) => return fail(children, e).await,
-        };
-        let _ = forked.pids;
-        let mut sessions = Vec::with_capacity(n);
-        let mut starts = Vec::with_capacity(n);
-        for ((_, control, stdout, stderr), exited) in children.iter_mut().zip(exits) {
-            let control = control.try_clone().map_err(|e| ApiError::engine("dup control socket", e))?;
-            let stdout = stdout.try_clone().map_err(|e| ApiError::engine("dup pipe", e))?;
-            let stderr = stderr.try_clone().map_err(|e| ApiError::engine("dup pipe", e))?;
-            starts.push(start_child(control, stdout, stderr, exited));
-        }
-        for r in futures::future::join_all(starts).await {
-            match r {
-                Ok(s) => sessions.push(s),
-                Err(e) => return fail(children, e).await,
+            let mut sessions = Vec::with_capacity(n);
+            for r in futures::future::join_all(starts).await {
+                sessions.push(r?);
             }
-        }
-        let members: Vec<&jail::Sandbox> = children.iter().map(|(s, ..)| s.as_ref()).collect();
-        let adopted = match jail.adopt_forks(&parent.engine, parent_repl, &members).await {
-            Ok(a) => a,
-            Err(e) => return fail(children, e.to_string()).await,
-        };
-        let mut lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
-        lineage.push(parent.id.clone());
-        let entries = children
-            .into_iter()
-            .zip(sessions)
-            .zip(adopted)
-            .map(|(((sandbox, ..), mut session), (host_pid, pidfd))| {
+            let members: Vec<&jail::Sandbox> = children.iter().map(|s| s.as_ref()).collect();
+            let adopted = jail.adopt_forks(parent, parent_repl, &members).await.map_err(|e| e.to_string())?;
+            for (session, (host_pid, pidfd)) in sessions.iter_mut().zip(adopted) {
                 session.adopted(host_pid, pidfd);
-                new_entry(sandbox.id.clone(), parent.settings.clone(), sandbox, session, lineage.clone())
-            })
-            .collect();
-        tracing::debug!(sandbox = %parent.id, n, snapshot_ms = snapshotted.as_millis() as u64,
-            total_ms = started.elapsed().as_millis() as u64, "fork timings");
-        Ok(entries)
+            }
+            Ok(sessions)
+        }
+        .await;
+        match result {
+            Ok(sessions) => Ok(children.into_iter().zip(sessions).collect()),
+            Err(msg) => {
+                // Dropping the server's ends makes any child REPL that did
+                // start exit; destroying the members frees the rest.
+                for sandbox in &children {
+                    let _ = jail.destroy(sandbox).await;
+                }
+                Err(ApiError::engine("could not fork the sandbox", msg))
+            }
+        }
     }
 
     /// Make `parent`'s id drive `winner`'s REPL and files; free the
@@ -233,6 +250,28 @@ impl AppState {
         self.teardown(&parent).await;
         tracing::info!(sandbox = %parent_id, winner = %winner_id, "merged");
         Ok(())
+    }
+}
+
+impl AppState {
+    /// `{added, removed, modified}` between two sandboxes' files under
+    /// `paths`, as the podflare SDK's client-side `diff` defines them,
+    /// computed from their overlay layers on the host (crate jail::diff).
+    pub async fn diff(&self, id: &str, other: &str, paths: Vec<String>) -> Result<protocol::DiffResult, ApiError> {
+        let this = self.get(id).await?;
+        let that = self.get(other).await?;
+        let (a, b) = (Arc::clone(&this.engine), Arc::clone(&that.engine));
+        let result = tokio::task::spawn_blocking(move || {
+            let ((a_upper, a_lower), (b_upper, b_lower)) = (a.layers(), b.layers());
+            jail::diff::diff(&jail::diff::Layers { upper: &a_upper, lower: &a_lower }, &jail::diff::Layers { upper: &b_upper, lower: &b_lower }, &paths)
+        })
+        .await
+        .map_err(|e| ApiError::engine("diff failed", e))?;
+        match result {
+            Ok(d) => Ok(protocol::DiffResult { added: d.added, removed: d.removed, modified: d.modified }),
+            Err(jail::Error::Invalid(msg)) => Err(ApiError::BadRequest(msg)),
+            Err(e) => Err(ApiError::engine("diff failed", e)),
+        }
     }
 }
 

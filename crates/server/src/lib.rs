@@ -9,6 +9,7 @@ pub mod error;
 pub mod events;
 pub mod fork;
 pub mod openapi;
+pub mod pool;
 pub mod repl;
 pub mod routes;
 pub mod sandbox;
@@ -31,12 +32,14 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/healthz", get(routes::healthz))
         .route("/v1/openapi.json", get(openapi::openapi_json))
         .route("/v1/templates", get(routes::templates))
+        .route("/v1/pool", get(routes::pool))
         .route("/v1/sandboxes", post(routes::create).get(routes::list))
         .route("/v1/sandboxes/{id}", get(routes::info).delete(routes::destroy))
         .route("/v1/sandboxes/{id}/exec", post(routes::exec))
         .route("/v1/sandboxes/{id}/replay", get(routes::replay))
         .route("/v1/sandboxes/{id}/fork", post(routes::fork))
         .route("/v1/sandboxes/{id}/merge_into/{winner}", post(routes::merge_into))
+        .route("/v1/sandboxes/{id}/diff/{other}", get(routes::diff))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), routes::auth))
@@ -78,6 +81,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         std::thread::Builder::new().name("template-builder".into()).spawn(move || templates.build_all())?;
     }
     tokio::spawn(state.clone().expire_loop());
+    tokio::spawn(state.clone().pool_loop());
     use axum::serve::ListenerExt;
     // Events are small writes: without TCP_NODELAY, Nagle and delayed ACKs
     // add ~40 ms to every exec.

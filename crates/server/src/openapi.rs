@@ -10,11 +10,12 @@ use crate::routes;
     info(title = "forkbox", description = "Self-hosted sandboxes for AI agents; speaks the podflare SDK's HTTP contract."),
     paths(
         routes::healthz, routes::create, routes::list, routes::info, routes::destroy, routes::exec,
-        routes::replay, routes::templates, routes::fork, routes::merge_into
+        routes::replay, routes::templates, routes::fork, routes::merge_into, routes::pool, routes::diff
     ),
     components(schemas(protocol::CreateSandbox, protocol::Created, protocol::ExecRequest, protocol::SandboxInfo,
         protocol::SandboxList, protocol::ErrorBody, protocol::Event, protocol::EventKind, protocol::TemplateInfo,
-        protocol::ForkRequest, protocol::Forked, protocol::DiffResult)),
+        protocol::ForkRequest, protocol::Forked, protocol::DiffResult,
+        crate::pool::PoolInfo, crate::pool::PoolTemplate)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

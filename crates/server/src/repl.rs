@@ -182,7 +182,7 @@ impl ReplSession {
         let id = self.next_id;
         self.next_id += 1;
         for (index, fds) in children.iter().enumerate() {
-            let mut msg = serde_json::json!({"id": id, "index": index, "count": children.len()});
+            let mut msg = serde_json::json!({"id": id, "index": index, "count": children.len(), "fds": fds.len()});
             if index == 0 {
                 msg["plan"] = plan.clone();
             }

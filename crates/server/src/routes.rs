@@ -199,6 +199,30 @@ pub async fn merge_into(State(state): State<AppState>, Path((id, winner)): Path<
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// Query of `GET /v1/sandboxes/{id}/diff/{other}`.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+pub struct DiffQuery {
+    /// Comma-separated absolute paths (default `/root,/tmp`).
+    pub paths: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/diff/{other}", params(("id" = String, Path), ("other" = String, Path), DiffQuery),
+    responses((status = 200, body = protocol::DiffResult), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
+pub async fn diff(
+    State(state): State<AppState>,
+    Path((id, other)): Path<(String, String)>,
+    query: Result<axum::extract::Query<DiffQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let axum::extract::Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let paths: Vec<String> = q.paths.unwrap_or_default().split(',').filter(|p| !p.is_empty()).map(str::to_string).collect();
+    Ok(json(StatusCode::OK, &state.diff(&id, &other, paths).await?))
+}
+
+#[utoipa::path(get, path = "/v1/pool", responses((status = 200, body = crate::pool::PoolInfo, description = "The warm pool's hidden sandboxes by template")))]
+pub async fn pool(State(state): State<AppState>) -> Response {
+    json(StatusCode::OK, &state.inner.pool.info().await)
+}
+
 pub async fn not_found() -> ApiError {
     ApiError::NotFound("no such route".into())
 }

@@ -35,6 +35,8 @@ pub struct Inner {
     /// most recent `MERGED_REMEMBERED`), so a late DELETE is harmless and a
     /// late exec gets a clear 404.
     pub merged: std::sync::Mutex<crate::fork::MergedIds>,
+    /// Warm zygotes and spare members per template (src/pool.rs).
+    pub pool: crate::pool::Pool,
 }
 
 /// Sandbox ids: `sb-` and 20 lowercase base-32 characters (also the hostname).
@@ -61,6 +63,7 @@ impl AppState {
                 creating: std::sync::atomic::AtomicUsize::new(0),
                 live: std::sync::atomic::AtomicUsize::new(0),
                 merged: Default::default(),
+                pool: Default::default(),
             }),
         }
     }
@@ -77,6 +80,7 @@ impl AppState {
             creating: std::sync::atomic::AtomicUsize::new(0),
             live: std::sync::atomic::AtomicUsize::new(0),
             merged: Default::default(),
+            pool: Default::default(),
         }) }
     }
 
@@ -143,13 +147,25 @@ impl AppState {
         }
         let rootfs = self.inner.templates.rootfs(&settings.template)?;
         let _slot = CreateSlot::take(self)?;
+        let started = std::time::Instant::now();
+        match self.create_from_pool(&settings).await {
+            Ok(Some(entry)) => {
+                self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(&entry));
+                self.inner.live.fetch_add(1, Ordering::SeqCst);
+                tracing::info!(sandbox = %entry.id, template = %entry.settings.template, pool = true,
+                    total_ms = started.elapsed().as_millis() as u64, "created");
+                return Ok(entry);
+            }
+            Ok(None) => {}
+            // The pool is an optimisation: make the sandbox the slow way.
+            Err(e) => tracing::warn!(err = ?e, "warm pool create failed; creating from scratch"),
+        }
         let id = new_id();
         let spec = jail::SandboxSpec {
             id: id.clone(),
             template_rootfs: rootfs,
-            limits: jail::Limits { memory_bytes: settings.ram_mib << 20, pids: self.inner.config.limits.pids, cpu_weight: 100 },
+            limits: self.limits_for(&settings),
         };
-        let started = std::time::Instant::now();
         let engine = self.inner.jail.create(spec).await.map_err(|e| ApiError::engine("could not create the sandbox", e))?;
         let jailed = started.elapsed();
         let session = match start_repl(&engine).await {
@@ -196,6 +212,7 @@ impl AppState {
 
     /// Destroy everything (server shutdown).
     pub async fn destroy_all(&self) {
+        self.destroy_pool().await;
         let all: Vec<Arc<SandboxEntry>> = self.inner.sandboxes.write().await.drain().map(|(_, e)| e).collect();
         self.inner.live.store(0, Ordering::SeqCst);
         let jobs = all.iter().map(|e| self.teardown(e));

@@ -293,8 +293,12 @@ impl Shim {
                 .find(|pid| proc_ns_inode(*pid, "mnt") == Some(want))
                 .ok_or_else(|| Error::Shim(format!("the forked REPL of {} is gone", child.member)))?;
             let pidfd = sys::pidfd_open(Pid::from_raw(pid)).map_err(|e| Error::sys("pidfd_open forked REPL", e))?;
-            for file in &child.cgroup_procs {
-                fs::write(file, pid.to_string()).map_err(|e| Error::io("move forked REPL into its cgroup", e))?;
+            // The child normally moved itself (the cheap way, see
+            // Cgroup::join_files); move it if it could not.
+            if !in_cgroups(pid, &child.member, child.cgroup_procs.len()) {
+                for file in &child.cgroup_procs {
+                    fs::write(file, pid.to_string()).map_err(|e| Error::io("move forked REPL into its cgroup", e))?;
+                }
             }
             let watch = pidfd.try_clone().map_err(|e| Error::io("dup pidfd", e))?;
             self.forked.insert(pid, (child.member.clone(), watch));
@@ -496,6 +500,13 @@ fn children_of(pid: i32) -> Vec<i32> {
         }
     }
     out
+}
+
+/// Whether `pid` is in `count` cgroups named `member` (one per hierarchy).
+fn in_cgroups(pid: i32, member: &str, count: usize) -> bool {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let suffix = format!("/{member}");
+    text.lines().filter(|l| l.ends_with(&suffix)).count() >= count
 }
 
 /// The inode number that identifies a namespace.

@@ -1,0 +1,306 @@
+//! The warm template pool (docs/fork.md): a create is a fork.
+//!
+//! Per template the pool keeps a *zygote*: a hidden sandbox whose REPL has
+//! imported the template's usual modules and never runs user code, plus a
+//! few *spare* members of its family (namespaces, init, cgroup and fresh
+//! files, built ahead of time). A create takes a spare and has the zygote's
+//! REPL fork itself into it, so the new sandbox starts with numpy and
+//! pandas already imported, in a few milliseconds. Spares are refilled in
+//! the background; a zygote retires after `RETIRE_AFTER` creates (its
+//! family lives on while its members do), so no family grows without bound
+//! and a fresh family takes over.
+//!
+//! Everything the pool makes is hidden from the sandbox list, limits and
+//! timers until it is handed out.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+
+use crate::repl::ReplItem;
+use crate::sandbox::{new_entry, start_repl, SandboxEntry, Settings};
+use crate::state::{new_id, AppState};
+
+/// Spare members kept ready per template.
+const SPARES: usize = 2;
+/// Creates one zygote serves before a fresh family replaces it.
+const RETIRE_AFTER: usize = 64;
+/// Templates warmed at start (others warm on first use).
+const WARM_AT_START: &[&str] = &["default"];
+
+/// Modules the zygote of a template imports (issue: recipes will name
+/// them; until then, what the built-in templates ship).
+fn warm_modules(template: &str) -> &'static [&'static str] {
+    match template {
+        "python-datasci" => &["numpy", "pandas", "matplotlib", "matplotlib.pyplot", "scipy", "sklearn"],
+        _ => &["numpy", "pandas"],
+    }
+}
+
+/// One template's zygote and spares.
+pub struct Warm {
+    template: String,
+    zygote: Arc<SandboxEntry>,
+    spares: Mutex<Vec<jail::ForkChild>>,
+    served: AtomicUsize,
+}
+
+#[derive(Default)]
+pub struct Pool {
+    warm: std::sync::Mutex<HashMap<String, Arc<Warm>>>,
+    /// Templates asked for since start (they get warmed).
+    wanted: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Zygotes being made or retired, destroyed at shutdown.
+    retired: std::sync::Mutex<Vec<Arc<Warm>>>,
+    /// Set at shutdown: whatever is made after it is destroyed at once.
+    closing: std::sync::atomic::AtomicBool,
+}
+
+/// What `GET /v1/pool` shows: the hidden sandboxes, by template.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct PoolInfo {
+    pub templates: HashMap<String, PoolTemplate>,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct PoolTemplate {
+    pub zygote: String,
+    pub spares: Vec<String>,
+    pub served: usize,
+    pub modules: Vec<String>,
+}
+
+impl Pool {
+    fn current(&self, template: &str) -> Option<Arc<Warm>> {
+        self.warm.lock().ok()?.get(template).cloned()
+    }
+
+    pub async fn info(&self) -> PoolInfo {
+        let all: Vec<Arc<Warm>> = self.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        let mut templates = HashMap::new();
+        for w in all {
+            let spares = w.spares.lock().await.iter().map(|c| c.sandbox.id.clone()).collect();
+            templates.insert(
+                w.template.clone(),
+                PoolTemplate {
+                    zygote: w.zygote.id.clone(),
+                    spares,
+                    served: w.served.load(Ordering::Relaxed),
+                    modules: warm_modules(&w.template).iter().map(|m| m.to_string()).collect(),
+                },
+            );
+        }
+        PoolInfo { templates }
+    }
+}
+
+impl AppState {
+    /// A new sandbox forked from the template's zygote, if one is warm.
+    /// `Ok(None)`: no warm zygote (the caller makes one the slow way).
+    pub(crate) async fn create_from_pool(&self, settings: &Settings) -> Result<Option<Arc<SandboxEntry>>, crate::error::ApiError> {
+        if !self.inner.config.warm_pool {
+            return Ok(None);
+        }
+        if let Ok(mut w) = self.inner.pool.wanted.lock() {
+            w.insert(settings.template.clone());
+        }
+        let Some(warm) = self.inner.pool.current(&settings.template) else { return Ok(None) };
+        let limits = self.limits_for(settings);
+        let mut zygote_slot = warm.zygote.slot.lock().await;
+        if zygote_slot.session.is_none() {
+            return Ok(None);
+        }
+        let spare = warm.spares.lock().await.pop();
+        let spare = match spare {
+            Some(s) => s,
+            None => {
+                let id = new_id();
+                let mut made = self
+                    .inner
+                    .jail
+                    .spare_members(&warm.zygote.engine, &[id], &limits)
+                    .await
+                    .map_err(|e| crate::error::ApiError::engine("could not make a sandbox", e))?;
+                made.remove(0)
+            }
+        };
+        if spare.sandbox.limits().memory_bytes != limits.memory_bytes || spare.sandbox.limits().pids != limits.pids {
+            if let Err(e) = spare.sandbox.set_limits(&limits) {
+                let _ = self.inner.jail.destroy(&spare.sandbox).await;
+                return Err(crate::error::ApiError::engine("could not set the sandbox's limits", e));
+            }
+        }
+        let Some(session) = zygote_slot.session.as_mut() else { return Ok(None) };
+        let mut forked = self.fork_repl_into(session, &warm.zygote.engine, vec![spare]).await?;
+        drop(zygote_slot);
+        let (sandbox, session) = forked.remove(0);
+        let entry = new_entry(sandbox.id.clone(), settings.clone(), sandbox, session, Vec::new());
+        let served = warm.served.fetch_add(1, Ordering::SeqCst) + 1;
+        let state = self.clone();
+        let warm2 = Arc::clone(&warm);
+        tokio::spawn(async move {
+            if served >= RETIRE_AFTER {
+                state.retire(&warm2).await;
+            } else {
+                state.refill(&warm2).await;
+            }
+        });
+        Ok(Some(entry))
+    }
+
+    pub(crate) fn limits_for(&self, settings: &Settings) -> jail::Limits {
+        jail::Limits { memory_bytes: settings.ram_mib << 20, pids: self.inner.config.limits.pids, cpu_weight: 100 }
+    }
+
+    /// Keep `SPARES` spare members ready.
+    async fn refill(&self, warm: &Arc<Warm>) {
+        let have = warm.spares.lock().await.len();
+        if have >= SPARES {
+            return;
+        }
+        let ids: Vec<String> = (have..SPARES).map(|_| new_id()).collect();
+        let limits = self.limits_for(&warm.zygote.settings);
+        match self.inner.jail.spare_members(&warm.zygote.engine, &ids, &limits).await {
+            Ok(made) if self.inner.pool.closing.load(Ordering::SeqCst) => {
+                for s in made {
+                    let _ = self.inner.jail.destroy(&s.sandbox).await;
+                }
+            }
+            Ok(made) => warm.spares.lock().await.extend(made),
+            Err(e) => tracing::warn!(template = %warm.template, err = %e, "could not refill the warm pool"),
+        }
+    }
+
+    /// Replace a zygote that served its share with a fresh family.
+    async fn retire(&self, old: &Arc<Warm>) {
+        if let Ok(mut r) = self.inner.pool.retired.lock() {
+            r.push(Arc::clone(old));
+        }
+        if let Err(e) = self.warm_up(&old.template).await {
+            tracing::warn!(template = %old.template, err = %e, "could not replace a retired zygote");
+        }
+        self.destroy_warm(old).await;
+        if let Ok(mut r) = self.inner.pool.retired.lock() {
+            r.retain(|w| !Arc::ptr_eq(w, old));
+        }
+    }
+
+    async fn destroy_warm(&self, warm: &Warm) {
+        let spares: Vec<jail::ForkChild> = warm.spares.lock().await.drain(..).collect();
+        for s in spares {
+            let _ = self.inner.jail.destroy(&s.sandbox).await;
+        }
+        self.teardown(&warm.zygote).await;
+    }
+
+    /// Make (or remake) the zygote of `template` and its spares.
+    pub async fn warm_up(&self, template: &str) -> Result<(), String> {
+        let settings = Settings {
+            template: template.to_string(),
+            ram_mib: self.inner.config.limits.default_ram_mib,
+            rootfs_gb: self.inner.config.limits.default_rootfs_gb,
+            timeout: Duration::MAX,
+            idle_timeout: Duration::MAX,
+            interrupt_grace: self.inner.config.limits.interrupt_grace,
+        };
+        let rootfs = self.inner.templates.rootfs(template).map_err(|e| format!("{e:?}"))?;
+        let id = new_id();
+        let spec = jail::SandboxSpec { id: id.clone(), template_rootfs: rootfs, limits: self.limits_for(&settings) };
+        let engine = self.inner.jail.create(spec).await.map_err(|e| e.to_string())?;
+        let mut session = match start_repl(&engine).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.inner.jail.destroy(&engine).await;
+                return Err(e);
+            }
+        };
+        if let Err(e) = preload(&mut session, warm_modules(template)).await {
+            let _ = self.inner.jail.destroy(&engine).await;
+            return Err(e);
+        }
+        let zygote = new_entry(id, settings, Arc::new(engine), session, Vec::new());
+        let warm = Arc::new(Warm { template: template.to_string(), zygote, spares: Mutex::new(Vec::new()), served: AtomicUsize::new(0) });
+        self.refill(&warm).await;
+        if self.inner.pool.closing.load(Ordering::SeqCst) {
+            self.destroy_warm(&warm).await;
+            return Err("the server is shutting down".into());
+        }
+        let old = self.inner.pool.warm.lock().ok().and_then(|mut m| m.insert(template.to_string(), Arc::clone(&warm)));
+        if let Some(old) = old {
+            if !Arc::ptr_eq(&old, &warm) {
+                if let Ok(mut r) = self.inner.pool.retired.lock() {
+                    r.push(old);
+                }
+            }
+        }
+        tracing::info!(template, zygote = %warm.zygote.id, "warm pool ready");
+        Ok(())
+    }
+
+    /// Warm the templates in use, forever (started by `serve`).
+    pub async fn pool_loop(self) {
+        if !self.inner.config.warm_pool {
+            return;
+        }
+        if let Ok(mut w) = self.inner.pool.wanted.lock() {
+            w.extend(WARM_AT_START.iter().map(|t| t.to_string()));
+        }
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            if self.inner.pool.closing.load(Ordering::SeqCst) {
+                return;
+            }
+            let wanted: Vec<String> = self.inner.pool.wanted.lock().map(|w| w.iter().cloned().collect()).unwrap_or_default();
+            for template in wanted {
+                if self.inner.pool.current(&template).is_some() || !self.inner.templates.is_ready(&template) {
+                    continue;
+                }
+                if let Err(e) = self.warm_up(&template).await {
+                    tracing::warn!(template, err = %e, "could not warm the template pool");
+                    // Do not retry a broken template in a tight loop.
+                    if let Ok(mut w) = self.inner.pool.wanted.lock() {
+                        w.remove(&template);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Destroy every zygote and spare (server shutdown).
+    pub(crate) async fn destroy_pool(&self) {
+        self.inner.pool.closing.store(true, Ordering::SeqCst);
+        let mut all: Vec<Arc<Warm>> = self.inner.pool.warm.lock().map(|mut m| m.drain().map(|(_, w)| w).collect()).unwrap_or_default();
+        all.extend(self.inner.pool.retired.lock().map(|mut r| r.drain(..).collect::<Vec<_>>()).unwrap_or_default());
+        for w in all {
+            self.destroy_warm(&w).await;
+        }
+    }
+}
+
+/// Import `modules` in a fresh REPL, without writing bytecode into the
+/// sandbox's files (the zygote's files must stay the template's).
+async fn preload(session: &mut crate::repl::ReplSession, modules: &[&str]) -> Result<(), String> {
+    let list = modules.iter().map(|m| format!("{m:?}")).collect::<Vec<_>>().join(", ");
+    // In a function, so the user's globals stay empty: only sys.modules
+    // remembers the imports.
+    // A zygote never runs user code and forks often: it reaps its children
+    // as they exit (a sandbox's REPL forked from it), not at its next fork.
+    let code = format!(
+        "import signal as _s, forkbox_repl as _f\n_s.signal(_s.SIGCHLD, lambda *_: _f._reap_forks())\ndel _s, _f\ndef _forkbox_preload():\n    import sys, importlib\n    sys.dont_write_bytecode = True\n    try:\n        for m in [{list}]:\n            try:\n                importlib.import_module(m)\n            except Exception:\n                pass\n    finally:\n        sys.dont_write_bytecode = False\n_forkbox_preload()\ndel _forkbox_preload\n"
+    );
+    let id = session.send_exec(&code).await.map_err(|e| format!("preload: {e}"))?;
+    let wait = async {
+        loop {
+            match session.next().await {
+                Some(ReplItem::Done(d)) if d.id == id => return Ok(()),
+                Some(ReplItem::Died(_)) | None => return Err("the zygote REPL died while importing".to_string()),
+                Some(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), wait).await.map_err(|_| "preload timed out".to_string())?
+}
