@@ -872,3 +872,5 @@ def main():
                     _frame(b'f', _json({'id': msg.get('id'), 'pids': [], 'error': 'fork failed: %r' % e}))
         except KeyboardInterrupt:
             continue
+        except Exception:     # raised by a signal handler between calls
+            continue

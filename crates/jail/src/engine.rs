@@ -273,14 +273,14 @@ impl Jail {
         let (volume, src, dsts) = (self.volume.clone(), parent.subvolume.clone(), subvolumes.clone());
         let snapped = tokio::task::spawn_blocking(move || -> Result<usize> {
             frozen.freeze()?;
-            let mut done = 0;
-            let result = dsts.iter().try_for_each(|dst| {
-                volume.snapshot(&src, dst)?;
-                done += 1;
-                Ok(())
+            // In parallel: concurrent snapshots share btrfs transaction commits.
+            let results: Vec<Result<()>> = std::thread::scope(|scope| {
+                let jobs: Vec<_> = dsts.iter().map(|dst| scope.spawn(|| volume.snapshot(&src, dst))).collect();
+                jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Error::Shim("snapshot thread panicked".into())))).collect()
             });
             frozen.thaw()?;
-            result.map(|()| done)
+            let done = results.iter().filter(|r| r.is_ok()).count();
+            results.into_iter().collect::<Result<Vec<()>>>().map(|_| done)
         })
         .await
         .map_err(|e| Error::Shim(format!("join: {e}")))?;
@@ -294,52 +294,73 @@ impl Jail {
             }
         };
         debug_assert_eq!(snapped, ids.len());
-        let mut out = Vec::with_capacity(ids.len());
-        for (id, subvolume) in ids.iter().zip(subvolumes) {
-            out.push(self.add_member(parent, id, subvolume, &parent.limits(), made).await?);
+        let limits = parent.limits();
+        let builds = ids.iter().zip(subvolumes).map(|(id, subvolume)| self.add_member(parent, id, subvolume, &limits));
+        Self::collect_members(futures::future::join_all(builds).await, made)
+    }
+
+    /// Keep every member that was made (so the caller can clean up) and
+    /// fail if any could not be.
+    #[allow(clippy::type_complexity)]
+    fn collect_members(
+        built: Vec<Result<(Sandbox, Result<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)>)>>,
+        made: &mut Vec<Sandbox>,
+    ) -> Result<Vec<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)>> {
+        let mut out = Vec::with_capacity(built.len());
+        let mut first_error = None;
+        for b in built {
+            match b {
+                Ok((sandbox, parts)) => {
+                    made.push(sandbox);
+                    match parts {
+                        Ok(p) => out.push(p),
+                        Err(e) => first_error = first_error.or(Some(e)),
+                    }
+                }
+                Err(e) => first_error = first_error.or(Some(e)),
+            }
         }
-        Ok(out)
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 
     /// New members of `sibling`'s family over fresh (template-only) files,
     /// waiting for a REPL like fork children do: the warm pool's spares.
     pub async fn spare_members(&self, sibling: &Sandbox, ids: &[String], limits: &Limits) -> Result<Vec<ForkChild>> {
-        let mut made: Vec<Sandbox> = Vec::with_capacity(ids.len());
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
+        let range = crate::ids::IdRange { base: sibling.family.config.id_base, count: sibling.family.config.id_count };
+        let builds = ids.iter().map(|id| async move {
             let subvolume = self.volume.root().join(SANDBOXES_DIR).join(id);
-            let range = crate::ids::IdRange { base: sibling.family.config.id_base, count: sibling.family.config.id_count };
-            let built = match self.make_layers(&subvolume, &sibling.template_rootfs, range) {
-                Ok(()) => self.add_member(sibling, id, subvolume, limits, &mut made).await,
-                Err(e) => {
-                    let _ = self.volume.delete_subvolume(&subvolume);
-                    Err(e)
+            if let Err(e) = self.make_layers(&subvolume, &sibling.template_rootfs, range) {
+                let _ = self.volume.delete_subvolume(&subvolume);
+                return Err(e);
+            }
+            self.add_member(sibling, id, subvolume, limits).await
+        });
+        let mut made: Vec<Sandbox> = Vec::with_capacity(ids.len());
+        match Self::collect_members(futures::future::join_all(builds).await, &mut made) {
+            Ok(parts) => Ok(made.into_iter().zip(parts).map(|(sandbox, (ns, exited))| ForkChild { sandbox, ns, exited }).collect()),
+            Err(e) => {
+                for child in &made {
+                    let _ = self.destroy(child).await;
                 }
-            };
-            match built {
-                Ok(parts) => out.push(parts),
-                Err(e) => {
-                    for child in &made {
-                        let _ = self.destroy(child).await;
-                    }
-                    return Err(e);
-                }
+                Err(e)
             }
         }
-        Ok(made.into_iter().zip(out).map(|(sandbox, (ns, exited))| ForkChild { sandbox, ns, exited }).collect())
     }
 
-    /// Build one member in `sibling`'s family over `subvolume` (pushed onto
-    /// `made` as soon as it exists, so the caller can clean up); returns
-    /// its namespaces and REPL exit receiver.
+    /// Build one member in `sibling`'s family over `subvolume`. The outer
+    /// error: nothing was made; otherwise the member exists (to destroy on
+    /// failure) and the inner result has its namespaces and REPL exit receiver.
+    #[allow(clippy::type_complexity)]
     async fn add_member(
         &self,
         sibling: &Sandbox,
         id: &str,
         subvolume: PathBuf,
         limits: &Limits,
-        made: &mut Vec<Sandbox>,
-    ) -> Result<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)> {
+    ) -> Result<(Sandbox, Result<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)>)> {
         let shim = sibling.shim();
         let cgroup = match self.cgroups.create(id, limits) {
             Ok(c) => c,
@@ -362,7 +383,7 @@ impl Jail {
             }
         };
         let ok = ns.len() == 5;
-        made.push(Sandbox::new(
+        let sandbox = Sandbox::new(
             id.to_string(),
             Arc::clone(&sibling.family),
             sibling.template_rootfs.clone(),
@@ -371,11 +392,11 @@ impl Jail {
             subvolume,
             self.volume.clone(),
             init_pidfd,
-        ));
+        );
         if !ok {
-            return Err(Error::Shim(format!("could not build the namespaces of sandbox {id}")));
+            return Ok((sandbox, Err(Error::Shim(format!("could not build the namespaces of sandbox {id}")))));
         }
-        Ok((ns, exited_rx))
+        Ok((sandbox, Ok((ns, exited_rx))))
     }
 
     /// After the parent's REPL (host pid `parent_repl`) forked itself into

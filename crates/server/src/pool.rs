@@ -290,7 +290,7 @@ async fn preload(session: &mut crate::repl::ReplSession, modules: &[&str]) -> Re
     // A zygote never runs user code and forks often: it reaps its children
     // as they exit (a sandbox's REPL forked from it), not at its next fork.
     let code = format!(
-        "import signal as _s, forkbox_repl as _f\n_s.signal(_s.SIGCHLD, lambda *_: _f._reap_forks())\ndel _s, _f\ndef _forkbox_preload():\n    import sys, importlib\n    sys.dont_write_bytecode = True\n    try:\n        for m in [{list}]:\n            try:\n                importlib.import_module(m)\n            except Exception:\n                pass\n    finally:\n        sys.dont_write_bytecode = False\n_forkbox_preload()\ndel _forkbox_preload\n"
+        "import signal as _s, forkbox_repl as _f\n_s.signal(_s.SIGCHLD, lambda *_, reap=_f._reap_forks: reap())\ndel _s, _f\ndef _forkbox_preload():\n    import sys, importlib\n    sys.dont_write_bytecode = True\n    try:\n        for m in [{list}]:\n            try:\n                importlib.import_module(m)\n            except Exception:\n                pass\n    finally:\n        sys.dont_write_bytecode = False\n_forkbox_preload()\ndel _forkbox_preload\n"
     );
     let id = session.send_exec(&code).await.map_err(|e| format!("preload: {e}"))?;
     let wait = async {

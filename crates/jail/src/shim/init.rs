@@ -85,16 +85,20 @@ pub fn main() -> ! {
     let _ = sys::set_not_dumpable();
     // SAFETY: the shim's init socket is on fd 3 (see `run`).
     let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(3) };
-    let confinement = match Confinement::load() {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: e.to_string() }, &[]);
-            std::process::exit(1);
-        }
-    };
+    // Ready first: compiling the policy (~1 ms) overlaps with the server's
+    // next steps; the first command waits for it anyway.
     if channel::send_with_credentials(sock.as_fd(), &InitMessage::Ready).is_err() {
         std::process::exit(1);
     }
+    let confinement = match Confinement::load() {
+        Ok(c) => c,
+        Err(e) => {
+            // Nothing can run without it: say why, then die (the server
+            // rebuilds the sandbox on the next call).
+            eprintln!("forkbox-init: {e}");
+            std::process::exit(1);
+        }
+    };
     serve(sock, &confinement)
 }
 

@@ -97,8 +97,19 @@ pub fn enter_family(family: &Family, cgroup_procs: &[PathBuf]) -> std::result::R
     Ok(())
 }
 
-/// Create the member's namespaces and init. Returns once init reported ready.
-pub fn create(family: &Family, hostname: &str, root: &Path, cgroup_procs: &[PathBuf]) -> Result<Member> {
+/// A member whose init is being set up (see `start` and `finish`).
+pub struct Pending {
+    root: PathBuf,
+    /// Our end of the socket to the member's init; readable once init
+    /// reported ready (or failed).
+    pub sock: OwnedFd,
+    helper: Pid,
+}
+
+/// Start building the member's namespaces and init; `finish` completes it
+/// once `Pending::sock` is readable. Splitting the two lets the shim build
+/// several members at once (their inits set up in parallel).
+pub fn start(family: &Family, hostname: &str, root: &Path, cgroup_procs: &[PathBuf]) -> Result<Pending> {
     let (ours, theirs) = channel::pair()?;
     channel::pass_credentials(ours.as_fd())?;
     // SAFETY: the shim is single-threaded.
@@ -117,32 +128,33 @@ pub fn create(family: &Family, hostname: &str, root: &Path, cgroup_procs: &[Path
         }
         Forked::Parent(helper) => {
             drop(theirs);
-            let first = channel::recv::<InitMessage>(ours.as_fd());
-            let _ = waitpid(helper, None);
-            let got = first?.ok_or_else(|| Error::Shim("member init died during setup".into()))?;
-            match got.msg {
-                InitMessage::Ready => {
-                    let pid = Pid::from_raw(got.sender_pid.ok_or_else(|| Error::Shim("init sent no credentials".into()))?);
-                    // The OOM killer must pick user processes, never init.
-                    let _ = fs::write(format!("/proc/{pid}/oom_score_adj"), "-1000");
-                    let ns = MemberNs {
-                        mnt: open_ns(pid, "mnt")?,
-                        net: open_ns(pid, "net")?,
-                        uts: open_ns(pid, "uts")?,
-                        ipc: open_ns(pid, "ipc")?,
-                        pid: open_ns(pid, "pid")?,
-                    };
-                    Ok(Member {
-                        root: root.to_path_buf(),
-                        ns,
-                        init: ours,
-                        init_pid: pid,
-                    })
-                }
-                InitMessage::SetupFailed { error } => Err(Error::Shim(format!("sandbox setup: {error}"))),
-                other => Err(Error::Shim(format!("unexpected first message from init: {other:?}"))),
-            }
+            Ok(Pending { root: root.to_path_buf(), sock: ours, helper })
         }
+    }
+}
+
+/// Complete a member once its init said whether it is ready.
+pub fn finish(pending: Pending) -> Result<Member> {
+    let Pending { root, sock: ours, helper } = pending;
+    let first = channel::recv::<InitMessage>(ours.as_fd());
+    let _ = waitpid(helper, None);
+    let got = first?.ok_or_else(|| Error::Shim("member init died during setup".into()))?;
+    match got.msg {
+        InitMessage::Ready => {
+            let pid = Pid::from_raw(got.sender_pid.ok_or_else(|| Error::Shim("init sent no credentials".into()))?);
+            // The OOM killer must pick user processes, never init.
+            let _ = fs::write(format!("/proc/{pid}/oom_score_adj"), "-1000");
+            let ns = MemberNs {
+                mnt: open_ns(pid, "mnt")?,
+                net: open_ns(pid, "net")?,
+                uts: open_ns(pid, "uts")?,
+                ipc: open_ns(pid, "ipc")?,
+                pid: open_ns(pid, "pid")?,
+            };
+            Ok(Member { root, ns, init: ours, init_pid: pid })
+        }
+        InitMessage::SetupFailed { error } => Err(Error::Shim(format!("sandbox setup: {error}"))),
+        other => Err(Error::Shim(format!("unexpected first message from init: {other:?}"))),
     }
 }
 

@@ -58,6 +58,15 @@ struct Shim {
     /// view of the family's processes their calls are vetted against.
     listeners: Vec<crate::notify::Listener>,
     family_view: crate::notify::ProcFamilyView,
+    /// Members whose init is still setting up, with the request to answer.
+    creating: Vec<Creating>,
+}
+
+struct Creating {
+    req: u64,
+    name: String,
+    root: std::path::PathBuf,
+    pending: member::Pending,
 }
 
 /// Entry point of `forkbox __shim`. Never returns.
@@ -121,6 +130,7 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
         confinement,
         listeners: Vec::new(),
         family_view,
+        creating: Vec::new(),
     };
     let result = shim.serve();
     shim.family.terminate();
@@ -164,6 +174,7 @@ impl Shim {
             let names: Vec<String> = self.members.keys().cloned().collect();
             let forked: Vec<i32> = self.forked.keys().copied().collect();
             let listeners = self.listeners.len();
+            let creating = self.creating.len();
             let ready: Vec<bool> = {
                 let mut fds = vec![
                     PollFd::new(self.sock.as_fd(), PollFlags::POLLIN),
@@ -177,6 +188,9 @@ impl Shim {
                 }
                 for l in &self.listeners {
                     fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+                }
+                for c in &self.creating {
+                    fds.push(PollFd::new(c.pending.sock.as_fd(), PollFlags::POLLIN));
                 }
                 match poll(&mut fds, PollTimeout::NONE) {
                     // POLLIN, or a hang-up (a listener whose filter nobody uses any more).
@@ -217,6 +231,12 @@ impl Shim {
             }
             for i in gone.into_iter().rev() {
                 self.listeners.remove(i);
+            }
+            let first = first + listeners;
+            for i in (0..creating).rev() {
+                if ready[first + i] {
+                    self.on_member_ready(i)?;
+                }
             }
             if ready[0] {
                 match channel::recv::<Envelope>(self.sock.as_fd())? {
@@ -342,45 +362,77 @@ impl Shim {
 
     fn on_request(&mut self, env: Envelope, fds: Vec<OwnedFd>) -> Result<()> {
         let req = env.req;
-        let (reply, out_fds) = match self.handle(env.request, fds) {
-            Ok(r) => r,
-            Err(e) => (Reply::Failed { error: e.to_string() }, vec![]),
-        };
+        if let Request::CreateMember { member, hostname, upper, work, cgroup_procs } = env.request {
+            // Answered once the member's init is ready (see `on_member_ready`),
+            // so several members' inits set up at once.
+            return match self.start_member(req, member, &hostname, &upper, &work, &cgroup_procs) {
+                Ok(()) => Ok(()),
+                Err(e) => self.reply(req, Err(e)),
+            };
+        }
+        let result = self.handle(env.request, fds);
+        self.reply(req, result)
+    }
+
+    fn reply(&self, req: u64, result: Result<(Reply, Vec<OwnedFd>)>) -> Result<()> {
+        let (reply, out_fds) = result.unwrap_or_else(|e| (Reply::Failed { error: e.to_string() }, vec![]));
         let raw: Vec<i32> = out_fds.iter().map(|f| f.as_raw_fd()).collect();
         self.send(&ShimMessage::Reply { req, reply }, &raw)
     }
 
+    fn start_member(
+        &mut self,
+        req: u64,
+        name: String,
+        hostname: &str,
+        upper: &std::path::Path,
+        work: &std::path::Path,
+        cgroup_procs: &[std::path::PathBuf],
+    ) -> Result<()> {
+        if self.members.contains_key(&name) || self.creating.iter().any(|c| c.name == name) {
+            return Err(Error::Invalid(format!("member {name} exists")));
+        }
+        self.repls.retain(|_, mem| *mem != name);
+        let root = member::mount_root(&self.family, &self.config.run_dir, &name, upper, work)?;
+        match member::start(&self.family, hostname, &root, cgroup_procs) {
+            Ok(pending) => {
+                self.creating.push(Creating { req, name, root, pending });
+                Ok(())
+            }
+            Err(e) => {
+                member::unmount_root(&root);
+                Err(e)
+            }
+        }
+    }
+
+    /// A member's init answered: finish the member and reply to its create.
+    fn on_member_ready(&mut self, index: usize) -> Result<()> {
+        let Creating { req, name, root, pending } = self.creating.remove(index);
+        let made = member::finish(pending).and_then(|m| {
+            // The server watches init through a pidfd: its death must be
+            // known before the next request, not after.
+            let mut fds = vec![sys::pidfd_open(m.init_pid).map_err(|e| Error::sys("pidfd_open init", e))?];
+            for ns in [&m.ns.mnt, &m.ns.net, &m.ns.uts, &m.ns.ipc, &m.ns.pid] {
+                fds.push(ns.try_clone().map_err(|e| Error::io("dup namespace", e))?);
+            }
+            Ok((m, fds))
+        });
+        match made {
+            Ok((m, fds)) => {
+                self.members.insert(name, m);
+                self.reply(req, Ok((Reply::Done, fds)))
+            }
+            Err(e) => {
+                member::unmount_root(&root);
+                self.reply(req, Err(e))
+            }
+        }
+    }
+
     fn handle(&mut self, request: Request, fds: Vec<OwnedFd>) -> Result<(Reply, Vec<OwnedFd>)> {
         match request {
-            Request::CreateMember {
-                member: name,
-                hostname,
-                upper,
-                work,
-                cgroup_procs,
-            } => {
-                if self.members.contains_key(&name) {
-                    return Err(Error::Invalid(format!("member {name} exists")));
-                }
-                self.repls.retain(|_, mem| *mem != name);
-                let root = member::mount_root(&self.family, &self.config.run_dir, &name, &upper, &work)?;
-                match member::create(&self.family, &hostname, &root, &cgroup_procs) {
-                    Ok(m) => {
-                        // The server watches init through a pidfd: its death
-                        // must be known before the next request, not after.
-                        let mut fds = vec![sys::pidfd_open(m.init_pid).map_err(|e| Error::sys("pidfd_open init", e))?];
-                        for ns in [&m.ns.mnt, &m.ns.net, &m.ns.uts, &m.ns.ipc, &m.ns.pid] {
-                            fds.push(ns.try_clone().map_err(|e| Error::io("dup namespace", e))?);
-                        }
-                        self.members.insert(name, m);
-                        Ok((Reply::Done, fds))
-                    }
-                    Err(e) => {
-                        member::unmount_root(&root);
-                        Err(e)
-                    }
-                }
-            }
+            Request::CreateMember { .. } => Err(Error::Invalid("CreateMember is handled in on_request".into())),
             Request::SpawnRepl {
                 member: name,
                 cgroup_procs,
