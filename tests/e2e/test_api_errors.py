@@ -104,8 +104,6 @@ def test_unknown_create_field(http):
 def test_not_yet_implemented_features(http, sid):
     assert_json_error(http.post("/v1/sandboxes", json={"egress": True}), 501)
     assert_json_error(http.post("/v1/sandboxes", json={"persistent": True}), 501)
-    assert_json_error(http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 2}), 501)
-    assert_json_error(http.post(f"/v1/sandboxes/{sid}/merge_into/{sid}"), 501)
 
 
 def test_explicit_false_flags_and_empty_body_are_fine(http):

@@ -333,3 +333,29 @@ def test_merge_a_grandchild_and_its_children_follow(http):
     finally:
         for x in (sid, a):
             delete_raw(http, x)
+
+
+# ── the warm pool ───────────────────────────────────────────────────────
+
+def test_created_sandboxes_come_from_the_warm_pool(http):
+    pool = {}
+    for _ in range(600):
+        pool = http.get("/v1/pool").json()["templates"]
+        if "default" in pool:
+            break
+        time.sleep(0.1)
+    assert "default" in pool, pool
+    served, zygote = pool["default"]["served"], pool["default"]["zygote"]
+    sid = create_raw(http)
+    try:
+        r = exec_raw(http, sid, "import sys\nprint('pandas' in sys.modules, 'numpy' in sys.modules, "
+                                "sorted(k for k in globals() if not k.startswith('_')))")
+        assert r.stdout == "True True ['sys']\n", r
+        after = http.get("/v1/pool").json()["templates"]["default"]
+        assert after["served"] > served or after["zygote"] != zygote, (pool, after)
+        listed = {s["id"] for s in http.get("/v1/sandboxes").json()["sandboxes"]}
+        assert after["zygote"] not in listed and not set(after["spares"]) & listed
+        assert exec_raw(http, sid, "echo $(hostname) $HOSTNAME", "bash").stdout.split() == [sid, sid]
+        assert exec_raw(http, sid, "import os\nprint(os.environ['HOSTNAME'])").stdout == f"{sid}\n"
+    finally:
+        delete_raw(http, sid)

@@ -213,7 +213,9 @@ async fn openapi_describes_every_route() {
         "/v1/sandboxes/{id}/replay",
         "/v1/sandboxes/{id}/fork",
         "/v1/sandboxes/{id}/merge_into/{winner}",
+        "/v1/sandboxes/{id}/diff/{other}",
         "/v1/templates",
+        "/v1/pool",
     ] {
         assert!(paths.contains_key(p), "{p} missing from openapi.json");
     }

@@ -46,6 +46,7 @@ pub struct Warm {
     zygote: Arc<SandboxEntry>,
     spares: Mutex<Vec<jail::ForkChild>>,
     served: AtomicUsize,
+    retiring: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -134,8 +135,18 @@ impl AppState {
             }
         }
         let Some(session) = zygote_slot.session.as_mut() else { return Ok(None) };
-        let mut forked = self.fork_repl_into(session, &warm.zygote.engine, vec![spare]).await?;
+        let forked = self.fork_repl_into(session, &warm.zygote.engine, vec![spare]).await;
         drop(zygote_slot);
+        let mut forked = match forked {
+            Ok(f) => f,
+            Err(e) => {
+                // A zygote that cannot fork (it died, its supervisor died)
+                // is replaced; this create is made the slow way.
+                let (state, warm) = (self.clone(), Arc::clone(&warm));
+                tokio::spawn(async move { state.retire(&warm).await });
+                return Err(e);
+            }
+        };
         let (sandbox, session) = forked.remove(0);
         let entry = new_entry(sandbox.id.clone(), settings.clone(), sandbox, session, Vec::new());
         let served = warm.served.fetch_add(1, Ordering::SeqCst) + 1;
@@ -174,8 +185,12 @@ impl AppState {
         }
     }
 
-    /// Replace a zygote that served its share with a fresh family.
+    /// Replace a zygote that served its share (or broke) with a fresh family.
     async fn retire(&self, old: &Arc<Warm>) {
+        // Only the first of several concurrent retirements does the work.
+        if old.retiring.swap(true, Ordering::SeqCst) {
+            return;
+        }
         if let Ok(mut r) = self.inner.pool.retired.lock() {
             r.push(Arc::clone(old));
         }
@@ -222,7 +237,7 @@ impl AppState {
             return Err(e);
         }
         let zygote = new_entry(id, settings, Arc::new(engine), session, Vec::new());
-        let warm = Arc::new(Warm { template: template.to_string(), zygote, spares: Mutex::new(Vec::new()), served: AtomicUsize::new(0) });
+        let warm = Arc::new(Warm { template: template.to_string(), zygote, spares: Mutex::new(Vec::new()), served: AtomicUsize::new(0), retiring: Default::default() });
         self.refill(&warm).await;
         if self.inner.pool.closing.load(Ordering::SeqCst) {
             self.destroy_warm(&warm).await;
