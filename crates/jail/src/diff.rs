@@ -456,7 +456,10 @@ impl Walk<'_> {
             return Ok(true);
         }
         // btrfs snapshots and reflinks share the extents of unchanged data.
-        let fs = self.btrfs(&fa.0, fa.1.st_dev);
+        // Small files are cheaper to read than to map (and usually live
+        // inline in btrfs metadata, where FIEMAP cannot tell anyway).
+        let small = (fa.1.st_size as u64) <= SMALL_FILE;
+        let fs = if small { None } else { self.btrfs(&fa.0, fa.1.st_dev) };
         if fs.is_some() && fs == self.btrfs(&fb.0, fb.1.st_dev) {
             if let (Some(x), Some(y)) = (extents(&fa.0), extents(&fb.0)) {
                 if !x.is_empty() && x == y {
@@ -465,7 +468,7 @@ impl Walk<'_> {
             }
         }
         trace("compare", &a.rel);
-        Ok(!same_bytes(fa.0, fb.0)?)
+        Ok(!same_bytes(fa.0, fb.0, fa.1.st_size as u64)?)
     }
 
     fn btrfs(&mut self, file: &File, dev: u64) -> Option<[u8; 16]> {
@@ -695,8 +698,13 @@ fn xattr(fd: &OwnedFd, name: &CStr) -> Result<Option<Vec<u8>>> {
     }
 }
 
-fn same_bytes(mut a: File, mut b: File) -> Result<bool> {
-    let (mut x, mut y) = (vec![0u8; 1 << 16], vec![0u8; 1 << 16]);
+/// Files up to this size are compared by reading them, without FIEMAP.
+const SMALL_FILE: u64 = 64 << 10;
+
+fn same_bytes(mut a: File, mut b: File, size: u64) -> Result<bool> {
+    // One read past the expected size tells a file that grew meanwhile.
+    let chunk = (size as usize + 1).min(1 << 16);
+    let (mut x, mut y) = (vec![0u8; chunk], vec![0u8; chunk]);
     loop {
         let n = fill(&mut a, &mut x)?;
         let m = fill(&mut b, &mut y)?;
