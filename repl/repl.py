@@ -25,6 +25,7 @@ _KEEP = ('__name__', '__doc__', '__package__', '__loader__', '__spec__',
          '__annotations__', '__builtins__')
 
 _write = os.write
+_monotonic = __import__('time').monotonic
 _get_ident = _thread.get_ident
 _eval = eval
 _repr = repr
@@ -406,18 +407,33 @@ def _close(fd):
 _os_fork = os.fork
 _NS_TYPES = (0x00020000, 0x40000000, 0x04000000, 0x08000000)   # mnt, net, uts, ipc
 _forks = set()                # pids of our fork children, reaped between frames
+_forks_dead = {}              # fork child pid -> when we first saw it dead
+_REAP_AFTER = 1.0             # seconds a dead fork child stays a zombie
 _pending = []                 # descriptor sets of the fork being assembled
 _plan = None
 
 
 def _reap_forks():
+    """Reap fork children that died a while ago.  Not at once: the family's
+    supervisor reads a dead child's exit status from its zombie."""
+    now = _monotonic()
     for pid in list(_forks):
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            done = pid
-        if done:
+        seen = _forks_dead.get(pid)
+        if seen is None:
+            try:
+                dead = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                _forks.discard(pid)
+                continue
+            if dead is not None:
+                _forks_dead[pid] = now
+        elif now - seen >= _REAP_AFTER:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
             _forks.discard(pid)
+            del _forks_dead[pid]
 
 
 def _fork_frame(ctl, msg):
@@ -501,7 +517,7 @@ def _become_child(fds, plan, cwd):
         _close(fd)
     _CTRL.reset()
     _forks.clear()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)   # a zygote's reaper is not ours
+    _forks_dead.clear()
     try:
         os.chdir(cwd)
     except OSError:

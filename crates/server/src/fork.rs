@@ -114,7 +114,7 @@ impl AppState {
         let made = self.inner.jail.fork_members(&parent.engine, &ids).await.map_err(|e| ApiError::engine("could not fork the sandbox", e))?;
         let snapshotted = started.elapsed();
         let session = slot.session.as_mut().ok_or_else(|| ApiError::Conflict("the sandbox has no Python process".into()))?;
-        let children = self.fork_repl_into(session, &parent.engine, made).await?;
+        let children = self.fork_repl_into(session, &parent.engine, made, None).await?;
         let mut lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
         lineage.push(parent.id.clone());
         let entries = children
@@ -128,12 +128,14 @@ impl AppState {
 
     /// Have the REPL of `session` (in `parent`) fork itself into the new
     /// members `made`, and wait until every child REPL is ready and adopted.
-    /// On failure every member in `made` is destroyed.
+    /// `plan`: what the children must redo (jail::forkplan), read from the
+    /// REPL's /proc when None. On failure every member in `made` is destroyed.
     pub(crate) async fn fork_repl_into(
         &self,
         session: &mut ReplSession,
         parent: &jail::Sandbox,
         made: Vec<jail::ForkChild>,
+        plan: Option<&serde_json::Value>,
     ) -> Result<Vec<(Arc<jail::Sandbox>, ReplSession)>, ApiError> {
         let jail = &self.inner.jail;
         let n = made.len();
@@ -149,7 +151,10 @@ impl AppState {
                 }
             }
         }
-        let plan = serde_json::to_value(jail::forkplan::plan_for(session.host_pid)).unwrap_or_default();
+        let plan = match plan {
+            Some(p) => p.clone(),
+            None => serde_json::to_value(jail::forkplan::plan_for(session.host_pid)).unwrap_or_default(),
+        };
         let joins: Vec<Vec<OwnedFd>> = made.iter().map(|c| c.sandbox.self_join_fds()).collect();
         let fd_sets: Vec<Vec<i32>> = made
             .iter()

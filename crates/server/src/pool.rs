@@ -28,6 +28,8 @@ use crate::state::{new_id, AppState};
 const SPARES: usize = 2;
 /// Creates one zygote serves before a fresh family replaces it.
 const RETIRE_AFTER: usize = 64;
+/// How long a refill waits after a create that left spares.
+const REFILL_DELAY: Duration = Duration::from_millis(100);
 /// Templates warmed at start (others warm on first use).
 const WARM_AT_START: &[&str] = &["default"];
 
@@ -47,6 +49,9 @@ pub struct Warm {
     spares: Mutex<Vec<jail::ForkChild>>,
     served: AtomicUsize,
     retiring: std::sync::atomic::AtomicBool,
+    /// The zygote's fork plan, read once: it runs no user code, so its
+    /// descriptors and mappings do not change.
+    plan: serde_json::Value,
 }
 
 #[derive(Default)]
@@ -135,7 +140,7 @@ impl AppState {
             }
         }
         let Some(session) = zygote_slot.session.as_mut() else { return Ok(None) };
-        let forked = self.fork_repl_into(session, &warm.zygote.engine, vec![spare]).await;
+        let forked = self.fork_repl_into(session, &warm.zygote.engine, vec![spare], Some(&warm.plan)).await;
         drop(zygote_slot);
         let mut forked = match forked {
             Ok(f) => f,
@@ -152,10 +157,16 @@ impl AppState {
         let served = warm.served.fetch_add(1, Ordering::SeqCst) + 1;
         let state = self.clone();
         let warm2 = Arc::clone(&warm);
+        let spares_left = warm.spares.lock().await.len();
         tokio::spawn(async move {
             if served >= RETIRE_AFTER {
                 state.retire(&warm2).await;
             } else {
+                // Let the new sandbox's first calls run first: refilling
+                // competes with them for the CPU.
+                if spares_left > 0 {
+                    tokio::time::sleep(REFILL_DELAY).await;
+                }
                 state.refill(&warm2).await;
             }
         });
@@ -236,8 +247,9 @@ impl AppState {
             let _ = self.inner.jail.destroy(&engine).await;
             return Err(e);
         }
+        let plan = serde_json::to_value(jail::forkplan::plan_for(session.host_pid)).unwrap_or_default();
         let zygote = new_entry(id, settings, Arc::new(engine), session, Vec::new());
-        let warm = Arc::new(Warm { template: template.to_string(), zygote, spares: Mutex::new(Vec::new()), served: AtomicUsize::new(0), retiring: Default::default() });
+        let warm = Arc::new(Warm { template: template.to_string(), zygote, spares: Mutex::new(Vec::new()), served: AtomicUsize::new(0), retiring: Default::default(), plan });
         self.refill(&warm).await;
         if self.inner.pool.closing.load(Ordering::SeqCst) {
             self.destroy_warm(&warm).await;
@@ -269,6 +281,7 @@ impl AppState {
             if self.inner.pool.closing.load(Ordering::SeqCst) {
                 return;
             }
+            self.nudge_zygotes().await;
             let wanted: Vec<String> = self.inner.pool.wanted.lock().map(|w| w.iter().cloned().collect()).unwrap_or_default();
             for template in wanted {
                 if self.inner.pool.current(&template).is_some() || !self.inner.templates.is_ready(&template) {
@@ -280,6 +293,19 @@ impl AppState {
                     if let Ok(mut w) = self.inner.pool.wanted.lock() {
                         w.remove(&template);
                     }
+                }
+            }
+        }
+    }
+
+    /// Let each idle zygote reap the sandboxes' REPLs that died (they are
+    /// its children; it keeps them a moment so their exit status can be read).
+    async fn nudge_zygotes(&self) {
+        let all: Vec<Arc<Warm>> = self.inner.pool.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        for w in all {
+            if let Ok(mut slot) = w.zygote.slot.try_lock() {
+                if let Some(session) = slot.session.as_mut() {
+                    let _ = session.nudge().await;
                 }
             }
         }
@@ -302,10 +328,8 @@ async fn preload(session: &mut crate::repl::ReplSession, modules: &[&str]) -> Re
     let list = modules.iter().map(|m| format!("{m:?}")).collect::<Vec<_>>().join(", ");
     // In a function, so the user's globals stay empty: only sys.modules
     // remembers the imports.
-    // A zygote never runs user code and forks often: it reaps its children
-    // as they exit (a sandbox's REPL forked from it), not at its next fork.
     let code = format!(
-        "import signal as _s, forkbox_repl as _f\n_s.signal(_s.SIGCHLD, lambda *_, reap=_f._reap_forks: reap())\ndel _s, _f\ndef _forkbox_preload():\n    import sys, importlib\n    sys.dont_write_bytecode = True\n    try:\n        for m in [{list}]:\n            try:\n                importlib.import_module(m)\n            except Exception:\n                pass\n    finally:\n        sys.dont_write_bytecode = False\n_forkbox_preload()\ndel _forkbox_preload\n"
+        "def _forkbox_preload():\n    import sys, importlib\n    sys.dont_write_bytecode = True\n    try:\n        for m in [{list}]:\n            try:\n                importlib.import_module(m)\n            except Exception:\n                pass\n    finally:\n        sys.dont_write_bytecode = False\n_forkbox_preload()\ndel _forkbox_preload\n"
     );
     let id = session.send_exec(&code).await.map_err(|e| format!("preload: {e}"))?;
     let wait = async {

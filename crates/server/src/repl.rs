@@ -174,6 +174,12 @@ impl ReplSession {
         }
     }
 
+    /// A frame that does nothing but let the REPL reap its dead fork
+    /// children (it does between frames; a zygote gets one now and then).
+    pub async fn nudge(&mut self) -> std::io::Result<()> {
+        self.control.write_all(&[0, 0, 0, 1, b'Z']).await
+    }
+
     /// Ask the REPL to fork itself once per child: one `F` frame per child,
     /// carrying that child's descriptors (docs/repl-protocol.md). Returns
     /// the fork id its `Forked` answer carries.
