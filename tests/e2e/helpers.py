@@ -398,6 +398,30 @@ def sandbox_uid_processes() -> list[int]:
     return out
 
 
+def families_with_members(live_ids) -> set[int]:
+    """Pids of supervisors (`__shim`) and reapers of families that still have
+    a live member: a family outlives the sandbox it was named after (a fork
+    parent, a retired warm-pool zygote) while its other members live."""
+    parent_of = {}
+    for pid in all_pids():
+        st = proc_status(pid)
+        if st:
+            parent_of[pid] = int(st.get("PPid", "0") or 0)
+    keep = set()
+    for pid, ppid in parent_of.items():
+        cg = proc_cgroups(pid)
+        if any(f"/{sid}\n" in cg + "\n" for sid in live_ids):
+            # Walk up to the shim: init → reaper → shim (a REPL's parent is the shim).
+            p = ppid
+            while p > 1 and p in parent_of:
+                if "__shim" in " ".join(proc_cmdline(p)):
+                    keep.add(p)
+                    keep.update(q for q, pp in parent_of.items() if pp == p and "__shim" in " ".join(proc_cmdline(q)))
+                    break
+                p = parent_of[p]
+    return keep
+
+
 def is_family_reaper(pid: int) -> bool:
     ppid = int(proc_status(pid).get("PPid", "0") or 0)
     return ppid > 0 and "__shim" in proc_cmdline(ppid)
@@ -417,6 +441,7 @@ def leaked_processes(server: ForkboxServer, live_ids=frozenset()) -> list[str]:
     running as a sandbox uid outside every forkbox cgroup."""
     leaks = []
     me = os.getpid()
+    live_families = families_with_members(live_ids)
     for pid in all_pids():
         if pid == me or (server.proc is not None and pid == server.proc.pid):
             continue
@@ -430,6 +455,8 @@ def leaked_processes(server: ForkboxServer, live_ids=frozenset()) -> list[str]:
         mentions_state = any(server.state_dir in a for a in cmd)
         ours = in_parent or mentions_state
         if ours and any(f"/{sid}" in cg or any(f"/{sid}" in a for a in cmd) for sid in live_ids):
+            continue
+        if pid in live_families:
             continue
         # A family's reaper (pid 1 of its pid namespace) runs as the family's
         # uid outside any cgroup, as a child of its shim: the shim is what
@@ -451,7 +478,7 @@ def pool_ids(server: ForkboxServer) -> set[str]:
         return set()
     if r.status_code != 200:
         return set()
-    ids = set()
+    ids = set(r.json().get("fork_spares", []))
     for t in r.json()["templates"].values():
         ids.add(t["zygote"])
         ids.update(t["spares"])

@@ -158,11 +158,18 @@ impl Cgroup {
     pub fn set_limits(&self, l: &Limits) -> Result<()> {
         match self.version {
             Version::V1 => {
-                write(&self.dir("memory").join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?;
-                // Without swap accounting this file does not exist; with it, no swap.
+                // memory.limit_in_bytes may never exceed memsw's (the file that
+                // exists with swap accounting; it says: no swap), so a raise
+                // writes memsw first and a cut writes it last.
+                let mem = self.dir("memory").join("memory.limit_in_bytes");
                 let memsw = self.dir("memory").join("memory.memsw.limit_in_bytes");
+                let value = l.memory_bytes.to_string();
+                if write(&mem, &value).is_err() && memsw.exists() {
+                    write(&memsw, &value)?;
+                    write(&mem, &value)?;
+                }
                 if memsw.exists() {
-                    write(&memsw, &l.memory_bytes.to_string())?;
+                    write(&memsw, &value)?;
                 }
                 write(&self.dir("pids").join("pids.max"), &l.pids.to_string())?;
                 // v1 shares: 1024 is the default weight of a group.

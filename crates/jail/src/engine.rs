@@ -40,6 +40,11 @@ pub struct Jail {
     volume: Volume,
     cgroups: Cgroups,
     ids: StdMutex<IdAllocator>,
+    /// Names of the hollow spares the families keep (for `spare_ids`).
+    hollow_ids: StdMutex<std::collections::HashSet<String>>,
+    /// Held (shared) by every refill in flight; `stop_refills` takes it
+    /// exclusively so none is cut off half-way at shutdown.
+    refills: tokio::sync::RwLock<bool>,
     _lock: std::fs::File,
 }
 
@@ -107,8 +112,10 @@ struct FamilyHandle {
     shim: StdMutex<Arc<ShimHandle>>,
     shim_exe: PathBuf,
     config: ShimConfig,
-    /// Live members; the shim stops with the last one.
+    /// Live members (hollow spares included); the shim stops with the last one.
     members: std::sync::atomic::AtomicUsize,
+    /// Hollow members kept for the family's next fork (`fork_members`).
+    hollows: tokio::sync::Mutex<Vec<ForkChild>>,
     /// Serialises restarts of a dead shim among the members that notice.
     restart: tokio::sync::Mutex<()>,
 }
@@ -141,10 +148,15 @@ fn create_member_request(id: &str, cgroup: &Cgroup, subvolume: &Path) -> Request
     Request::CreateMember {
         member: id.to_string(),
         hostname: id.to_string(),
-        upper: subvolume.join("upper"),
-        work: subvolume.join("work"),
+        upper: Some(subvolume.join("upper")),
+        work: Some(subvolume.join("work")),
         cgroup_procs: cgroup.join_files(),
     }
+}
+
+/// A member without a root yet (a fork's spare; see `Jail::fork_members`).
+fn hollow_member_request(id: &str, cgroup: &Cgroup) -> Request {
+    Request::CreateMember { member: id.to_string(), hostname: id.to_string(), upper: None, work: None, cgroup_procs: cgroup.join_files() }
 }
 
 const SANDBOXES_DIR: &str = "sandboxes";
@@ -160,7 +172,7 @@ impl Jail {
         let volume = Volume::open(&config.state_dir, config.volume_gib)?;
         let cgroups = Cgroups::detect(&instance_name(&config.state_dir))?;
         let ids = IdAllocator::claim(Path::new(crate::ids::SLOT_LOCK_DIR))?;
-        let jail = Jail { config, volume, cgroups, ids: StdMutex::new(ids), _lock: lock };
+        let jail = Jail { config, volume, cgroups, ids: StdMutex::new(ids), hollow_ids: Default::default(), refills: tokio::sync::RwLock::new(true), _lock: lock };
         jail.clean_stale()?;
         Ok(jail)
     }
@@ -227,6 +239,7 @@ impl Jail {
                     shim_exe: self.config.shim_exe.clone(),
                     config,
                     members: std::sync::atomic::AtomicUsize::new(1),
+                    hollows: tokio::sync::Mutex::new(Vec::new()),
                     restart: tokio::sync::Mutex::new(()),
                 });
                 Ok(Sandbox::new(spec.id, family, spec.template_rootfs, spec.limits, cgroup, subvolume, self.volume.clone(), init_pidfd))
@@ -246,32 +259,59 @@ impl Jail {
     /// snapshot of the parent's, taken while the parent is frozen. Their
     /// REPLs come from the parent's REPL forking itself into their
     /// namespaces (see `ForkChild`); until then they have none.
+    ///
+    /// Members come from the family's *hollow* spares (namespaces and init
+    /// built ahead of time, see `refill_hollows`) where there are some, else
+    /// are built hollow now (names from `ids`); each then gets its root: a
+    /// snapshot of the parent's layer, mounted in its own mount namespace.
     pub async fn fork_members(&self, parent: &Sandbox, ids: &[String]) -> Result<Vec<ForkChild>> {
-        let mut made: Vec<Sandbox> = Vec::with_capacity(ids.len());
-        let result = self.fork_members_into(parent, ids, &mut made).await;
-        match result {
-            Ok(ns) => Ok(made.into_iter().zip(ns).map(|(sandbox, (ns, exited))| ForkChild { sandbox, ns, exited }).collect()),
-            Err(e) => {
-                for child in &made {
-                    let _ = self.destroy(child).await;
+        let n = ids.len();
+        let mut children: Vec<ForkChild> = {
+            let mut spares = parent.family.hollows.lock().await;
+            let k = n.min(spares.len());
+            spares.drain(..k).collect()
+        };
+        self.forget_hollows(&children);
+        if children.len() < n {
+            let more = self.hollow_members(parent, &ids[..n - children.len()], &parent.limits()).await;
+            match more {
+                Ok(more) => children.extend(more),
+                Err(e) => {
+                    self.destroy_children(&children).await;
+                    return Err(e);
                 }
+            }
+        }
+        match self.root_children(parent, &children).await {
+            Ok(()) => Ok(children),
+            Err(e) => {
+                self.destroy_children(&children).await;
                 Err(e)
             }
         }
     }
 
-    #[allow(clippy::type_complexity)]
-    async fn fork_members_into(
-        &self,
-        parent: &Sandbox,
-        ids: &[String],
-        made: &mut Vec<Sandbox>,
-    ) -> Result<Vec<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)>> {
-        let subvolumes: Vec<PathBuf> = ids.iter().map(|id| self.volume.root().join(SANDBOXES_DIR).join(id)).collect();
+    async fn destroy_children(&self, children: &[ForkChild]) {
+        for child in children {
+            let _ = Box::pin(self.destroy(&child.sandbox)).await;
+        }
+    }
+
+    /// Snapshot the parent's layer (frozen) into each child's subvolume and
+    /// have the shim attach it as each child's root.
+    async fn root_children(&self, parent: &Sandbox, children: &[ForkChild]) -> Result<()> {
+        let limits = parent.limits();
+        for c in children {
+            let have = c.sandbox.limits();
+            if (have.memory_bytes, have.pids, have.cpu_weight) != (limits.memory_bytes, limits.pids, limits.cpu_weight) {
+                c.sandbox.set_limits(&limits)?;
+            }
+        }
         // The parent is paused only while its files are snapshotted.
         let frozen = parent.cgroup.clone();
-        let (volume, src, dsts) = (self.volume.clone(), parent.subvolume.clone(), subvolumes.clone());
-        let snapped = tokio::task::spawn_blocking(move || -> Result<usize> {
+        let dsts: Vec<PathBuf> = children.iter().map(|c| c.sandbox.subvolume.clone()).collect();
+        let (volume, src) = (self.volume.clone(), parent.subvolume.clone());
+        tokio::task::spawn_blocking(move || -> Result<()> {
             frozen.freeze()?;
             // In parallel: concurrent snapshots share btrfs transaction commits.
             let results: Vec<Result<()>> = std::thread::scope(|scope| {
@@ -279,24 +319,97 @@ impl Jail {
                 jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Error::Shim("snapshot thread panicked".into())))).collect()
             });
             frozen.thaw()?;
-            let done = results.iter().filter(|r| r.is_ok()).count();
-            results.into_iter().collect::<Result<Vec<()>>>().map(|_| done)
+            results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
         })
         .await
-        .map_err(|e| Error::Shim(format!("join: {e}")))?;
-        let snapped = match snapped {
-            Ok(n) => n,
-            Err(e) => {
-                for dst in &subvolumes {
-                    let _ = self.volume.delete_subvolume(dst);
-                }
-                return Err(e);
+        .map_err(|e| Error::Shim(format!("join: {e}")))??;
+        let shim = parent.shim();
+        let roots = children.iter().map(|c| {
+            let sub = &c.sandbox.subvolume;
+            let req = Request::RootMember { member: c.sandbox.id.clone(), upper: sub.join("upper"), work: sub.join("work") };
+            shim.call(req, &[])
+        });
+        for r in futures::future::join_all(roots).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Keep `target` hollow spares in `member`'s family, so its
+    /// next fork only snapshots and attaches (called after a fork, in the
+    /// background). Spares made for a family that has no other member left
+    /// are destroyed at once.
+    pub async fn refill_hollows(&self, member: &Sandbox, target: usize, new_id: &(dyn Fn() -> String + Sync)) -> Result<()> {
+        let open = self.refills.read().await;
+        if !*open {
+            return Ok(());
+        }
+        let have = member.family.hollows.lock().await.len();
+        if have >= target {
+            return Ok(());
+        }
+        let ids: Vec<String> = (have..target).map(|_| new_id()).collect();
+        let made = self.hollow_members(member, &ids, &member.limits()).await?;
+        let family = &member.family;
+        if let Ok(mut names) = self.hollow_ids.lock() {
+            names.extend(made.iter().map(|c| c.sandbox.id.clone()));
+        }
+        family.hollows.lock().await.extend(made);
+        self.release_idle_hollows(family).await;
+        drop(open);
+        Ok(())
+    }
+
+    /// No more refills: wait for those in flight (server shutdown, before
+    /// the sandboxes are destroyed).
+    pub async fn stop_refills(&self) {
+        *self.refills.write().await = false;
+    }
+
+    /// If hollow spares are all a family has left, destroy them (the family
+    /// and its shim go with the last).
+    async fn release_idle_hollows(&self, family: &Arc<FamilyHandle>) {
+        let idle: Vec<ForkChild> = {
+            let mut spares = family.hollows.lock().await;
+            if family.members.load(std::sync::atomic::Ordering::SeqCst) > spares.len() {
+                return;
             }
+            spares.drain(..).collect()
         };
-        debug_assert_eq!(snapped, ids.len());
-        let limits = parent.limits();
-        let builds = ids.iter().zip(subvolumes).map(|(id, subvolume)| self.add_member(parent, id, subvolume, &limits));
-        Self::collect_members(futures::future::join_all(builds).await, made)
+        self.forget_hollows(&idle);
+        self.destroy_children(&idle).await;
+    }
+
+    fn forget_hollows(&self, children: &[ForkChild]) {
+        if let Ok(mut names) = self.hollow_ids.lock() {
+            for c in children {
+                names.remove(&c.sandbox.id);
+            }
+        }
+    }
+
+    /// The hidden sandboxes the engine keeps: hollow fork spares.
+    pub fn spare_ids(&self) -> Vec<String> {
+        self.hollow_ids.lock().map(|n| n.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// Hollow members of `sibling`'s family (no files yet): namespaces, init
+    /// and cgroup, waiting for `root_children`.
+    async fn hollow_members(&self, sibling: &Sandbox, ids: &[String], limits: &Limits) -> Result<Vec<ForkChild>> {
+        let builds = ids.iter().map(|id| {
+            let subvolume = self.volume.root().join(SANDBOXES_DIR).join(id);
+            self.add_member(sibling, id, subvolume, limits, true)
+        });
+        let mut made: Vec<Sandbox> = Vec::with_capacity(ids.len());
+        match Self::collect_members(futures::future::join_all(builds).await, &mut made) {
+            Ok(parts) => Ok(made.into_iter().zip(parts).map(|(sandbox, (ns, exited))| ForkChild { sandbox, ns, exited }).collect()),
+            Err(e) => {
+                for child in &made {
+                    let _ = Box::pin(self.destroy(child)).await;
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Keep every member that was made (so the caller can clean up) and
@@ -336,7 +449,7 @@ impl Jail {
                 let _ = self.volume.delete_subvolume(&subvolume);
                 return Err(e);
             }
-            self.add_member(sibling, id, subvolume, limits).await
+            self.add_member(sibling, id, subvolume, limits, false).await
         });
         let mut made: Vec<Sandbox> = Vec::with_capacity(ids.len());
         match Self::collect_members(futures::future::join_all(builds).await, &mut made) {
@@ -360,6 +473,7 @@ impl Jail {
         id: &str,
         subvolume: PathBuf,
         limits: &Limits,
+        hollow: bool,
     ) -> Result<(Sandbox, Result<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)>)> {
         let shim = sibling.shim();
         let cgroup = match self.cgroups.create(id, limits) {
@@ -372,7 +486,8 @@ impl Jail {
         let (exited_tx, exited_rx) = oneshot::channel();
         shim.repl_exits.lock().await.insert(id.to_string(), exited_tx);
         sibling.family.members.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let (init_pidfd, ns) = match shim.call(create_member_request(id, &cgroup, &subvolume), &[]).await {
+        let request = if hollow { hollow_member_request(id, &cgroup) } else { create_member_request(id, &cgroup, &subvolume) };
+        let (init_pidfd, ns) = match shim.call(request, &[]).await {
             Ok((_, fds)) => {
                 let mut fds = fds.into_iter();
                 (fds.next(), fds.collect::<Vec<_>>())
@@ -467,9 +582,9 @@ impl Jail {
             .call(Request::DestroyMember { member: sandbox.id.clone() }, &[])
             .await;
         let family = &sandbox.family;
-        if !sandbox.released.swap(true, std::sync::atomic::Ordering::SeqCst)
-            && family.members.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1
-        {
+        let family_gone = !sandbox.released.swap(true, std::sync::atomic::Ordering::SeqCst)
+            && family.members.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1;
+        if family_gone {
             shim.shutdown().await;
             // The shim's mounts died with it; its mount points are plain dirs here.
             let _ = std::fs::remove_dir_all(&family.config.run_dir);
@@ -478,10 +593,18 @@ impl Jail {
             }
         }
         sandbox.cgroup.remove()?;
+        // A family whose other members are gone does not keep its spares.
+        if !family_gone {
+            self.release_idle_hollows(family).await;
+        }
         // The member's mount namespace is released asynchronously after its
-        // last process exits; retry while the subvolume is still busy.
+        // last process exits; retry while the subvolume is still busy. A
+        // hollow spare never had one.
         let mut tries = 0;
         loop {
+            if !sandbox.subvolume.exists() {
+                break;
+            }
             match sandbox.volume.delete_subvolume(&sandbox.subvolume) {
                 Ok(()) => break,
                 Err(Error::Sys { source: nix::errno::Errno::EBUSY, .. }) if tries < 500 => {

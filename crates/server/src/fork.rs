@@ -21,6 +21,9 @@ use crate::state::{new_id, AppState, CreateSlot};
 pub const MAX_FORK: usize = 32;
 /// Longest wait for the parent REPL to answer a fork.
 const FORK_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most hollow spares a family keeps for its next fork (as many as its
+/// last fork made, up to this).
+const HOLLOW_SPARES: usize = 8;
 /// How many merged-away ids are remembered.
 const MERGED_REMEMBERED: usize = 10_000;
 
@@ -100,6 +103,13 @@ impl AppState {
             self.inner.live.fetch_add(n, Ordering::SeqCst);
         }
         tracing::info!(sandbox = %id, children = ?ids, "forked");
+        // Build the family's next children ahead of time (docs/fork.md).
+        let (jail, engine) = (Arc::clone(&self.inner.jail), Arc::clone(&parent.engine));
+        tokio::spawn(async move {
+            if let Err(e) = jail.refill_hollows(&engine, n.min(HOLLOW_SPARES), &new_id).await {
+                tracing::debug!(err = %e, "could not build spare fork members");
+            }
+        });
         Ok(ids)
     }
 

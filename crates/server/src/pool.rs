@@ -63,12 +63,19 @@ pub struct Pool {
     retired: std::sync::Mutex<Vec<Arc<Warm>>>,
     /// Set at shutdown: whatever is made after it is destroyed at once.
     closing: std::sync::atomic::AtomicBool,
+    /// Held (shared) by pool work in flight; shutdown takes it exclusively
+    /// so nothing is cut off half-made.
+    busy: tokio::sync::RwLock<()>,
+    /// Zygotes being made (shown by `GET /v1/pool` until they serve).
+    warming: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// What `GET /v1/pool` shows: the hidden sandboxes, by template.
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct PoolInfo {
     pub templates: HashMap<String, PoolTemplate>,
+    /// Hollow members families keep for their next fork (docs/fork.md).
+    pub fork_spares: Vec<String>,
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
@@ -84,7 +91,9 @@ impl Pool {
         self.warm.lock().ok()?.get(template).cloned()
     }
 
-    pub async fn info(&self) -> PoolInfo {
+    pub async fn info(&self, mut fork_spares: Vec<String>) -> PoolInfo {
+        // A zygote still warming up is as hidden as a spare.
+        fork_spares.extend(self.warming.lock().map(|w| w.iter().cloned().collect::<Vec<_>>()).unwrap_or_default());
         let all: Vec<Arc<Warm>> = self.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
         let mut templates = HashMap::new();
         for w in all {
@@ -99,7 +108,7 @@ impl Pool {
                 },
             );
         }
-        PoolInfo { templates }
+        PoolInfo { templates, fork_spares }
     }
 }
 
@@ -179,6 +188,16 @@ impl AppState {
 
     /// Keep `SPARES` spare members ready.
     async fn refill(&self, warm: &Arc<Warm>) {
+        let _busy = self.inner.pool.busy.read().await;
+        self.refill_held(warm).await;
+    }
+
+    /// `refill` for a caller that holds `busy` already (a second shared
+    /// hold could wait behind a waiting shutdown forever).
+    async fn refill_held(&self, warm: &Arc<Warm>) {
+        if self.inner.pool.closing.load(Ordering::SeqCst) {
+            return;
+        }
         let have = warm.spares.lock().await.len();
         if have >= SPARES {
             return;
@@ -224,6 +243,23 @@ impl AppState {
 
     /// Make (or remake) the zygote of `template` and its spares.
     pub async fn warm_up(&self, template: &str) -> Result<(), String> {
+        let _busy = self.inner.pool.busy.read().await;
+        if self.inner.pool.closing.load(Ordering::SeqCst) {
+            return Err("the server is shutting down".into());
+        }
+        let rootfs = self.inner.templates.rootfs(template).map_err(|e| format!("{e:?}"))?;
+        let id = new_id();
+        if let Ok(mut w) = self.inner.pool.warming.lock() {
+            w.insert(id.clone());
+        }
+        let made = self.warm_up_as(template, id.clone(), rootfs).await;
+        if let Ok(mut w) = self.inner.pool.warming.lock() {
+            w.remove(&id);
+        }
+        made
+    }
+
+    async fn warm_up_as(&self, template: &str, id: String, rootfs: std::path::PathBuf) -> Result<(), String> {
         let settings = Settings {
             template: template.to_string(),
             ram_mib: self.inner.config.limits.default_ram_mib,
@@ -232,8 +268,6 @@ impl AppState {
             idle_timeout: Duration::MAX,
             interrupt_grace: self.inner.config.limits.interrupt_grace,
         };
-        let rootfs = self.inner.templates.rootfs(template).map_err(|e| format!("{e:?}"))?;
-        let id = new_id();
         let spec = jail::SandboxSpec { id: id.clone(), template_rootfs: rootfs, limits: self.limits_for(&settings) };
         let engine = self.inner.jail.create(spec).await.map_err(|e| e.to_string())?;
         let mut session = match start_repl(&engine).await {
@@ -250,7 +284,7 @@ impl AppState {
         let plan = serde_json::to_value(jail::forkplan::plan_for(session.host_pid)).unwrap_or_default();
         let zygote = new_entry(id, settings, Arc::new(engine), session, Vec::new());
         let warm = Arc::new(Warm { template: template.to_string(), zygote, spares: Mutex::new(Vec::new()), served: AtomicUsize::new(0), retiring: Default::default(), plan });
-        self.refill(&warm).await;
+        self.refill_held(&warm).await;
         if self.inner.pool.closing.load(Ordering::SeqCst) {
             self.destroy_warm(&warm).await;
             return Err("the server is shutting down".into());
@@ -314,6 +348,9 @@ impl AppState {
     /// Destroy every zygote and spare (server shutdown).
     pub(crate) async fn destroy_pool(&self) {
         self.inner.pool.closing.store(true, Ordering::SeqCst);
+        // Let pool work in flight finish (it sees `closing` and undoes itself).
+        drop(self.inner.pool.busy.write().await);
+        self.inner.jail.stop_refills().await;
         let mut all: Vec<Arc<Warm>> = self.inner.pool.warm.lock().map(|mut m| m.drain().map(|(_, w)| w).collect()).unwrap_or_default();
         all.extend(self.inner.pool.retired.lock().map(|mut r| r.drain(..).collect::<Vec<_>>()).unwrap_or_default());
         for w in all {

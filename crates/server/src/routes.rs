@@ -220,7 +220,7 @@ pub async fn diff(
 
 #[utoipa::path(get, path = "/v1/pool", responses((status = 200, body = crate::pool::PoolInfo, description = "The warm pool's hidden sandboxes by template")))]
 pub async fn pool(State(state): State<AppState>) -> Response {
-    json(StatusCode::OK, &state.inner.pool.info().await)
+    json(StatusCode::OK, &state.inner.pool.info(state.inner.jail.spare_ids()).await)
 }
 
 pub async fn not_found() -> ApiError {

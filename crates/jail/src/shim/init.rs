@@ -38,11 +38,15 @@ pub const INIT_ARGV0: &str = "forkbox-init";
 /// In the forked child: finish the root, then exec a fresh copy of our own
 /// binary as init, so nothing of the shim's memory (host paths, other
 /// state) stays in a process that lives inside the sandbox.
-pub fn run(sock: OwnedFd, root: &Path, hostname: &str) -> ! {
+///
+/// `root: None` makes a *hollow* member: namespaces and init ready, its root
+/// attached later (`InitRequest::Root`, when a fork hands it its files).
+pub fn run(sock: OwnedFd, root: Option<&Path>, hostname: &str) -> ! {
     let exe = fs::File::open("/proc/self/exe").map(OwnedFd::from);
     let result = exe
         .map_err(|e| format!("open own executable: {e}"))
-        .and_then(|exe| setup(root, hostname).map(|()| exe));
+        .and_then(|exe| prepare(hostname).map(|()| exe))
+        .and_then(|exe| root.map_or(Ok(()), enter_root).map(|()| exe));
     let exe = match result {
         Ok(exe) => exe,
         Err(e) => {
@@ -102,10 +106,17 @@ pub fn main() -> ! {
     serve(sock, &confinement)
 }
 
-fn setup(root: &Path, hostname: &str) -> Result<(), String> {
+/// What a member's init sets up before it has a root: itself, the name and
+/// the network of its namespaces.
+fn prepare(hostname: &str) -> Result<(), String> {
     sys::set_not_dumpable().map_err(|e| format!("dumpable: {e}"))?;
     sethostname(hostname).map_err(|e| format!("sethostname: {e}"))?;
-    sys::loopback_up().map_err(|e| format!("loopback: {e}"))?;
+    sys::loopback_up().map_err(|e| format!("loopback: {e}"))
+}
+
+/// Make `root` (an overlay mounted in this mount namespace) the sandbox's
+/// root: /proc, /dev, /sys and masks inside it, then pivot_root.
+fn enter_root(root: &Path) -> Result<(), String> {
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).map_err(|e| format!("make / private: {e}"))?;
     // The overlay came from the shim's more privileged mount namespace, so it
@@ -239,6 +250,14 @@ fn reap(sock: &OwnedFd, running: &mut HashMap<i32, u64>) {
 fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Confinement, running: &mut HashMap<i32, u64>) {
     let (id, argv, env, cwd) = match req {
         InitRequest::Spawn { id, argv, env, cwd } => (id, argv, env, cwd),
+        InitRequest::Root { root } => {
+            let msg = match enter_root(&root) {
+                Ok(()) => InitMessage::Rooted,
+                Err(error) => InitMessage::SetupFailed { error },
+            };
+            let _ = channel::send(sock.as_fd(), &msg, &[]);
+            return;
+        }
         InitRequest::Signal { id, signal } => {
             if let Some((pid, _)) = running.iter().find(|(_, v)| **v == id) {
                 // Each command leads its own session, so its group is its pid.

@@ -109,14 +109,17 @@ pub struct Pending {
 /// Start building the member's namespaces and init; `finish` completes it
 /// once `Pending::sock` is readable. Splitting the two lets the shim build
 /// several members at once (their inits set up in parallel).
-pub fn start(family: &Family, hostname: &str, root: &Path, cgroup_procs: &[PathBuf]) -> Result<Pending> {
+///
+/// `root` is where the member's overlay is (or, for a hollow member, will
+/// be) mounted; a hollow member's init waits for `InitRequest::Root`.
+pub fn start(family: &Family, hostname: &str, root: &Path, hollow: bool, cgroup_procs: &[PathBuf]) -> Result<Pending> {
     let (ours, theirs) = channel::pair()?;
     channel::pass_credentials(ours.as_fd())?;
     // SAFETY: the shim is single-threaded.
     match unsafe { sys::fork_with(0) }.map_err(|e| Error::sys("fork", e))? {
         Forked::Child => {
             drop(ours);
-            let code = match build_in_child(family, hostname, root, cgroup_procs, theirs) {
+            let code = match build_in_child(family, hostname, (!hollow).then_some(root), cgroup_procs, theirs) {
                 Ok(()) => 0,
                 Err((sock, e)) => {
                     let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: e }, &[]);
@@ -164,7 +167,7 @@ pub fn finish(pending: Pending) -> Result<Member> {
 fn build_in_child(
     family: &Family,
     hostname: &str,
-    root: &Path,
+    root: Option<&Path>,
     cgroup_procs: &[PathBuf],
     sock: OwnedFd,
 ) -> std::result::Result<(), (OwnedFd, String)> {

@@ -38,14 +38,19 @@ impl ExitStatus {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
     /// Build a member: overlay root, namespaces, init. Reply fds: [pidfd of
-    /// init, then its mnt, net, uts, ipc and leaf pid namespaces].
+    /// init, then its mnt, net, uts, ipc and leaf pid namespaces]. Without
+    /// layers (`upper`/`work` None) the member is *hollow*: everything but
+    /// its root, which `RootMember` attaches later (a fork's spare).
     CreateMember {
         member: String,
         hostname: String,
-        upper: PathBuf,
-        work: PathBuf,
+        upper: Option<PathBuf>,
+        work: Option<PathBuf>,
         cgroup_procs: Vec<PathBuf>,
     },
+    /// Give a hollow member its root over these layers (answered once its
+    /// init has moved into it).
+    RootMember { member: String, upper: PathBuf, work: PathBuf },
     /// Start the member's REPL. fds: [stdout write end, stderr write end,
     /// control socket, source memfd].
     SpawnRepl {
@@ -153,6 +158,9 @@ pub enum InitRequest {
     },
     /// Signal the process group of a running command.
     Signal { id: u64, signal: i32 },
+    /// A hollow member gets its root: an overlay the shim mounted at `root`
+    /// in the member's mount namespace. Answered with `Rooted`.
+    Root { root: PathBuf },
 }
 
 /// Init → shim.
@@ -166,6 +174,8 @@ pub enum InitMessage {
     Started {
         id: u64,
     },
+    /// The member's root is in place (answer to `InitRequest::Root`).
+    Rooted,
     SpawnFailed {
         id: u64,
         error: String,

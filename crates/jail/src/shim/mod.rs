@@ -60,6 +60,10 @@ struct Shim {
     family_view: crate::notify::ProcFamilyView,
     /// Members whose init is still setting up, with the request to answer.
     creating: Vec<Creating>,
+    /// Hollow members moving into their root → the request to answer.
+    rooting: HashMap<String, u64>,
+    /// The shim's own mount namespace, to come back to from a member's.
+    own_mnt: OwnedFd,
 }
 
 struct Creating {
@@ -110,7 +114,14 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
             }
         }
     });
-    let (family, family_view) = match started {
+    let started = started.and_then(|(family, view)| match open_own_mnt() {
+        Ok(own) => Ok((family, view, own)),
+        Err(e) => {
+            family.terminate();
+            Err(e)
+        }
+    });
+    let (family, family_view, own_mnt) = match started {
         Ok(f) => f,
         Err(e) => {
             let failed = ShimMessage::Reply { req: 0, reply: Reply::Failed { error: e.to_string() } };
@@ -131,6 +142,8 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
         listeners: Vec::new(),
         family_view,
         creating: Vec::new(),
+        rooting: HashMap::new(),
+        own_mnt,
     };
     let result = shim.serve();
     shim.family.terminate();
@@ -139,6 +152,10 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
     }
     let _ = fs::remove_dir_all(&shim.config.run_dir);
     result
+}
+
+fn open_own_mnt() -> Result<OwnedFd> {
+    fs::File::open("/proc/self/ns/mnt").map(OwnedFd::from).map_err(|e| Error::io("open own mount namespace", e))
 }
 
 /// A procfs of the family's pid namespace (REPLs name pids in it) and the
@@ -356,22 +373,58 @@ impl Shim {
                     &[],
                 )
             }
+            InitMessage::Rooted => match self.rooting.remove(&member) {
+                Some(req) => self.reply(req, Ok((Reply::Done, vec![]))),
+                None => Ok(()),
+            },
+            InitMessage::SetupFailed { error } => match self.rooting.remove(&member) {
+                Some(req) => self.reply(req, Err(Error::Shim(format!("sandbox setup: {error}")))),
+                None => Ok(()),
+            },
             _ => Ok(()),
         }
     }
 
     fn on_request(&mut self, env: Envelope, fds: Vec<OwnedFd>) -> Result<()> {
         let req = env.req;
-        if let Request::CreateMember { member, hostname, upper, work, cgroup_procs } = env.request {
+        match env.request {
             // Answered once the member's init is ready (see `on_member_ready`),
             // so several members' inits set up at once.
-            return match self.start_member(req, member, &hostname, &upper, &work, &cgroup_procs) {
+            Request::CreateMember { member, hostname, upper, work, cgroup_procs } => {
+                let layers = upper.zip(work);
+                match self.start_member(req, member, &hostname, layers.as_ref().map(|(u, w)| (u.as_path(), w.as_path())), &cgroup_procs) {
+                    Ok(()) => Ok(()),
+                    Err(e) => self.reply(req, Err(e)),
+                }
+            }
+            // Answered once the member's init has moved into its root.
+            Request::RootMember { member, upper, work } => match self.root_member(req, member, &upper, &work) {
                 Ok(()) => Ok(()),
                 Err(e) => self.reply(req, Err(e)),
-            };
+            },
+            request => {
+                let result = self.handle(request, fds);
+                self.reply(req, result)
+            }
         }
-        let result = self.handle(env.request, fds);
-        self.reply(req, result)
+    }
+
+    /// Mount a hollow member's overlay in *its* mount namespace (so the
+    /// mount is its own, not a locked copy of ours) and tell its init to
+    /// move in.
+    fn root_member(&mut self, req: u64, name: String, upper: &std::path::Path, work: &std::path::Path) -> Result<()> {
+        let m = self.members.get(&name).ok_or_else(|| Error::Invalid(format!("no member {name}")))?;
+        if self.rooting.contains_key(&name) {
+            return Err(Error::Invalid(format!("member {name} is being given its root")));
+        }
+        setns(m.ns.mnt.as_fd(), CloneFlags::CLONE_NEWNS).map_err(|e| Error::sys("enter member mount namespace", e))?;
+        let mounted = member::mount_root(&self.family, &self.config.run_dir, &name, upper, work);
+        // Back home whatever happened: the shim's own mounts are in its namespace.
+        setns(self.own_mnt.as_fd(), CloneFlags::CLONE_NEWNS).map_err(|e| Error::sys("return to the shim's mount namespace", e))?;
+        let root = mounted?;
+        channel::send(m.init.as_fd(), &InitRequest::Root { root }, &[])?;
+        self.rooting.insert(name, req);
+        Ok(())
     }
 
     fn reply(&self, req: u64, result: Result<(Reply, Vec<OwnedFd>)>) -> Result<()> {
@@ -385,16 +438,19 @@ impl Shim {
         req: u64,
         name: String,
         hostname: &str,
-        upper: &std::path::Path,
-        work: &std::path::Path,
+        layers: Option<(&std::path::Path, &std::path::Path)>,
         cgroup_procs: &[std::path::PathBuf],
     ) -> Result<()> {
         if self.members.contains_key(&name) || self.creating.iter().any(|c| c.name == name) {
             return Err(Error::Invalid(format!("member {name} exists")));
         }
         self.repls.retain(|_, mem| *mem != name);
-        let root = member::mount_root(&self.family, &self.config.run_dir, &name, upper, work)?;
-        match member::start(&self.family, hostname, &root, cgroup_procs) {
+        let root = match layers {
+            Some((upper, work)) => member::mount_root(&self.family, &self.config.run_dir, &name, upper, work)?,
+            // Hollow: its overlay is mounted by `root_member`, in its own namespace.
+            None => self.config.run_dir.join(&name).join("root"),
+        };
+        match member::start(&self.family, hostname, &root, layers.is_none(), cgroup_procs) {
             Ok(pending) => {
                 self.creating.push(Creating { req, name, root, pending });
                 Ok(())
@@ -432,7 +488,7 @@ impl Shim {
 
     fn handle(&mut self, request: Request, fds: Vec<OwnedFd>) -> Result<(Reply, Vec<OwnedFd>)> {
         match request {
-            Request::CreateMember { .. } => Err(Error::Invalid("CreateMember is handled in on_request".into())),
+            Request::CreateMember { .. } | Request::RootMember { .. } => Err(Error::Invalid("answered in on_request".into())),
             Request::SpawnRepl {
                 member: name,
                 cgroup_procs,
