@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from run import DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Series, Server, check, fmt_ms, log, machine  # noqa: E402
+from run import DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Series, Server, check, fmt_ms, log, machine, write_section  # noqa: E402
 
 SECTION = "diff"
 DEFAULT_STATE_DIR = "/var/lib/forkbox-bench-diff"
@@ -74,18 +74,6 @@ def time_sdk(url: str, a: str, b: str, paths: list[str], reps: int) -> tuple[Ser
         s.add_ns(time.perf_counter_ns() - t)
     client.close()
     return s, answer
-
-
-def write_docs(path: str, body: str) -> None:
-    start, end = f"<!-- bench:{SECTION}:start -->", f"<!-- bench:{SECTION}:end -->"
-    section = f"{start}\n## diff: server-side vs the podflare SDK's (`bench/diff.py`)\n\n{body}\n{end}"
-    with open(path) as f:
-        text = f.read()
-    i, j = text.find(start), text.find(end)
-    text = text[:i] + section + text[j + len(end):] if i >= 0 and j > i else text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
 
 
 def main() -> int:
@@ -143,7 +131,7 @@ def main() -> int:
               "layer (written before the fork). The server reads each pair once (small files live inline in btrfs "
               "metadata, where shared extents cannot be seen); the SDK hashes each file in both sandboxes and ships "
               "the hashes over HTTP."]
-    write_docs(args.docs, "\n".join(lines) + "\n")
+    write_section(args.docs, SECTION, "diff: server-side vs the podflare SDK's (`bench/diff.py`)", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(r[5] for r in rows) else 1
 

@@ -47,7 +47,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run import (  # noqa: E402  (the shared server/client/statistics helpers)
-    ANSI, DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Series, Server, check, fmt_ms, fmt_ratio, log, machine,
+    ANSI, DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Series, Server, check, fmt_ms, fmt_ratio, log, machine, write_section,
 )
 
 SECTION = "fork"
@@ -598,18 +598,6 @@ def render(lat: dict, split: dict, mem: dict, cr: list[Series], facts: dict, m: 
     return "\n".join(L)
 
 
-def write_docs(path: str, body: str) -> None:
-    start, end = f"<!-- bench:{SECTION}:start -->", f"<!-- bench:{SECTION}:end -->"
-    section = f"{start}\n## Fork: latency, memory per child, create → first exec (`bench/fork.py`)\n\n{body}\n{end}"
-    with open(path) as f:
-        text = f.read()
-    i, j = text.find(start), text.find(end)
-    text = text[:i] + section + text[j + len(end):] if i >= 0 and j > i else text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -721,7 +709,7 @@ def main() -> int:
     body = render(lat, split, mem, cr, facts, machine(), args, cmdline, date)
     print(body)
     if not args.no_docs:
-        write_docs(args.docs, body)
+        write_section(args.docs, SECTION, "Fork: latency, memory per child, create → first exec (`bench/fork.py`)", body)
         log(f"wrote {os.path.relpath(args.docs, os.getcwd())}")
     return 0
 

@@ -25,7 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run import (  # noqa: E402  (the shared server/client/machine helpers)
     DEFAULT_BIN, DEFAULT_STATE_DIR, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Server, host_python, log, machine,
-    start_kernel, stop_kernel,
+    start_kernel, stop_kernel, write_section,
 )
 
 SECTION = "idle"
@@ -161,18 +161,6 @@ def render(n: int, fb: dict, py: int, jup: int, jn: int, m: dict) -> str:
     return "\n".join(out)
 
 
-def write_section(body: str) -> None:
-    start, end = f"<!-- bench:{SECTION}:start -->", f"<!-- bench:{SECTION}:end -->"
-    section = f"{start}\n## Idle footprint (`bench/idle.py`)\n\n{body}\n{end}"
-    with open(DOCS) as f:
-        text = f.read()
-    i, j = text.find(start), text.find(end)
-    text = text[:i] + section + text[j + len(end):] if i >= 0 and j > i else text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(DOCS + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(DOCS + ".tmp", DOCS)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sandboxes", type=int, default=50)
@@ -191,7 +179,7 @@ def main() -> int:
     body = render(args.sandboxes, fb, py, jup, args.kernels, machine())
     print(body)
     if not args.no_write:
-        write_section(body)
+        write_section(DOCS, SECTION, "Idle footprint (`bench/idle.py`)", body)
         log(f"wrote {DOCS}")
     return 0
 

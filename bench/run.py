@@ -657,10 +657,12 @@ of this file is left alone.
 """
 
 
-def write_docs(path: str, body: str) -> None:
-    start, end = f"<!-- bench:{SECTION}:start -->", f"<!-- bench:{SECTION}:end -->"
-    section = (f"{start}\n## REPL: exec round trip and create → first exec (`bench/run.py`)\n\n"
-               f"{body}\n{end}")
+def write_section(path: str, name: str, title: str, body: str) -> None:
+    """Replace the `bench:NAME` section of the results file at `path` (or
+    append it), leaving the rest of the file alone; every bench script
+    writes its results through this."""
+    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+    section = f"{start}\n## {title}\n\n{body}\n{end}"
     try:
         with open(path) as f:
             text = f.read()
@@ -733,7 +735,7 @@ def main() -> int:
     body = render(ex, cr, info, machine(), versions(), args, cmdline, date, hostpy)
     print(body)
     if not args.no_docs:
-        write_docs(args.docs, body)
+        write_section(args.docs, SECTION, "REPL: exec round trip and create → first exec (`bench/run.py`)", body)
         log(f"wrote {os.path.relpath(args.docs, os.getcwd())}")
     return 0
 
