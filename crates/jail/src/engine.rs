@@ -396,20 +396,7 @@ impl Jail {
     /// Hollow members of `sibling`'s family (no files yet): namespaces, init
     /// and cgroup, waiting for `root_children`.
     async fn hollow_members(&self, sibling: &Sandbox, ids: &[String], limits: &Limits) -> Result<Vec<ForkChild>> {
-        let builds = ids.iter().map(|id| {
-            let subvolume = self.volume.root().join(SANDBOXES_DIR).join(id);
-            self.add_member(sibling, id, subvolume, limits, true)
-        });
-        let mut made: Vec<Sandbox> = Vec::with_capacity(ids.len());
-        match Self::collect_members(futures::future::join_all(builds).await, &mut made) {
-            Ok(parts) => Ok(made.into_iter().zip(parts).map(|(sandbox, (ns, exited))| ForkChild { sandbox, ns, exited }).collect()),
-            Err(e) => {
-                for child in &made {
-                    let _ = Box::pin(self.destroy(child)).await;
-                }
-                Err(e)
-            }
-        }
+        self.new_members(sibling, ids, limits, true).await
     }
 
     /// Keep every member that was made (so the caller can clean up) and
@@ -442,21 +429,29 @@ impl Jail {
     /// New members of `sibling`'s family over fresh (template-only) files,
     /// waiting for a REPL like fork children do: the warm pool's spares.
     pub async fn spare_members(&self, sibling: &Sandbox, ids: &[String], limits: &Limits) -> Result<Vec<ForkChild>> {
+        self.new_members(sibling, ids, limits, false).await
+    }
+
+    /// New members of `sibling`'s family, built concurrently: over fresh
+    /// (template-only) layers, or `hollow` (no layers yet). All or none.
+    async fn new_members(&self, sibling: &Sandbox, ids: &[String], limits: &Limits, hollow: bool) -> Result<Vec<ForkChild>> {
         let range = crate::ids::IdRange { base: sibling.family.config.id_base, count: sibling.family.config.id_count };
         let builds = ids.iter().map(|id| async move {
             let subvolume = self.volume.root().join(SANDBOXES_DIR).join(id);
-            if let Err(e) = self.make_layers(&subvolume, &sibling.template_rootfs, range) {
-                let _ = self.volume.delete_subvolume(&subvolume);
-                return Err(e);
+            if !hollow {
+                if let Err(e) = self.make_layers(&subvolume, &sibling.template_rootfs, range) {
+                    let _ = self.volume.delete_subvolume(&subvolume);
+                    return Err(e);
+                }
             }
-            self.add_member(sibling, id, subvolume, limits, false).await
+            self.add_member(sibling, id, subvolume, limits, hollow).await
         });
         let mut made: Vec<Sandbox> = Vec::with_capacity(ids.len());
         match Self::collect_members(futures::future::join_all(builds).await, &mut made) {
             Ok(parts) => Ok(made.into_iter().zip(parts).map(|(sandbox, (ns, exited))| ForkChild { sandbox, ns, exited }).collect()),
             Err(e) => {
                 for child in &made {
-                    let _ = self.destroy(child).await;
+                    let _ = Box::pin(self.destroy(child)).await;
                 }
                 Err(e)
             }
