@@ -232,6 +232,22 @@ mod asm {
     }
 }
 
+/// `(which, who, ...)` calls (setpriority, ioprio_set) pass as they are
+/// only when they name the caller itself (`which`, 0); the rest go to the
+/// shim.
+fn only_on_self(a: &mut asm::Asm, which: u32) {
+    use asm::Label::{Allow, Notify};
+    use asm::To::{Next, L};
+    a.load(arg_low(0));
+    a.jeq(which, Next, L(Notify));
+    a.load(arg_high(0));
+    a.jeq(0, Next, L(Notify));
+    a.load(arg_low(1));
+    a.jeq(0, Next, L(Notify));
+    a.load(arg_high(1));
+    a.jeq(0, L(Allow), L(Notify));
+}
+
 /// The REPL's notify filter, a classic BPF seccomp program:
 ///
 /// * a call of another architecture: allowed here (the REPL's other
@@ -299,25 +315,11 @@ pub fn repl_filter() -> Vec<libc::sock_filter> {
 
     // setpriority(which, who, prio): allowed as is only for (PRIO_PROCESS, 0).
     a.label(SetPriority);
-    a.load(arg_low(0));
-    a.jeq(PRIO_PROCESS as u32, Next, L(Notify));
-    a.load(arg_high(0));
-    a.jeq(0, Next, L(Notify));
-    a.load(arg_low(1));
-    a.jeq(0, Next, L(Notify));
-    a.load(arg_high(1));
-    a.jeq(0, L(Allow), L(Notify));
+    only_on_self(&mut a, PRIO_PROCESS as u32);
 
     // ioprio_set(which, who, ioprio): allowed as is only for (IOPRIO_WHO_PROCESS, 0).
     a.label(IoprioSet);
-    a.load(arg_low(0));
-    a.jeq(IOPRIO_WHO_PROCESS as u32, Next, L(Notify));
-    a.load(arg_high(0));
-    a.jeq(0, Next, L(Notify));
-    a.load(arg_low(1));
-    a.jeq(0, Next, L(Notify));
-    a.load(arg_high(1));
-    a.jeq(0, L(Allow), L(Notify));
+    only_on_self(&mut a, IOPRIO_WHO_PROCESS as u32);
 
     // prlimit64(pid, ..), sched_set*(pid, ..), migrate_pages(pid, ..),
     // move_pages(pid, ..): allowed as is only for pid 0, the caller.
