@@ -932,17 +932,7 @@ mod tests {
             let (a, b) = (self.path("a", ""), self.path("b", ""));
             let (la, lb) = (self.path(lower_a, ""), self.path(lower_b, ""));
             let paths: Vec<String> = paths.iter().map(|p| p.to_string()).collect();
-            diff(
-                &Layers {
-                    upper: &a,
-                    lower: &la,
-                },
-                &Layers {
-                    upper: &b,
-                    lower: &lb,
-                },
-                &paths,
-            )
+            diff_layers(&a, &la, &b, &lb, &paths)
             .unwrap()
         }
 
@@ -1073,6 +1063,11 @@ mod tests {
             path.display(),
             std::io::Error::last_os_error()
         );
+    }
+
+    /// `diff` of uppers `a` over `la` and `b` over `lb`.
+    fn diff_layers(a: &Path, la: &Path, b: &Path, lb: &Path, paths: &[String]) -> Result<Diff> {
+        diff(&Layers { upper: a, lower: la }, &Layers { upper: b, lower: lb }, paths)
     }
 
     fn expect(added: &[&str], removed: &[&str], modified: &[&str]) -> Diff {
@@ -1295,17 +1290,7 @@ mod tests {
         set_xattr(&f.path("a", "root/f"), METACOPY, b"");
         let (a, b, lower) = (f.path("a", ""), f.path("b", ""), f.path("lower", ""));
         let run = || {
-            diff(
-                &Layers {
-                    upper: &a,
-                    lower: &lower,
-                },
-                &Layers {
-                    upper: &b,
-                    lower: &lower,
-                },
-                &["/root".into()],
-            )
+            diff_layers(&a, &lower, &b, &lower, &["/root".into()])
         };
         assert!(matches!(run(), Err(Error::Unsupported(_))));
         fs::remove_file(f.path("a", "root/f")).unwrap();
@@ -1434,17 +1419,7 @@ mod tests {
         let f = Fixture::new();
         let (a, b, lower) = (f.path("a", ""), f.path("b", ""), f.path("lower", ""));
         let run = |paths: Vec<String>| {
-            diff(
-                &Layers {
-                    upper: &a,
-                    lower: &lower,
-                },
-                &Layers {
-                    upper: &b,
-                    lower: &lower,
-                },
-                &paths,
-            )
+            diff_layers(&a, &lower, &b, &lower, &paths)
         };
         for bad in [
             vec!["root".to_string()],
@@ -1505,17 +1480,7 @@ mod tests {
         fs::remove_file(b.join("root/rewritten")).unwrap();
         fs::write(b.join("root/rewritten"), &data).unwrap();
         take_trace();
-        let got = diff(
-            &Layers {
-                upper: &a,
-                lower: &lower,
-            },
-            &Layers {
-                upper: &b,
-                lower: &lower,
-            },
-            &["/root".into()],
-        )
+        let got = diff_layers(&a, &lower, &b, &lower, &["/root".into()])
         .unwrap();
         assert_eq!(got, expect(&[], &[], &["/root/edited"]));
         let compared: Vec<String> = take_trace()
