@@ -54,6 +54,7 @@ _cflush = None
 _OUT = _ERR = _IN = None
 _CTRL = None                  # the control socket reader (_Control)
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(',', ':')).encode
+_strict = json.JSONEncoder(allow_nan=False).encode
 
 
 # ---- framing -----------------------------------------------------------------
@@ -660,6 +661,306 @@ def _reseed():
                 pass
 
 
+# ---- rich output (docs/outputs.md) -------------------------------------------
+# IPython's display protocol without IPython: display(obj) and the value of a
+# last expression become MIME bundles (`M` and `V` frames); matplotlib figures
+# shown with plt.show() or left open at the end of a call become images.
+# matplotlib is never imported here: only figures of a pyplot the user
+# imported are looked at.
+_MAX_BUNDLE = 4 << 20         # bytes of one bundle's JSON (result or display)
+_REPRS = (('text/html', '_repr_html_'), ('text/markdown', '_repr_markdown_'),
+          ('text/latex', '_repr_latex_'), ('image/svg+xml', '_repr_svg_'),
+          ('image/png', '_repr_png_'), ('image/jpeg', '_repr_jpeg_'),
+          ('application/pdf', '_repr_pdf_'), ('application/json', '_repr_json_'),
+          ('application/javascript', '_repr_javascript_'))
+_BINARY = ('image/png', 'image/jpeg', 'application/pdf')
+# Types without _repr_*_ methods: their bundle is their repr, asked nothing else.
+_PLAIN = frozenset((int, float, complex, bool, str, bytes, bytearray, list, tuple, dict, set, frozenset, range, type(None)))
+_FIG_FORMATS = {'png': 'image/png', 'svg': 'image/svg+xml', 'image/png': 'image/png', 'image/svg+xml': 'image/svg+xml'}
+_fig_mimes = ['image/png']    # what a figure becomes; display.set_figure_formats changes it
+_shown = []                   # figures displayed during this call: not again at its end
+_b64 = __import__('binascii').b2a_base64
+
+
+def _warn(msg):
+    _ERR.write('[forkbox] %s\n' % msg)
+
+
+def _wanted(mime, include, exclude):
+    return (include is None or mime in include) and (exclude is None or mime not in exclude)
+
+
+def _method(obj, name):
+    """``obj.name`` if it is callable, else None (also when getattr raises)."""
+    try:
+        m = getattr(obj, name, None)
+    except Exception:
+        return None
+    return m if callable(m) else None
+
+
+def _encode(mime, v):
+    """A value of type ``mime`` as JSON: bytes of binary types in base64,
+    JSON types as JSON values, text as str; None if it cannot be."""
+    if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], dict):
+        v = v[0]              # (data, metadata)
+    if mime in _BINARY:
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            return _b64(v, newline=False).decode('ascii')
+        return v if isinstance(v, str) else None
+    if mime == 'application/json' or mime.endswith('+json'):
+        if isinstance(v, (str, bytes)):
+            v = json.loads(v)
+        _strict(v)            # raises if it is not JSON (NaN included)
+        return v
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).decode('utf-8', 'replace')
+    return v if isinstance(v, str) else None
+
+
+def _render(obj, mime, what, fn):
+    """``fn()`` encoded as ``mime``; an exception (or a wrong type) leaves
+    the type out with a warning on stderr instead of breaking the call."""
+    try:
+        v = fn()
+        if v is None:
+            return None
+        enc = _encode(mime, v)
+        if enc is None:
+            _warn('%s returned %s, not %s; %s left out' % (what, type(v).__name__, mime, mime))
+        return enc
+    except Exception as e:
+        _warn('%s raised %s: %s; %s left out' % (what, type(e).__name__, _safe_str(e), mime))
+        return None
+
+
+def _safe_str(e):
+    try:
+        return str(e)
+    except Exception:
+        return '<str() failed>'
+
+
+def _figure_class():
+    m = sys.modules.get('matplotlib.figure')
+    return getattr(m, 'Figure', None) if m is not None else None
+
+
+def _savefig(fig, mime):
+    """A figure as PNG bytes or SVG text, as IPython's inline backend draws it."""
+    buf = io.BytesIO()
+    fmt = 'png' if mime == 'image/png' else 'svg'
+    fig.canvas.print_figure(buf, format=fmt, bbox_inches='tight',
+                            facecolor=fig.get_facecolor(), edgecolor=fig.get_edgecolor())
+    data = buf.getvalue()
+    return data if fmt == 'png' else data.decode('utf-8')
+
+
+def _rich(obj, include, exclude):
+    """The MIME types of ``obj`` beyond its repr."""
+    out = {}
+    if type(obj) in _PLAIN or isinstance(obj, type):
+        return out
+    fig = _figure_class()
+    if fig is not None and isinstance(obj, fig):
+        _shown.append(obj)
+        asked = [m for m in (include or ()) if m in _FIG_FORMATS.values()]
+        if not obj.axes:      # an empty figure draws nothing (like Jupyter)
+            return out
+        for mime in asked or _fig_mimes:
+            if _wanted(mime, include, exclude) and mime not in out:
+                v = _render(obj, mime, 'drawing the figure', lambda: _savefig(obj, mime))
+                if v is not None:
+                    out[mime] = v
+        return out
+    if _method(obj, '_ipython_canary_method_should_not_exist_') is not None:
+        return out            # it claims every attribute
+    name = type(obj).__name__
+    m = _method(obj, '_repr_mimebundle_')
+    if m is not None:
+        try:
+            r = m(include=include, exclude=exclude)
+        except Exception as e:
+            _warn('%s._repr_mimebundle_() raised %s: %s; its types left out' % (name, type(e).__name__, _safe_str(e)))
+            r = None
+        if isinstance(r, tuple) and r:
+            r = r[0]
+        if isinstance(r, dict):
+            for mime, v in r.items():
+                if isinstance(mime, str) and _wanted(mime, include, exclude):
+                    v = _render(obj, mime, '%s._repr_mimebundle_()[%r]' % (name, mime), lambda v=v: v)
+                    if v is not None:
+                        out[mime] = v
+    for mime, attr in _REPRS:
+        if mime in out or not _wanted(mime, include, exclude):
+            continue
+        m = _method(obj, attr)
+        if m is not None:
+            v = _render(obj, mime, '%s.%s()' % (name, attr), m)
+            if v is not None:
+                out[mime] = v
+    return out
+
+
+def _bundle(obj, include=None, exclude=None):
+    """The MIME bundle of ``obj``: ``text/plain`` is its repr (whose errors
+    are the caller's, as with print), then what its _repr_*_ methods give."""
+    b = {}
+    if _wanted('text/plain', include, exclude):
+        b['text/plain'] = _repr(obj)
+    b.update(_rich(obj, include, exclude))
+    return b
+
+
+def _mib(n):
+    return '%.1f MiB' % (n / 1048576)
+
+
+def _fit(b, what):
+    """The JSON of bundle ``b``, at most _MAX_BUNDLE bytes: the biggest
+    types but text/plain are left out first, then text/plain is cut."""
+    data = _json(b)
+    if len(data) <= _MAX_BUNDLE:
+        return data
+    sizes = {k: len(_json({k: v})) - 2 for k, v in b.items()}     # "k":v
+    total = len(data)
+    for k in sorted((k for k in b if k != 'text/plain'), key=sizes.get, reverse=True):
+        if total <= _MAX_BUNDLE:
+            break
+        del b[k]
+        total -= sizes[k] + (1 if b else 0)
+        _warn('%s (%s) left out of %s: a bundle is limited to %s' % (k, _mib(sizes[k]), what, _mib(_MAX_BUNDLE)))
+    text = b.get('text/plain')
+    if total > _MAX_BUNDLE and isinstance(text, str):
+        room = _MAX_BUNDLE - (total - sizes['text/plain'])
+        n = len(text)
+        while True:
+            cut = text[:n] + '\n[forkbox: cut; the whole text was %d characters]' % len(text)
+            over = len(_json({'text/plain': cut})) - 2 - room
+            if over <= 0 or n == 0:
+                break
+            n = max(0, n - over)  # every character is at least one byte of JSON
+        b['text/plain'] = cut
+        _warn('text/plain of %s cut to %d of %d characters: a bundle is limited to %s' % (what, n, len(text), _mib(_MAX_BUNDLE)))
+    data = _json(b)
+    return data if len(data) <= _MAX_BUNDLE else b'{}'
+
+
+def _send_display(b):
+    if b:
+        _frame(b'M', _fit(b, 'a display'))
+
+
+def display(*objs, include=None, exclude=None, raw=False, **ignored):
+    """Show objects as rich output: each becomes one `display` event
+    carrying a MIME bundle (text/plain, text/html, image/png, ...), built
+    from its _repr_*_ methods as IPython does; stdout is not touched.
+
+    include/exclude: MIME types to keep only / leave out; on a matplotlib
+    figure, include may ask for image/svg+xml.  raw=True: each object is a
+    bundle already ({mime: data}).  Other IPython keywords are ignored.
+    display.set_figure_formats('png', 'svg') sets what figures become."""
+    for obj in objs:
+        if raw:
+            if not isinstance(obj, dict):
+                raise TypeError('display(raw=True) takes dicts of MIME type to data, not %s' % type(obj).__name__)
+            b = {}
+            for mime, v in obj.items():
+                if isinstance(mime, str) and _wanted(mime, include, exclude):
+                    v = _render(obj, mime, 'display(raw=True)[%r]' % mime, lambda v=v: v)
+                    if v is not None:
+                        b[mime] = v
+        else:
+            b = _bundle(obj, include, exclude)
+        _send_display(b)
+
+
+def set_figure_formats(*formats):
+    """What a matplotlib figure becomes: any of 'png', 'svg' (or their MIME
+    types), in order; none at all turns figures off: plt.show() and the
+    end of a call then leave them alone (open)."""
+    mimes = []
+    for f in formats:
+        mime = _FIG_FORMATS.get(f.lower() if isinstance(f, str) else f)
+        if mime is None:
+            raise ValueError('unknown figure format %r; use %s' % (f, ', '.join(repr(k) for k in _FIG_FORMATS)))
+        if mime not in mimes:
+            mimes.append(mime)
+    _fig_mimes[:] = mimes
+
+
+display.set_figure_formats = set_figure_formats
+
+
+def _open_figures():
+    helpers = sys.modules.get('matplotlib._pylab_helpers')
+    if helpers is None or 'matplotlib.pyplot' not in sys.modules:
+        return []
+    try:
+        return [m.canvas.figure for m in helpers.Gcf.get_all_fig_managers()]
+    except Exception:
+        return []
+
+
+def _close_figures():
+    try:
+        sys.modules['matplotlib.pyplot'].close('all')
+    except Exception:
+        pass
+
+
+def _show(*args, **kwargs):
+    """forkbox: display every open figure (as display.set_figure_formats
+    says; image/png by default) and close it."""
+    if not _fig_mimes:
+        return
+    figs = _open_figures()
+    for fig in figs:
+        display(fig)
+    if figs:
+        _close_figures()
+
+
+def _end_figures():
+    """At the end of a call: figures left open and not displayed yet are
+    displayed, then every open figure is closed (as Jupyter's inline backend)."""
+    figs = _open_figures()
+    try:
+        if figs and _fig_mimes:
+            for fig in figs:
+                if fig.axes and not any(f is fig for f in _shown):
+                    display(fig)
+            _close_figures()
+    finally:
+        _shown.clear()
+
+
+class _PyplotHook:
+    """On sys.meta_path: when matplotlib.pyplot is first imported, its
+    show() becomes _show (a post-import hook; it never imports anything)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != 'matplotlib.pyplot':
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, 'find_spec', None) if finder is not self else None
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        run = getattr(spec.loader, 'exec_module', None)
+        if run is not None:
+            def exec_module(module):
+                run(module)
+                module.show = _show
+            try:
+                spec.loader.exec_module = exec_module
+            except Exception:
+                pass
+        return spec
+
+
 # ---- exec --------------------------------------------------------------------
 def _compile(src, fn):
     global _fflags
@@ -797,7 +1098,7 @@ def _exec(eid, src):
                 if c2.co_flags & _CO_COROUTINE:
                     v = _await(v)
                 if v is not None:
-                    val = _repr(v)
+                    val = _bundle(v)
                 v = None
         finally:
             _running = False
@@ -817,7 +1118,14 @@ def _exec(eid, src):
         _out(None, b'', True)
         os._exit(code & 0xFF)
     if val is not None:
-        _frame(b'V', _json({'text/plain': val}))
+        _frame(b'V', _fit(val, 'the result'))
+    try:
+        _running = True       # a timeout interrupts drawing figures too
+        _end_figures()
+    except BaseException:
+        pass
+    finally:
+        _running = False
     _flush_all()
     _frame(b'D', _json({'id': eid, 'exit_code': code, 'error': err}))
 
@@ -838,6 +1146,8 @@ def main():
     g.setdefault('__annotations__', {})
     _G = g
     del caller, g
+    __import__('builtins').display = display   # as IPython: in builtins, not in globals
+    sys.meta_path.insert(0, _PyplotHook())
     sys.argv = ['']
     os.set_inheritable(_CTL, False)   # os.system() children must not get the socket
     os.set_blocking(_CTL, True)
