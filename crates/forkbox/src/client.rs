@@ -95,7 +95,11 @@ async fn exec(api: &Api, id: &str, code: &str, args: &RunArgs) -> anyhow::Result
                     std::io::stdout().flush()?;
                 }
                 EventKind::Stderr => eprint!("{}", text(&ev)),
-                EventKind::Result => println!("{}", ev.data.as_str().unwrap_or_default()),
+                EventKind::Result | EventKind::Display => {
+                    if let Some(text) = ev.data.as_str() {
+                        println!("{text}");
+                    }
+                }
                 EventKind::Exit => exit = ev.data.as_i64().unwrap_or(1) as i32,
                 EventKind::Error | EventKind::Warning => {}
             }

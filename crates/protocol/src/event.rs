@@ -16,6 +16,9 @@ pub enum EventKind {
     /// The value of the last expression: `data` is its `text/plain` repr,
     /// `bundle` the MIME bundle.
     Result,
+    /// Rich output (`display()`, a matplotlib figure): `data` is its
+    /// `text/plain` (or null), `bundle` the MIME bundle.
+    Display,
     /// A structured error: `data` is a message; `ename`/`evalue`/`traceback`
     /// when it comes from Python.
     Error,

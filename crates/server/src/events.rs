@@ -15,6 +15,9 @@ use tokio::sync::mpsc;
 pub const REPLAY_EVENTS: usize = 1000;
 /// A line longer than this is sent in pieces (with `nl: false`).
 const MAX_LINE: usize = 64 * 1024;
+/// `replay` keeps the bundles of only this many most recent events; older
+/// `result`/`display` events keep their `data`, cut to `MAX_LINE` bytes.
+pub const REPLAY_BUNDLES: usize = 16;
 
 pub type Replay = Arc<Mutex<VecDeque<Event>>>;
 
@@ -40,10 +43,7 @@ impl EventSink {
         ev.ts = now_ms();
         self.seq += 1;
         if let Ok(mut r) = self.replay.lock() {
-            if r.len() == REPLAY_EVENTS {
-                r.pop_front();
-            }
-            r.push_back(ev.clone());
+            keep_for_replay(&mut r, ev.clone());
         }
         if let Some(out) = &self.out {
             // A client that went away stops receiving; the exec goes on.
@@ -77,11 +77,14 @@ impl EventSink {
         }
     }
 
+    /// The value of the last expression.
     pub async fn result(&mut self, bundle: serde_json::Value) {
-        let text = bundle.get("text/plain").cloned().unwrap_or(serde_json::Value::Null);
-        let mut ev = Event::new(EventKind::Result, text);
-        ev.bundle = Some(bundle);
-        self.emit(ev).await;
+        self.emit(bundle_event(EventKind::Result, bundle)).await;
+    }
+
+    /// Rich output: `display()`, a figure.
+    pub async fn display(&mut self, bundle: serde_json::Value) {
+        self.emit(bundle_event(EventKind::Display, bundle)).await;
     }
 
     pub async fn error(&mut self, message: String, ename: Option<String>, evalue: Option<String>, traceback: Option<Vec<String>>) {
@@ -100,6 +103,32 @@ impl EventSink {
         self.flush().await;
         self.emit(Event::new(EventKind::Exit, json!(code))).await;
     }
+}
+
+/// `data` is the bundle's `text/plain` (null without one).
+fn bundle_event(kind: EventKind, bundle: serde_json::Value) -> Event {
+    let text = bundle.get("text/plain").cloned().unwrap_or(serde_json::Value::Null);
+    let mut ev = Event::new(kind, text);
+    ev.bundle = Some(bundle);
+    ev
+}
+
+/// Append `ev` to a sandbox's replay: at most `REPLAY_EVENTS` events, of
+/// which at most `REPLAY_BUNDLES` keep a bundle (images are big).
+fn keep_for_replay(r: &mut VecDeque<Event>, ev: Event) {
+    if r.len() == REPLAY_EVENTS {
+        r.pop_front();
+    }
+    if ev.bundle.is_some() {
+        if let Some(old) = r.iter_mut().rev().filter(|e| e.bundle.is_some()).nth(REPLAY_BUNDLES - 1) {
+            old.bundle = None;
+            if let Some(text) = old.data.as_str().filter(|t| t.len() > MAX_LINE) {
+                let cut = (0..=MAX_LINE).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+                old.data = json!(text[..cut]);
+            }
+        }
+    }
+    r.push_back(ev);
 }
 
 fn line_event(kind: EventKind, bytes: &[u8], nl: bool) -> Event {
@@ -166,6 +195,35 @@ mod tests {
         assert_eq!(b.push(b"tail"), vec![]);
         assert_eq!(b.take(), Some(b"tail".to_vec()));
         assert_eq!(b.take(), None);
+    }
+
+    #[test]
+    fn replay_keeps_the_bundles_of_the_newest_events_only() {
+        let mut r = VecDeque::new();
+        let big = "é".repeat(MAX_LINE); // 2 bytes each
+        for i in 0..REPLAY_BUNDLES {
+            keep_for_replay(&mut r, bundle_event(EventKind::Display, json!({"text/plain": format!("{i}{big}"), "image/png": "AAAA"})));
+            keep_for_replay(&mut r, Event::new(EventKind::Stdout, json!("line")));
+        }
+        assert!(r.iter().filter(|e| e.kind == EventKind::Display).all(|e| e.bundle.is_some()));
+        keep_for_replay(&mut r, bundle_event(EventKind::Result, json!({"text/plain": "x"})));
+        let first = &r[0];
+        assert_eq!(first.bundle, None);
+        let data = first.data.as_str().unwrap();
+        assert!(data.starts_with("0é") && data.len() <= MAX_LINE && data.len() > MAX_LINE - 4, "{}", data.len());
+        assert_eq!(r.iter().filter(|e| e.bundle.is_some()).count(), REPLAY_BUNDLES);
+        assert_eq!(r[2].bundle.as_ref().unwrap()["image/png"], "AAAA");
+        assert_eq!(r.back().unwrap().data, "x");
+    }
+
+    #[test]
+    fn replay_holds_at_most_its_number_of_events() {
+        let mut r = VecDeque::new();
+        for i in 0..REPLAY_EVENTS + 5 {
+            keep_for_replay(&mut r, Event::new(EventKind::Stdout, json!(i)));
+        }
+        assert_eq!(r.len(), REPLAY_EVENTS);
+        assert_eq!(r[0].data, 5);
     }
 
     #[test]

@@ -21,12 +21,17 @@ pub const REPL_BOOTSTRAP: &str = include_str!("../../../repl/bootstrap.py");
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest control frame we accept from a REPL (a huge repr, say).
 const MAX_FRAME: usize = 64 << 20;
+/// Largest MIME bundle (`V`, `M`) passed on; the REPL keeps to it, so only
+/// code that writes to the control socket itself sends a bigger one.
+pub const MAX_BUNDLE: usize = 4 << 20;
 
 #[derive(Debug)]
 pub enum ReplItem {
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
     Result(serde_json::Value),
+    /// A MIME bundle to display (`display()`, a figure).
+    Display(serde_json::Value),
     Done(Done),
     /// The REPL forked itself (answer to `send_fork`).
     Forked(Forked),
@@ -264,7 +269,9 @@ async fn pump(
                             let item = match kind {
                                 b'O' => ReplItem::Stdout(payload),
                                 b'E' => ReplItem::Stderr(payload),
+                                b'V' | b'M' if payload.len() > MAX_BUNDLE => continue,
                                 b'V' => match serde_json::from_slice(&payload) { Ok(v) => ReplItem::Result(v), Err(_) => continue },
+                                b'M' => match serde_json::from_slice(&payload) { Ok(v) => ReplItem::Display(v), Err(_) => continue },
                                 b'D' => match serde_json::from_slice(&payload) { Ok(d) => ReplItem::Done(d), Err(_) => continue },
                                 b'f' => match serde_json::from_slice(&payload) { Ok(f) => ReplItem::Forked(f), Err(_) => continue },
                                 b'R' => {

@@ -174,6 +174,7 @@ impl SandboxEntry {
             match item {
                 ReplItem::Stdout(b) => sink.stdout(&b).await,
                 ReplItem::Stderr(b) => sink.stderr(&b).await,
+                ReplItem::Display(v) => sink.display(v).await,
                 ReplItem::Died(status) => {
                     // It died between calls (a background thread's doing, an
                     // OOM kill by another process's growth, ...).
@@ -207,6 +208,7 @@ impl SandboxEntry {
                     Some(ReplItem::Stdout(b)) => sink.stdout(&b).await,
                     Some(ReplItem::Stderr(b)) => sink.stderr(&b).await,
                     Some(ReplItem::Result(v)) => sink.result(v).await,
+                    Some(ReplItem::Display(v)) => sink.display(v).await,
                     Some(ReplItem::Done(d)) if d.id == id => {
                         sink.flush().await;
                         let code = if interrupted {
