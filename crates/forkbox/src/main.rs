@@ -105,6 +105,9 @@ struct ServeArgs {
     /// in all, MiB [default: 90% of the host's memory].
     #[arg(long)]
     max_memory_mib: Option<u64>,
+    /// Largest file one files-API upload may write (MiB).
+    #[arg(long, default_value_t = 16384)]
+    max_file_mib: u64,
     /// Create every sandbox the slow way instead of forking a warm,
     /// pre-imported zygote of its template (docs/fork.md).
     #[arg(long)]
@@ -216,6 +219,7 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         pids: a.pids_limit,
         max_sandboxes: a.max_sandboxes,
         max_memory_mib: a.max_memory_mib,
+        max_file_bytes: a.max_file_mib << 20,
         default_exec_timeout: Duration::from_millis(a.exec_timeout_ms),
         interrupt_grace: Duration::from_millis(a.interrupt_grace_ms),
         ..Default::default()

@@ -85,7 +85,7 @@ pub struct ReplProcess {
     pub exited: oneshot::Receiver<ExitStatus>,
 }
 
-/// A command running in a sandbox (bash).
+/// A command running in a sandbox (bash), its output on pipes.
 pub struct CommandProcess {
     pub stdout: tokio::net::unix::pipe::Receiver,
     pub stderr: tokio::net::unix::pipe::Receiver,
@@ -93,17 +93,49 @@ pub struct CommandProcess {
     /// Resolves once init has forked the command. If `exited` fails while
     /// this never resolved, the command never ran and may be retried.
     pub started: oneshot::Receiver<()>,
+    pub control: CommandControl,
+}
+
+/// A command running on a terminal in the sandbox (a PTY session).
+pub struct TerminalProcess {
+    /// The terminal's master side (non-blocking): read output, write input,
+    /// resize with `TIOCSWINSZ`.
+    pub master: OwnedFd,
+    pub exited: oneshot::Receiver<ExitStatus>,
+    pub control: CommandControl,
+}
+
+/// Signals for a running command.
+pub struct CommandControl {
     shim: Arc<ShimHandle>,
     member: String,
     id: u64,
 }
 
-impl CommandProcess {
-    /// SIGKILL the command and everything it started in its process group.
-    pub async fn kill(&self) {
-        let req = Request::SignalCommand { member: self.member.clone(), id: self.id, signal: libc::SIGKILL };
+impl CommandControl {
+    /// Send `signal` to the command and every process of its session.
+    pub async fn signal(&self, signal: i32) {
+        let req = Request::SignalCommand { member: self.member.clone(), id: self.id, signal };
         let _ = self.shim.call(req, &[]).await;
     }
+
+    /// SIGKILL the command and everything it started in its session.
+    pub async fn kill(&self) {
+        self.signal(libc::SIGKILL).await;
+    }
+}
+
+impl CommandProcess {
+    pub async fn kill(&self) {
+        self.control.kill().await;
+    }
+}
+
+/// What a launched command is waiting on.
+struct Launched {
+    exited: oneshot::Receiver<ExitStatus>,
+    started: oneshot::Receiver<()>,
+    control: CommandControl,
 }
 
 /// A family as the server sees it: its shim, shared by every member.
@@ -743,30 +775,42 @@ impl Sandbox {
 
     /// Run `argv` in the sandbox through its init (for bash calls).
     pub async fn spawn_command(&self, argv: Vec<String>, env: Vec<String>, cwd: &str) -> Result<CommandProcess> {
-        let id = self.next_command.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (stdout_r, stdout_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
         let (stderr_r, stderr_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
         let null = OwnedFd::from(std::fs::File::open("/dev/null").map_err(|e| Error::io("open /dev/null", e))?);
+        let launched = self.launch(argv, env, cwd, [null.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()], false).await?;
+        Ok(CommandProcess {
+            stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(|e| Error::io("register pipe", e))?,
+            stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(|e| Error::io("register pipe", e))?,
+            exited: launched.exited,
+            started: launched.started,
+            control: launched.control,
+        })
+    }
+
+    /// Run `argv` on a new terminal of the sandbox's own devpts, as the
+    /// leader of its session with the terminal as its controlling tty.
+    pub async fn spawn_terminal(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, size: crate::pty::Size) -> Result<TerminalProcess> {
+        let terminal = self.fs()?.open_terminal(size)?;
+        let slave = terminal.slave.as_raw_fd();
+        let launched = self.launch(argv, env, cwd, [slave, slave, slave], true).await?;
+        drop(terminal.slave);
+        Ok(TerminalProcess { master: terminal.master, exited: launched.exited, control: launched.control })
+    }
+
+    /// Have init start `argv` with `stdio` as fds 0-2 (a terminal when `tty`).
+    async fn launch(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, stdio: [i32; 3], tty: bool) -> Result<Launched> {
+        let id = self.next_command.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let (started_tx, started_rx) = oneshot::channel();
         let shim = self.shim();
         shim.commands.lock().await.insert((self.id.clone(), id), crate::supervisor::CommandWaiters { started: Some(started_tx), exited: tx });
-        let req = Request::SpawnCommand { member: self.id.clone(), id, argv, env, cwd: cwd.to_string() };
-        let sent = shim.call(req, &[null.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()]).await;
-        drop((stdout_w, stderr_w, null));
-        if let Err(e) = sent {
+        let req = Request::SpawnCommand { member: self.id.clone(), id, argv, env, cwd: cwd.to_string(), tty };
+        if let Err(e) = shim.call(req, &stdio).await {
             shim.commands.lock().await.remove(&(self.id.clone(), id));
             return Err(e);
         }
-        Ok(CommandProcess {
-            stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(|e| Error::io("register pipe", e))?,
-            stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(|e| Error::io("register pipe", e))?,
-            exited: rx,
-            started: started_rx,
-            shim,
-            member: self.id.clone(),
-            id,
-        })
+        Ok(Launched { exited: rx, started: started_rx, control: CommandControl { shim, member: self.id.clone(), id } })
     }
 
     /// Kill every process of the sandbox and build its namespaces and init
@@ -813,6 +857,27 @@ impl Sandbox {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         true
+    }
+
+    /// The sandbox's root filesystem, opened for the host (the files API).
+    /// Fails when the sandbox's init is gone (its root with it).
+    pub fn fs(&self) -> Result<crate::fs::SandboxFs> {
+        let slot = self.init_pidfd.lock().unwrap_or_else(|e| e.into_inner());
+        let pidfd = slot.as_ref().ok_or_else(|| Error::Invalid("the sandbox has no init".into()))?;
+        let pid = crate::sys::pidfd_pid(pidfd.as_fd()).ok_or_else(|| Error::Invalid("the sandbox's init has exited".into()))?;
+        let root = rustix::fs::open(
+            format!("/proc/{pid}/root").as_str(),
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| Error::io("open the sandbox's root", e.into()))?;
+        // The pid could have been reused between reading it and opening its
+        // root: the pidfd still naming a live process proves it was not.
+        if crate::sys::pidfd_pid(pidfd.as_fd()).is_none() {
+            return Err(Error::Invalid("the sandbox's init has exited".into()));
+        }
+        let config = &self.family.config;
+        Ok(crate::fs::SandboxFs::new(root, config.id_base, config.id_count))
     }
 
     /// Whether the member's init (and so the sandbox's namespaces) is alive.

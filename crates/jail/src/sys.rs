@@ -101,6 +101,14 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: nix::sys::signal::Signal
     Ok(())
 }
 
+/// The pid (in our pid namespace) a pidfd names, or None once the process
+/// has exited (the kernel then reports -1).
+pub fn pidfd_pid(pidfd: BorrowedFd<'_>) -> Option<i32> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
+    let pid: i32 = info.lines().find_map(|l| l.strip_prefix("Pid:"))?.trim().parse().ok()?;
+    (pid > 0).then_some(pid)
+}
+
 /// What `fork_with` returns in each process.
 pub enum Forked {
     Parent(Pid),

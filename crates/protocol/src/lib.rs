@@ -6,6 +6,8 @@
 
 pub mod api;
 pub mod event;
+pub mod files;
 
 pub use api::*;
 pub use event::{Event, EventKind};
+pub use files::*;

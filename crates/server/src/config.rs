@@ -45,6 +45,8 @@ pub struct SandboxLimits {
     /// Refuse creates and forks while the sandboxes' cgroups use this much
     /// memory (None: 90% of the host's memory).
     pub max_memory_mib: Option<u64>,
+    /// Largest file one files-API upload may write.
+    pub max_file_bytes: u64,
 }
 
 /// 90% of the host's memory, in MiB (the default memory cap).
@@ -74,6 +76,7 @@ impl Default for SandboxLimits {
             interrupt_grace: Duration::from_secs(2),
             max_sandboxes: 1000,
             max_memory_mib: None,
+            max_file_bytes: 16 << 30,
         }
     }
 }

@@ -22,6 +22,11 @@ pub enum ApiError {
     TooMany(String),
     #[error("{0}")]
     NotImplemented(String),
+    #[error("{0}")]
+    RangeNotSatisfiable(String),
+    /// The sandbox's disk is full (507).
+    #[error("{0}")]
+    NoSpace(String),
     #[error("{message}")]
     Unavailable { message: String, progress: Option<f32> },
     #[error("internal error: {0}")]
@@ -38,6 +43,8 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            ApiError::RangeNotSatisfiable(_) => StatusCode::RANGE_NOT_SATISFIABLE,
+            ApiError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -47,6 +54,19 @@ impl ApiError {
     pub fn engine(context: &str, err: impl std::fmt::Display) -> ApiError {
         tracing::error!(%err, "{context}");
         ApiError::Internal(context.to_string())
+    }
+}
+
+impl From<jail::fs::FsError> for ApiError {
+    fn from(e: jail::fs::FsError) -> ApiError {
+        use jail::fs::FsErrorKind as K;
+        match e.kind {
+            K::Invalid | K::OtherFilesystem => ApiError::BadRequest(e.message),
+            K::NotFound => ApiError::NotFound(e.message),
+            K::Exists | K::NotADirectory | K::IsADirectory | K::NotEmpty | K::Busy => ApiError::Conflict(e.message),
+            K::NoSpace => ApiError::NoSpace(e.message),
+            K::Other => ApiError::Internal(e.message),
+        }
     }
 }
 

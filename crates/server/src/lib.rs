@@ -7,14 +7,17 @@
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod files;
 pub mod fork;
 pub mod openapi;
 pub mod pool;
+pub mod pty;
 pub mod repl;
 pub mod routes;
 pub mod sandbox;
 pub mod state;
 pub mod templates;
+pub mod watch;
 
 use std::net::SocketAddr;
 
@@ -40,6 +43,17 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/fork", post(routes::fork))
         .route("/v1/sandboxes/{id}/merge_into/{winner}", post(routes::merge_into))
         .route("/v1/sandboxes/{id}/diff/{other}", get(routes::diff))
+        .route("/v1/sandboxes/{id}/files", get(files::get).put(files::put).delete(files::delete))
+        .route("/v1/sandboxes/{id}/files/watch", get(watch::watch))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
+        .route("/v1/sandboxes/{id}/pty", post(pty::create).get(pty::list))
+        .route("/v1/sandboxes/{id}/pty/{pty}/attach", get(pty::attach))
+        .route("/v1/sandboxes/{id}/pty/{pty}/input", post(pty::input))
+        .route("/v1/sandboxes/{id}/pty/{pty}/resize", post(pty::resize))
+        .route("/v1/sandboxes/{id}/pty/{pty}/kill", post(pty::kill))
+        .route("/v1/sandboxes/{id}/pty/{pty}/read", post(pty::read))
+        .route("/v1/sandboxes/{id}/files/rename", post(files::rename))
+        .route("/v1/sandboxes/{id}/files/chmod", post(files::chmod))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), routes::auth))

@@ -3,18 +3,23 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use crate::routes;
+use crate::{files, pty, routes, watch};
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "forkbox", description = "Self-hosted sandboxes for AI agents; speaks the podflare SDK's HTTP contract."),
     paths(
         routes::healthz, routes::create, routes::list, routes::info, routes::destroy, routes::exec,
-        routes::replay, routes::templates, routes::fork, routes::merge_into, routes::pool, routes::diff
+        routes::replay, routes::templates, routes::fork, routes::merge_into, routes::pool, routes::diff,
+        files::get, files::put, files::delete, files::mkdir, files::rename, files::chmod, watch::watch,
+        pty::create, pty::list, pty::attach, pty::input, pty::resize, pty::kill, pty::read
     ),
     components(schemas(protocol::CreateSandbox, protocol::Created, protocol::ExecRequest, protocol::SandboxInfo,
         protocol::SandboxList, protocol::ErrorBody, protocol::Event, protocol::EventKind, protocol::TemplateInfo,
         protocol::ForkRequest, protocol::Forked, protocol::DiffResult,
+        protocol::FileInfo, protocol::FileType, protocol::FileList, protocol::Written, protocol::FileMode,
+        protocol::MkdirRequest, protocol::RenameRequest, protocol::ChmodRequest, protocol::FileEvent,
+        pty::PtyCreate, pty::PtyInput, pty::PtyResize, pty::PtyRead, pty::PtyChunk, pty::PtyInfo,
         crate::pool::PoolInfo, crate::pool::PoolTemplate)),
     modifiers(&BearerAuth),
     security(("bearer" = []))

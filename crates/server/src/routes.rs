@@ -148,12 +148,17 @@ pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(re
         entry.touch();
         entry.busy.fetch_sub(1, Ordering::SeqCst);
     });
+    Ok(ndjson_stream(rx))
+}
+
+/// A streaming NDJSON response: one line per value received.
+pub fn ndjson_stream<T: serde::Serialize + Send + 'static>(rx: mpsc::Receiver<T>) -> Response {
     let body = ReceiverStream::new(rx).map(|ev| {
         let mut line = serde_json::to_vec(&ev).unwrap_or_default();
         line.push(b'\n');
         Ok::<_, Infallible>(bytes::Bytes::from(line))
     });
-    Ok(ndjson(Body::from_stream(body)))
+    ndjson(Body::from_stream(body))
 }
 
 fn ndjson(body: Body) -> Response {

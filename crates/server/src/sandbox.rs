@@ -46,6 +46,10 @@ pub struct SandboxEntry {
     pub slot: Mutex<ReplSlot>,
     /// Execs running or queued (the idle timer ignores busy sandboxes).
     pub busy: AtomicU64,
+    /// Open file watch streams (src/watch.rs).
+    pub watches: std::sync::atomic::AtomicUsize,
+    /// PTY sessions (src/pty.rs); a merge hands the winner's to the parent's id.
+    pub ptys: Arc<crate::pty::PtyTable>,
 }
 
 /// The REPL as the exec queue sees it.
@@ -434,6 +438,8 @@ pub fn new_entry(id: String, settings: Settings, engine: Arc<jail::Sandbox>, ses
         destroyed: AtomicBool::new(false),
         slot: Mutex::new(ReplSlot { session: Some(session), lost_state: None, rebuilt: false, oom_seen: 0 }),
         busy: AtomicU64::new(0),
+        watches: Default::default(),
+        ptys: Default::default(),
     })
 }
 
@@ -459,5 +465,7 @@ pub fn merged_entry(parent: &SandboxEntry, winner: &SandboxEntry, winner_slot: &
             oom_seen: winner_slot.oom_seen,
         }),
         busy: AtomicU64::new(0),
+        watches: Default::default(),
+        ptys: Arc::clone(&winner.ptys),
     })
 }

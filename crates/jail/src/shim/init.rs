@@ -248,8 +248,8 @@ fn reap(sock: &OwnedFd, running: &mut HashMap<i32, u64>) {
 }
 
 fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Confinement, running: &mut HashMap<i32, u64>) {
-    let (id, argv, env, cwd) = match req {
-        InitRequest::Spawn { id, argv, env, cwd } => (id, argv, env, cwd),
+    let (id, argv, env, cwd, tty) = match req {
+        InitRequest::Spawn { id, argv, env, cwd, tty } => (id, argv, env, cwd, tty),
         InitRequest::Root { root } => {
             let msg = match enter_root(&root) {
                 Ok(()) => InitMessage::Rooted,
@@ -260,9 +260,7 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
         }
         InitRequest::Signal { id, signal } => {
             if let Some((pid, _)) = running.iter().find(|(_, v)| **v == id) {
-                // Each command leads its own session, so its group is its pid.
-                // SAFETY: plain kill(2) on a negative pid (the process group).
-                unsafe { libc::kill(-*pid, signal) };
+                signal_session(*pid, signal);
             }
             return;
         }
@@ -308,6 +306,12 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
             for (i, fd) in fds.iter().enumerate() {
                 let _ = sys::dup_to(fd.as_raw_fd(), i as i32);
             }
+            // A new session leader takes its terminal as controlling tty,
+            // so ^C, job control and SIGWINCH reach it.
+            if tty {
+                // SAFETY: ioctl on fd 0 with an integer argument.
+                unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) };
+            }
             sys::close_fds_from(3);
             // Init is exempt from the OOM killer; its children are not.
             let _ = fs::write("/proc/self/oom_score_adj", "0");
@@ -338,6 +342,24 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
                 },
                 &[],
             );
+        }
+    }
+}
+
+/// Signal every process of the session `sid` leads (each command leads its
+/// own): its process group, and groups job control made inside it.
+fn signal_session(sid: i32, signal: i32) {
+    // SAFETY: plain kill(2) on a negative pid (the process group).
+    unsafe { libc::kill(-sid, signal) };
+    let Ok(dir) = fs::read_dir("/proc") else { return };
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // Fields after the command's closing parenthesis: state ppid pgrp session.
+        let session = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(3)).and_then(|s| s.parse::<i32>().ok());
+        if session == Some(sid) {
+            // SAFETY: plain kill(2).
+            unsafe { libc::kill(pid, signal) };
         }
     }
 }

@@ -60,15 +60,17 @@ pub enum Request {
         env: Vec<String>,
         cwd: String,
     },
-    /// Run a command through the member's init. fds: [stdin, stdout, stderr].
+    /// Run a command through the member's init. fds: [stdin, stdout, stderr]
+    /// (with `tty`, all three are a terminal that becomes its controlling tty).
     SpawnCommand {
         member: String,
         id: u64,
         argv: Vec<String>,
         env: Vec<String>,
         cwd: String,
+        tty: bool,
     },
-    /// Send a signal to a command's whole process group.
+    /// Send a signal to every process of a command's session.
     SignalCommand { member: String, id: u64, signal: i32 },
     /// Kill every process of the member and release its mounts.
     DestroyMember { member: String },
@@ -149,14 +151,16 @@ pub struct Envelope {
 /// Shim → init.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum InitRequest {
-    /// fds: [stdin, stdout, stderr].
+    /// fds: [stdin, stdout, stderr]; with `tty` they are a terminal, made
+    /// the command's controlling terminal.
     Spawn {
         id: u64,
         argv: Vec<String>,
         env: Vec<String>,
         cwd: String,
+        tty: bool,
     },
-    /// Signal the process group of a running command.
+    /// Signal every process of a running command's session.
     Signal { id: u64, signal: i32 },
     /// A hollow member gets its root: an overlay the shim mounted at `root`
     /// in the member's mount namespace. Answered with `Rooted`.

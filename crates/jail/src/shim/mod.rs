@@ -505,10 +505,11 @@ impl Shim {
                 argv,
                 env,
                 cwd,
+                tty,
             } => {
                 let m = self.members.get(&name).ok_or_else(|| Error::Invalid(format!("no member {name}")))?;
                 let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-                channel::send(m.init.as_fd(), &InitRequest::Spawn { id, argv, env, cwd }, &raw)?;
+                channel::send(m.init.as_fd(), &InitRequest::Spawn { id, argv, env, cwd, tty }, &raw)?;
                 Ok((Reply::Done, vec![]))
             }
             Request::SignalCommand { member: name, id, signal } => {

@@ -1,0 +1,329 @@
+//! The files API (docs/files.md): stream files in and out of a sandbox, list,
+//! stat, mkdir -p, remove, rename and chmod. Handlers are thin: paths are
+//! resolved safely by `jail::fs`, blocking filesystem work runs on tokio's
+//! blocking pool, and bodies stream in bounded chunks, so a 2 GB upload costs
+//! the server a few chunks of memory, not 2 GB.
+
+use std::io::{Seek, SeekFrom, Write};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use jail::fs::{FsError, SandboxFs, SandboxPath};
+use protocol::{ChmodRequest, FileInfo, FileList, MkdirRequest, RenameRequest, Written};
+use serde::Deserialize;
+use tokio::io::AsyncReadExt;
+
+use crate::error::ApiError;
+use crate::routes::Json;
+use crate::sandbox::SandboxEntry;
+use crate::state::AppState;
+
+/// Where relative paths start (the sandbox's home and the REPL's first cwd).
+pub const HOME: &str = "/root";
+/// Entries `?list=1` returns unless `limit` says otherwise, and its cap.
+pub const DEFAULT_LIST_LIMIT: usize = 10_000;
+pub const MAX_LIST_LIMIT: usize = 100_000;
+/// Upload chunks queued between the socket and the disk writer.
+const UPLOAD_QUEUE: usize = 8;
+/// Read size of downloads.
+const DOWNLOAD_CHUNK: usize = 256 * 1024;
+
+/// Query of the `/files` routes.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct FileQuery {
+    /// Path inside the sandbox (relative paths start at /root).
+    pub path: String,
+    /// GET: list a directory (`1`/`true`).
+    pub list: Option<String>,
+    /// GET: answer the path's metadata instead of its contents.
+    pub stat: Option<String>,
+    /// GET `list=1`: most entries to return (default 10000, at most 100000).
+    pub limit: Option<usize>,
+    /// PUT: append instead of replacing (not atomic).
+    pub append: Option<String>,
+    /// PUT: mode of the file, octal (default: the replaced file's, or 644).
+    pub mode: Option<String>,
+    /// PUT: create missing parent directories (default true).
+    pub parents: Option<String>,
+    /// DELETE: remove a directory and everything in it.
+    pub recursive: Option<String>,
+}
+
+/// A boolean query flag: absent → `default`; `1`/`true`/`yes` or `0`/`false`/`no`.
+pub fn flag(value: &Option<String>, name: &str, default: bool) -> Result<bool, ApiError> {
+    match value.as_deref() {
+        None => Ok(default),
+        Some("" | "1" | "true" | "yes") => Ok(true),
+        Some("0" | "false" | "no") => Ok(false),
+        Some(other) => Err(ApiError::BadRequest(format!("`{name}` must be true or false, not `{other}`"))),
+    }
+}
+
+pub fn sandbox_path(raw: &str) -> Result<SandboxPath, ApiError> {
+    Ok(SandboxPath::parse(raw, HOME)?)
+}
+
+type FileQueryResult = Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>;
+
+fn query(q: FileQueryResult) -> Result<FileQuery, ApiError> {
+    q.map(|Query(q)| q).map_err(|e| ApiError::BadRequest(e.body_text()))
+}
+
+/// Run `op` on the sandbox's filesystem on the blocking pool.
+pub async fn with_fs<T: Send + 'static>(entry: &Arc<SandboxEntry>, op: impl FnOnce(&SandboxFs) -> Result<T, FsError> + Send + 'static) -> Result<T, ApiError> {
+    entry.touch();
+    let engine = Arc::clone(&entry.engine);
+    tokio::task::spawn_blocking(move || {
+        let fs = engine.fs().map_err(|e| ApiError::Conflict(format!("the sandbox's filesystem is not reachable right now ({e}); retry")))?;
+        op(&fs).map_err(ApiError::from)
+    })
+    .await
+    .map_err(|e| ApiError::engine("files task failed", e))?
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Response {
+    (StatusCode::OK, axum::Json(v)).into_response()
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), FileQuery),
+    responses((status = 200, description = "The file's bytes (or, with `list`/`stat`, JSON: FileList / FileInfo)", content_type = "application/octet-stream"),
+        (status = 206, description = "The requested byte range"), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
+        (status = 409, body = protocol::ErrorBody), (status = 416, body = protocol::ErrorBody)))]
+pub async fn get(State(state): State<AppState>, Path(id): Path<String>, q: FileQueryResult, headers: HeaderMap) -> Result<Response, ApiError> {
+    let entry = state.get(&id).await?;
+    let q = query(q)?;
+    let path = sandbox_path(&q.path)?;
+    if flag(&q.list, "list", false)? {
+        let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT);
+        if limit == 0 || limit > MAX_LIST_LIMIT {
+            return Err(ApiError::BadRequest(format!("limit must be between 1 and {MAX_LIST_LIMIT}")));
+        }
+        let shown = path.to_string();
+        let (entries, truncated) = with_fs(&entry, move |fs| fs.list(&path, limit)).await?;
+        return Ok(json(&FileList { path: shown, entries, truncated }));
+    }
+    if flag(&q.stat, "stat", false)? {
+        let info: FileInfo = with_fs(&entry, move |fs| fs.stat(&path, true)).await?;
+        return Ok(json(&info));
+    }
+    let (file, info) = with_fs(&entry, move |fs| fs.open_read(&path)).await?;
+    download(file, info.size, headers.get(header::RANGE).and_then(|v| v.to_str().ok())).await
+}
+
+/// Which bytes a `Range` header asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ByteRange {
+    /// No (usable) range: the whole file, 200.
+    Whole,
+    /// `start..=end`, 206.
+    Part(u64, u64),
+    /// 416.
+    Unsatisfiable,
+}
+
+/// Parse a single `bytes=` range (RFC 9110 §14.1.2). Malformed headers and
+/// multi-range requests are ignored (answered with the whole file), as the
+/// RFC allows.
+pub fn parse_range(header: Option<&str>, size: u64) -> ByteRange {
+    let Some(spec) = header.and_then(|h| h.trim().strip_prefix("bytes=")) else { return ByteRange::Whole };
+    if spec.contains(',') {
+        return ByteRange::Whole;
+    }
+    let Some((first, last)) = spec.split_once('-') else { return ByteRange::Whole };
+    let (first, last) = (first.trim(), last.trim());
+    if first.is_empty() {
+        // Suffix: the last N bytes.
+        return match last.parse::<u64>() {
+            Ok(0) => ByteRange::Unsatisfiable,
+            Ok(_) if size == 0 => ByteRange::Unsatisfiable,
+            Ok(n) => ByteRange::Part(size.saturating_sub(n), size - 1),
+            Err(_) => ByteRange::Whole,
+        };
+    }
+    let Ok(start) = first.parse::<u64>() else { return ByteRange::Whole };
+    let end = match last {
+        "" => u64::MAX,
+        l => match l.parse::<u64>() {
+            Ok(e) if e >= start => e,
+            _ => return ByteRange::Whole,
+        },
+    };
+    if start >= size {
+        return ByteRange::Unsatisfiable;
+    }
+    ByteRange::Part(start, end.min(size - 1))
+}
+
+async fn download(mut file: std::fs::File, size: u64, range: Option<&str>) -> Result<Response, ApiError> {
+    let (status, start, len) = match parse_range(range, size) {
+        ByteRange::Whole => (StatusCode::OK, 0, size),
+        ByteRange::Part(s, e) => (StatusCode::PARTIAL_CONTENT, s, e - s + 1),
+        ByteRange::Unsatisfiable => {
+            let mut r = ApiError::RangeNotSatisfiable(format!("the range is outside the file ({size} bytes)")).into_response();
+            if let Ok(v) = format!("bytes */{size}").parse() {
+                r.headers_mut().insert(header::CONTENT_RANGE, v);
+            }
+            return Ok(r);
+        }
+    };
+    if start > 0 {
+        file.seek(SeekFrom::Start(start)).map_err(|e| ApiError::engine("seek", e))?;
+    }
+    let reader = tokio::fs::File::from_std(file).take(len);
+    let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(reader, DOWNLOAD_CHUNK));
+    let mut builder = Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, len)
+        .header(header::ACCEPT_RANGES, "bytes");
+    if status == StatusCode::PARTIAL_CONTENT {
+        builder = builder.header(header::CONTENT_RANGE, format!("bytes {start}-{}/{size}", start + len - 1));
+    }
+    builder.body(body).map_err(|e| ApiError::engine("build response", e))
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), FileQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes, any size (streamed)"),
+    responses((status = 200, body = Written), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
+        (status = 409, body = protocol::ErrorBody), (status = 413, body = protocol::ErrorBody), (status = 507, body = protocol::ErrorBody)))]
+pub async fn put(State(state): State<AppState>, Path(id): Path<String>, q: FileQueryResult, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let entry = state.get(&id).await?;
+    let q = query(q)?;
+    let path = sandbox_path(&q.path)?;
+    let append = flag(&q.append, "append", false)?;
+    let parents = flag(&q.parents, "parents", true)?;
+    let mode = q.mode.as_deref().map(protocol::parse_octal_mode).transpose().map_err(ApiError::BadRequest)?;
+    let limit = state.inner.config.limits.max_file_bytes;
+    let too_large = || ApiError::TooLarge(format!("the file is larger than the server's limit of {limit} bytes"));
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let shown = path.to_string();
+    let pending = with_fs(&entry, move |fs| fs.write(&path, append, mode, parents)).await?;
+
+    // The disk side: a blocking writer fed through a short queue, so the
+    // socket is read only as fast as the disk takes it.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(UPLOAD_QUEUE);
+    let writer = tokio::task::spawn_blocking(move || {
+        let mut pending = pending;
+        while let Some(chunk) = rx.blocking_recv() {
+            if let Err(e) = pending.file().write_all(&chunk) {
+                let err = pending.error(&e);
+                return (pending, Some(err));
+            }
+        }
+        (pending, None)
+    });
+    let mut bytes: u64 = 0;
+    let mut failure: Option<ApiError> = None;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                failure = Some(ApiError::BadRequest(format!("the upload was cut short: {e}")));
+                break;
+            }
+        };
+        bytes += chunk.len() as u64;
+        if bytes > limit {
+            failure = Some(too_large());
+            break;
+        }
+        if tx.send(chunk).await.is_err() {
+            break; // the writer failed; its error is below
+        }
+    }
+    drop(tx);
+    let (pending, write_error) = writer.await.map_err(|e| ApiError::engine("upload writer failed", e))?;
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
+    if let Some(e) = failure {
+        return Err(e); // dropping `pending` removes the partial file
+    }
+    tokio::task::spawn_blocking(move || pending.commit()).await.map_err(|e| ApiError::engine("commit upload", e))??;
+    entry.touch();
+    Ok(json(&Written { path: shown, bytes }))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), FileQuery),
+    responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
+pub async fn delete(State(state): State<AppState>, Path(id): Path<String>, q: FileQueryResult) -> Result<Response, ApiError> {
+    let entry = state.get(&id).await?;
+    let q = query(q)?;
+    let path = sandbox_path(&q.path)?;
+    let recursive = flag(&q.recursive, "recursive", false)?;
+    with_fs(&entry, move |fs| fs.remove(&path, recursive)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", params(("id" = String, Path)), request_body = MkdirRequest,
+    responses((status = 200, body = FileInfo), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
+pub async fn mkdir(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<MkdirRequest>) -> Result<Response, ApiError> {
+    let entry = state.get(&id).await?;
+    let path = sandbox_path(&req.path)?;
+    let mode = req.mode.map(|m| m.bits()).transpose().map_err(ApiError::BadRequest)?;
+    let info = with_fs(&entry, move |fs| {
+        fs.mkdir_all(&path, mode)?;
+        fs.stat(&path, true)
+    })
+    .await?;
+    Ok(json(&info))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/rename", params(("id" = String, Path)), request_body = RenameRequest,
+    responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
+pub async fn rename(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<RenameRequest>) -> Result<Response, ApiError> {
+    let entry = state.get(&id).await?;
+    let (from, to) = (sandbox_path(&req.from)?, sandbox_path(&req.to)?);
+    with_fs(&entry, move |fs| fs.rename(&from, &to, req.overwrite)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/chmod", params(("id" = String, Path)), request_body = ChmodRequest,
+    responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
+pub async fn chmod(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<ChmodRequest>) -> Result<Response, ApiError> {
+    let entry = state.get(&id).await?;
+    let path = sandbox_path(&req.path)?;
+    let mode = req.mode.bits().map_err(ApiError::BadRequest)?;
+    with_fs(&entry, move |fs| fs.chmod(&path, mode)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        use ByteRange::*;
+        assert_eq!(parse_range(None, 10), Whole);
+        assert_eq!(parse_range(Some("bytes=0-3"), 10), Part(0, 3));
+        assert_eq!(parse_range(Some("bytes=5-"), 10), Part(5, 9));
+        assert_eq!(parse_range(Some("bytes=5-100"), 10), Part(5, 9));
+        assert_eq!(parse_range(Some("bytes=-3"), 10), Part(7, 9));
+        assert_eq!(parse_range(Some("bytes=-30"), 10), Part(0, 9));
+        assert_eq!(parse_range(Some("bytes=9-9"), 10), Part(9, 9));
+        assert_eq!(parse_range(Some("bytes=10-"), 10), Unsatisfiable);
+        assert_eq!(parse_range(Some("bytes=-0"), 10), Unsatisfiable);
+        assert_eq!(parse_range(Some("bytes=0-"), 0), Unsatisfiable);
+        assert_eq!(parse_range(Some("bytes=3-1"), 10), Whole);
+        assert_eq!(parse_range(Some("bytes=0-1,4-5"), 10), Whole);
+        assert_eq!(parse_range(Some("items=0-1"), 10), Whole);
+        assert_eq!(parse_range(Some("bytes=x-1"), 10), Whole);
+    }
+
+    #[test]
+    fn flags() {
+        assert!(flag(&Some("1".into()), "x", false).unwrap());
+        assert!(!flag(&Some("false".into()), "x", true).unwrap());
+        assert!(flag(&None, "x", true).unwrap());
+        assert!(flag(&Some("maybe".into()), "x", true).is_err());
+    }
+}
