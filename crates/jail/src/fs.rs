@@ -306,8 +306,10 @@ impl SandboxFs {
             match FileType::from_raw_mode(st.st_mode) {
                 FileType::Directory => return Err(FsError { kind: FsErrorKind::IsADirectory, message: format!("{path}: is a directory") }),
                 FileType::Symlink if append => return Err(FsError::invalid(format!("{path}: is a symbolic link (appending does not follow it)"))),
-                FileType::RegularFile | FileType::Symlink => {}
-                _ => return Err(FsError::invalid(format!("{path}: not a regular file"))),
+                FileType::RegularFile => {}
+                _ if append => return Err(FsError::invalid(format!("{path}: not a regular file"))),
+                // Replacing renames over the name: whatever it was is gone.
+                _ => {}
             }
         }
         let regular = existing.as_ref().filter(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile);

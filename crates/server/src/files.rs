@@ -6,6 +6,7 @@
 
 use std::io::{Seek, SeekFrom, Write};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -29,6 +30,8 @@ pub const DEFAULT_LIST_LIMIT: usize = 10_000;
 pub const MAX_LIST_LIMIT: usize = 100_000;
 /// Upload chunks queued between the socket and the disk writer.
 const UPLOAD_QUEUE: usize = 8;
+/// A refused upload's body up to this size is read before answering.
+const DRAIN_ON_ERROR: u64 = 64 * 1024;
 /// Read size of downloads.
 const DOWNLOAD_CHUNK: usize = 256 * 1024;
 
@@ -204,7 +207,17 @@ pub async fn put(State(state): State<AppState>, Path(id): Path<String>, q: FileQ
         return Err(too_large());
     }
     let shown = path.to_string();
-    let pending = with_fs(&entry, move |fs| fs.write(&path, append, mode, parents)).await?;
+    let pending = match with_fs(&entry, move |fs| fs.write(&path, append, mode, parents)).await {
+        Ok(p) => p,
+        Err(e) => {
+            // Read a small unread body first, so the connection stays usable
+            // for the client's next request (a big one is cut off instead).
+            if declared.is_some_and(|n| n <= DRAIN_ON_ERROR) {
+                let _ = tokio::time::timeout(Duration::from_secs(1), axum::body::to_bytes(body, DRAIN_ON_ERROR as usize)).await;
+            }
+            return Err(e);
+        }
+    };
 
     // The disk side: a blocking writer fed through a short queue, so the
     // socket is read only as fast as the disk takes it.
