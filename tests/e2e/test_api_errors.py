@@ -102,7 +102,6 @@ def test_unknown_create_field(http):
 
 
 def test_not_yet_implemented_features(http, sid):
-    assert_json_error(http.post("/v1/sandboxes", json={"egress": True}), 501)
     assert_json_error(http.post("/v1/sandboxes", json={"persistent": True}), 501)
 
 

@@ -137,7 +137,9 @@ def test_new_user_namespaces_are_refused(sandbox):
     assert out == "-1 -1 -1", out  # CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNS
 
 
-def test_no_network_beyond_loopback(sandbox):
+def test_no_network_beyond_loopback(make_sandbox):
+    # egress off (the server's default is on; docs/network.md)
+    sandbox = make_sandbox(egress=False)
     out = py(sandbox, "import socket\ns = socket.socket()\ns.settimeout(2)\n"
                       "try:\n    s.connect(('1.1.1.1', 80))\n    print('connected')\nexcept OSError as e:\n    print('no route')")
     assert out == "no route"

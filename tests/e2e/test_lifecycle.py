@@ -28,7 +28,7 @@ def test_info_and_list(http):
             assert key in info, (key, info)
         assert info["id"] == sid and info["state"] == "ready" and info["template"] == "default"
         assert info["ram_mib"] == 512 and info["timeout_seconds"] == 120 and info["idle_timeout_seconds"] == 60
-        assert info["egress"] is False and info["persistent"] is False
+        assert info["egress"] is True and info["persistent"] is False  # the server default (--default-egress)
         assert info["execs"] == 0 and info["repl_restarts"] == 0
         assert t_before - 5000 <= info["created_at"] <= int(time.time() * 1000) + 5000
         assert info["expires_at"] == info["created_at"] + 120_000

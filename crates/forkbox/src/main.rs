@@ -105,6 +105,10 @@ struct ServeArgs {
     /// in all, MiB [default: 90% of the host's memory].
     #[arg(long)]
     max_memory_mib: Option<u64>,
+    /// Egress of sandboxes whose create does not say: true (the internet,
+    /// through pasta) or false (loopback only).
+    #[arg(long, env = "FORKBOX_DEFAULT_EGRESS", default_value_t = true, action = clap::ArgAction::Set)]
+    default_egress: bool,
     /// Largest file one files-API upload may write (MiB).
     #[arg(long, default_value_t = 16384)]
     max_file_mib: u64,
@@ -234,5 +238,6 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         build_templates: !a.no_build_templates,
         shim_exe: std::env::current_exe().context("locate the forkbox executable")?,
         warm_pool: !a.no_warm_pool,
+        default_egress: a.default_egress,
     })
 }

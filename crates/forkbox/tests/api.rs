@@ -43,6 +43,7 @@ fn fixture() -> &'static Fixture {
             build_templates: false,
             shim_exe: PathBuf::from(env!("CARGO_BIN_EXE_forkbox")),
             warm_pool: false,
+            default_egress: false,
         };
         let jail = jail::Jail::open(jail::JailConfig { state_dir, shim_exe: config.shim_exe.clone(), volume_gib: 16 }).expect("engine");
         let templates = server::Templates::new(templates_dir);
@@ -132,7 +133,9 @@ async fn bad_create_requests_get_clear_errors() {
         (json!({"template": "no-such-template"}), StatusCode::NOT_FOUND),
         (json!({"nonsense": 1}), StatusCode::BAD_REQUEST),
         (json!({"ram_mib": "lots"}), StatusCode::BAD_REQUEST),
-        (json!({"egress": true}), StatusCode::NOT_IMPLEMENTED),
+        (json!({"egress": "yes"}), StatusCode::BAD_REQUEST),
+        (json!({"egress": {"allow": ["not a domain"]}}), StatusCode::BAD_REQUEST),
+        (json!({"egress": {"allow": [], "deny": []}}), StatusCode::BAD_REQUEST),
         (json!({"persistent": true}), StatusCode::NOT_IMPLEMENTED),
     ] {
         let (s, v) = call_json("POST", "/v1/sandboxes", body.clone()).await;

@@ -227,6 +227,7 @@ impl Jail {
             tracing::info!(sandbox = %name, "removed a stale sandbox cgroup");
         }
         let run = self.config.state_dir.join("run");
+        crate::net::kill_stale(&run);
         let _ = std::fs::remove_dir_all(&run);
         let dir = self.volume.root().join(SANDBOXES_DIR);
         if let Ok(entries) = std::fs::read_dir(&dir) {
@@ -862,22 +863,52 @@ impl Sandbox {
     /// The sandbox's root filesystem, opened for the host (the files API).
     /// Fails when the sandbox's init is gone (its root with it).
     pub fn fs(&self) -> Result<crate::fs::SandboxFs> {
-        let slot = self.init_pidfd.lock().unwrap_or_else(|e| e.into_inner());
-        let pidfd = slot.as_ref().ok_or_else(|| Error::Invalid("the sandbox has no init".into()))?;
-        let pid = crate::sys::pidfd_pid(pidfd.as_fd()).ok_or_else(|| Error::Invalid("the sandbox's init has exited".into()))?;
-        let root = rustix::fs::open(
-            format!("/proc/{pid}/root").as_str(),
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|e| Error::io("open the sandbox's root", e.into()))?;
-        // The pid could have been reused between reading it and opening its
-        // root: the pidfd still naming a live process proves it was not.
-        if crate::sys::pidfd_pid(pidfd.as_fd()).is_none() {
-            return Err(Error::Invalid("the sandbox's init has exited".into()));
-        }
+        let root = self.open_init_proc("root", rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY)?;
         let config = &self.family.config;
         Ok(crate::fs::SandboxFs::new(root, config.id_base, config.id_count))
+    }
+
+    /// The sandbox's network namespace (for `setns` by one thread, to open
+    /// sockets inside it, or by a child process such as `nft`).
+    pub fn netns(&self) -> Result<OwnedFd> {
+        self.open_init_proc("ns/net", rustix::fs::OFlags::RDONLY)
+    }
+
+    /// Start `pasta` for the sandbox's network namespace (its way out; see
+    /// `net::Pasta`). Blocking.
+    pub fn start_pasta(&self) -> Result<crate::net::Pasta> {
+        let netns = self.netns()?;
+        let pid = self.init_pid()?;
+        let pidfile = self.family.config.run_dir.join(format!("{}.pasta.pid", self.id));
+        let pasta = crate::net::Pasta::start(pid, &pidfile)?;
+        // pasta took a path; it must still name the namespace we hold (the
+        // init's pid was not reused meanwhile).
+        let same = match (rustix::fs::stat(format!("/proc/{pid}/ns/net").as_str()), rustix::fs::fstat(&netns)) {
+            (Ok(a), Ok(b)) => a.st_ino == b.st_ino && a.st_dev == b.st_dev,
+            _ => false,
+        };
+        if !same {
+            pasta.stop();
+            return Err(Error::Invalid("the sandbox's init went away while its network was set up".into()));
+        }
+        Ok(pasta)
+    }
+
+    fn init_pid(&self) -> Result<i32> {
+        let slot = self.init_pidfd.lock().unwrap_or_else(|e| e.into_inner());
+        let pidfd = slot.as_ref().ok_or_else(|| Error::Invalid("the sandbox has no init".into()))?;
+        crate::sys::pidfd_pid(pidfd.as_fd()).ok_or_else(|| Error::Invalid("the sandbox's init has exited".into()))
+    }
+
+    /// Open `/proc/<init>/<what>` of the member's init, making sure the pid
+    /// still names that init afterwards (its pidfd is alive, so the pid was
+    /// not reused in between).
+    fn open_init_proc(&self, what: &str, flags: rustix::fs::OFlags) -> Result<OwnedFd> {
+        let pid = self.init_pid()?;
+        let fd = rustix::fs::open(format!("/proc/{pid}/{what}").as_str(), flags | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+            .map_err(|e| Error::io("open the sandbox init's /proc entry", e.into()))?;
+        self.init_pid()?;
+        Ok(fd)
     }
 
     /// Whether the member's init (and so the sandbox's namespaces) is alive.

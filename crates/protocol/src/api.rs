@@ -23,8 +23,9 @@ pub struct CreateSandbox {
     pub rootfs_gb: Option<u64>,
     /// Freeze instead of destroy on idle (not yet supported: must be false).
     pub persistent: Option<bool>,
-    /// Outbound network (not yet supported: must be false).
-    pub egress: Option<bool>,
+    /// Outbound network: `false`, `true`, or `{"allow": [domains and CIDRs]}`
+    /// (default: the server's `--default-egress`).
+    pub egress: Option<crate::Egress>,
 }
 
 /// Answer of `POST /v1/sandboxes`.
@@ -55,7 +56,7 @@ pub struct SandboxInfo {
     pub template: String,
     pub ram_mib: u64,
     pub rootfs_gb: u64,
-    pub egress: bool,
+    pub egress: crate::Egress,
     pub persistent: bool,
     /// Unix milliseconds.
     pub created_at: u64,

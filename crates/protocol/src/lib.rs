@@ -5,9 +5,11 @@
 //! additions it ignores.
 
 pub mod api;
+pub mod egress;
 pub mod event;
 pub mod files;
 
 pub use api::*;
+pub use egress::{Egress, EgressAllow, EgressBody};
 pub use event::{Event, EventKind};
 pub use files::*;

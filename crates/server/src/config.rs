@@ -22,6 +22,8 @@ pub struct ServerConfig {
     pub shim_exe: PathBuf,
     /// Create sandboxes by forking a warm zygote per template (src/pool.rs).
     pub warm_pool: bool,
+    /// Egress of sandboxes whose create does not say (docs/network.md).
+    pub default_egress: bool,
 }
 
 /// Defaults and caps for sandboxes.

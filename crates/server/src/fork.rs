@@ -97,10 +97,15 @@ impl AppState {
                 }
                 return Err(ApiError::NotFound(format!("sandbox `{id}` was destroyed during the fork")));
             }
-            for c in children {
-                all.insert(c.id.clone(), c);
+            for c in &children {
+                all.insert(c.id.clone(), Arc::clone(c));
             }
             self.inner.live.fetch_add(n, Ordering::SeqCst);
+        }
+        // Children inherit the parent's policy, each on a network of its own.
+        let egress = parent.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for c in &children {
+            crate::egress::apply_soon(c, egress.clone()).await;
         }
         tracing::info!(sandbox = %id, children = ?ids, "forked");
         // Build the family's next children ahead of time (docs/fork.md).

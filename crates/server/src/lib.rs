@@ -5,6 +5,8 @@
 //! (the REPL's frames) → `events::EventSink` → NDJSON response.
 
 pub mod config;
+pub mod dns;
+pub mod egress;
 pub mod error;
 pub mod events;
 pub mod files;
@@ -47,6 +49,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/watch", get(watch::watch))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/pty", post(pty::create).get(pty::list))
+        .route("/v1/sandboxes/{id}/egress", get(egress::get).patch(egress::patch))
         .route("/v1/sandboxes/{id}/pty/{pty}/attach", get(pty::attach))
         .route("/v1/sandboxes/{id}/pty/{pty}/input", post(pty::input))
         .route("/v1/sandboxes/{id}/pty/{pty}/resize", post(pty::resize))

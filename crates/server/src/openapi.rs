@@ -3,7 +3,7 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use crate::{files, pty, routes, watch};
+use crate::{egress, files, pty, routes, watch};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -12,6 +12,7 @@ use crate::{files, pty, routes, watch};
         routes::healthz, routes::create, routes::list, routes::info, routes::destroy, routes::exec,
         routes::replay, routes::templates, routes::fork, routes::merge_into, routes::pool, routes::diff,
         files::get, files::put, files::delete, files::mkdir, files::rename, files::chmod, watch::watch,
+        egress::get, egress::patch,
         pty::create, pty::list, pty::attach, pty::input, pty::resize, pty::kill, pty::read
     ),
     components(schemas(protocol::CreateSandbox, protocol::Created, protocol::ExecRequest, protocol::SandboxInfo,
@@ -19,6 +20,7 @@ use crate::{files, pty, routes, watch};
         protocol::ForkRequest, protocol::Forked, protocol::DiffResult,
         protocol::FileInfo, protocol::FileType, protocol::FileList, protocol::Written, protocol::FileMode,
         protocol::MkdirRequest, protocol::RenameRequest, protocol::ChmodRequest, protocol::FileEvent,
+        protocol::Egress, protocol::EgressAllow, protocol::EgressBody,
         pty::PtyCreate, pty::PtyInput, pty::PtyResize, pty::PtyRead, pty::PtyChunk, pty::PtyInfo,
         crate::pool::PoolInfo, crate::pool::PoolTemplate)),
     modifiers(&BearerAuth),

@@ -308,19 +308,30 @@ async fn pump(
     let _ = tx.send(ReplItem::Died(status)).await;
 }
 
+/// Read what `pipe` holds right now, without waiting: Some(n > 0) bytes,
+/// or None when it is empty or closed. It reads the descriptor itself:
+/// tokio's `try_read` answers WouldBlock until its reactor has noticed the
+/// pipe became readable, which under load can be after the writer's exit
+/// was reported, and output written just before an exit would be lost.
+pub fn read_now(pipe: &pipe::Receiver, buf: &mut [u8]) -> Option<usize> {
+    match rustix::io::read(std::os::fd::AsFd::as_fd(pipe), buf) {
+        Ok(0) | Err(_) => None,
+        Ok(n) => Some(n),
+    }
+}
+
 /// Forward whatever the pipes hold right now, without waiting.
 async fn drain(stdout: &mut pipe::Receiver, stderr: &mut pipe::Receiver, tx: &mpsc::Sender<ReplItem>) -> Result<(), ()> {
     let mut chunk = vec![0u8; 64 * 1024];
     for (pipe, is_out) in [(stdout, true), (stderr, false)] {
         loop {
-            match pipe.try_read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => {
+            match read_now(pipe, &mut chunk) {
+                None => break,
+                Some(n) => {
                     let data = chunk[..n].to_vec();
                     let item = if is_out { ReplItem::Stdout(data) } else { ReplItem::Stderr(data) };
                     tx.send(item).await.map_err(|_| ())?;
                 }
-                Err(_) => break,
             }
         }
     }

@@ -134,6 +134,8 @@ pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(re
     // The exec runs in its own task: a client that disconnects does not
     // cancel it halfway (the REPL stays consistent); it just stops listening.
     tokio::spawn(async move {
+        // A sandbox's network may still be coming up (src/egress.rs).
+        drop(entry.network.lock().await);
         let mut slot = entry.slot.lock().await;
         let mut sink = EventSink::new(tx, entry.replay.clone());
         if entry.destroyed.load(Ordering::Relaxed) {

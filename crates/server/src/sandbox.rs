@@ -26,6 +26,8 @@ pub struct Settings {
     pub timeout: Duration,
     pub idle_timeout: Duration,
     pub interrupt_grace: Duration,
+    /// The egress policy asked for at create (children: the parent's).
+    pub egress: protocol::Egress,
 }
 
 pub struct SandboxEntry {
@@ -50,6 +52,11 @@ pub struct SandboxEntry {
     pub watches: std::sync::atomic::AtomicUsize,
     /// PTY sessions (src/pty.rs); a merge hands the winner's to the parent's id.
     pub ptys: Arc<crate::pty::PtyTable>,
+    /// The egress policy in force (src/egress.rs).
+    pub egress: std::sync::Mutex<protocol::Egress>,
+    /// What runs for it (pasta, DNS proxy); held while it is being set up,
+    /// so an exec waits for the network it was promised.
+    pub network: Arc<Mutex<crate::egress::NetState>>,
 }
 
 /// The REPL as the exec queue sees it.
@@ -111,7 +118,7 @@ impl SandboxEntry {
             template: self.settings.template.clone(),
             ram_mib: self.settings.ram_mib,
             rootfs_gb: self.settings.rootfs_gb,
-            egress: false,
+            egress: self.egress.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             persistent: false,
             created_at: self.created_at,
             last_active_at: self.last_active.load(Ordering::Relaxed),
@@ -138,7 +145,9 @@ impl SandboxEntry {
         self.engine.rebuild().await.map_err(|e| {
             tracing::error!(sandbox = %self.id, err = %e, "rebuild failed");
             "the sandbox could not be restarted after its init process died".to_string()
-        })
+        })?;
+        crate::egress::reapply(self).await;
+        Ok(())
     }
 
     /// Make sure the sandbox has a live REPL (before a fork).
@@ -378,10 +387,7 @@ impl SandboxEntry {
         // background children write later is not part of this call.
         for (pipe, is_out) in [(&mut cmd.stdout, true), (&mut cmd.stderr, false)] {
             let buf = if is_out { &mut out } else { &mut err };
-            while let Ok(n) = pipe.try_read(buf) {
-                if n == 0 {
-                    break;
-                }
+            while let Some(n) = crate::repl::read_now(pipe, buf) {
                 if is_out {
                     sink.stdout(&buf[..n]).await
                 } else {
@@ -440,6 +446,8 @@ pub fn new_entry(id: String, settings: Settings, engine: Arc<jail::Sandbox>, ses
         busy: AtomicU64::new(0),
         watches: Default::default(),
         ptys: Default::default(),
+        egress: std::sync::Mutex::new(protocol::Egress::On(false)),
+        network: Default::default(),
     })
 }
 
@@ -467,5 +475,40 @@ pub fn merged_entry(parent: &SandboxEntry, winner: &SandboxEntry, winner_slot: &
         busy: AtomicU64::new(0),
         watches: Default::default(),
         ptys: Arc::clone(&winner.ptys),
+        egress: std::sync::Mutex::new(winner.egress.lock().unwrap_or_else(|e| e.into_inner()).clone()),
+        network: Arc::clone(&winner.network),
     })
+}
+
+/// One unit of a per-sandbox cap (open watches, proxied connections),
+/// given back when dropped.
+pub struct CapSlot {
+    entry: Arc<SandboxEntry>,
+    count: fn(&SandboxEntry) -> &std::sync::atomic::AtomicUsize,
+}
+
+impl CapSlot {
+    /// Take a unit of the counter `count` picks, or refuse (429) at `max`.
+    pub fn take(
+        entry: &Arc<SandboxEntry>,
+        count: fn(&SandboxEntry) -> &std::sync::atomic::AtomicUsize,
+        max: usize,
+        refusal: impl FnOnce() -> String,
+    ) -> Result<CapSlot, crate::error::ApiError> {
+        if count(entry).fetch_add(1, Ordering::SeqCst) >= max {
+            count(entry).fetch_sub(1, Ordering::SeqCst);
+            return Err(crate::error::ApiError::TooMany(refusal()));
+        }
+        Ok(CapSlot { entry: Arc::clone(entry), count })
+    }
+
+    pub fn entry(&self) -> &Arc<SandboxEntry> {
+        &self.entry
+    }
+}
+
+impl Drop for CapSlot {
+    fn drop(&mut self) {
+        (self.count)(&self.entry).fetch_sub(1, Ordering::SeqCst);
+    }
 }

@@ -106,9 +106,8 @@ impl AppState {
     /// Validate a create request against the defaults and caps.
     pub fn settings(&self, req: &CreateSandbox) -> Result<Settings, ApiError> {
         let l = &self.inner.config.limits;
-        if req.egress == Some(true) {
-            return Err(ApiError::NotImplemented("egress is not available yet: create the sandbox with egress=false".into()));
-        }
+        let egress = req.egress.clone().unwrap_or(protocol::Egress::On(self.inner.config.default_egress));
+        crate::egress::plan(&egress)?;
         if req.persistent == Some(true) {
             return Err(ApiError::NotImplemented("persistent sandboxes (freeze to a Space) are not available yet".into()));
         }
@@ -133,6 +132,7 @@ impl AppState {
             ram_mib,
             rootfs_gb,
             timeout: secs(req.timeout_seconds, l.default_timeout, l.max_timeout, "timeout_seconds")?,
+            egress,
             idle_timeout: secs(req.idle_timeout_seconds, l.default_idle_timeout, l.max_idle_timeout, "idle_timeout_seconds")?,
             interrupt_grace: l.interrupt_grace,
         })
@@ -154,6 +154,7 @@ impl AppState {
                 self.inner.live.fetch_add(1, Ordering::SeqCst);
                 tracing::info!(sandbox = %entry.id, template = %entry.settings.template, pool = true,
                     total_ms = started.elapsed().as_millis() as u64, "created");
+                crate::egress::apply_soon(&entry, entry.settings.egress.clone()).await;
                 return Ok(entry);
             }
             Ok(None) => {}
@@ -180,6 +181,7 @@ impl AppState {
         self.inner.live.fetch_add(1, Ordering::SeqCst);
         tracing::info!(sandbox = %entry.id, template = %entry.settings.template, jail_ms = jailed.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64, "created");
+        crate::egress::apply_soon(&entry, entry.settings.egress.clone()).await;
         Ok(entry)
     }
 
@@ -200,6 +202,7 @@ impl AppState {
 
     pub(crate) async fn teardown(&self, entry: &SandboxEntry) {
         entry.destroyed.store(true, Ordering::Relaxed);
+        crate::egress::teardown(entry).await;
         if let Err(e) = self.inner.jail.destroy(&entry.engine).await {
             tracing::error!(sandbox = %entry.id, err = %e, "destroy failed");
         }

@@ -1,0 +1,291 @@
+"""Egress (docs/network.md): off means loopback only; on reaches the
+internet through pasta (pip install from PyPI works); allow-lists let out
+only their domains and networks and refuse the rest at once; the host and
+link-local addresses are never reachable; policies change at runtime and
+forks inherit them on networks of their own.
+
+Traffic goes only to loopback, to the package registries, and to a network
+namespace this file creates (`testnet`)."""
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from helpers import assert_json_error, create_raw, delete_raw, exec_raw
+
+
+def py(http, sid, code, timeout_ms=120_000) -> str:
+    ex = exec_raw(http, sid, code, timeout_ms=timeout_ms)
+    assert ex.exit_code == 0, (code, ex.stdout, ex.stderr)
+    return ex.stdout
+
+
+def egress(http, sid):
+    r = http.get(f"/v1/sandboxes/{sid}/egress")
+    assert r.status_code == 200, r.text
+    return r.json()["egress"]
+
+
+def patch(http, sid, policy):
+    return http.patch(f"/v1/sandboxes/{sid}/egress", json={"egress": policy})
+
+
+# Inside the sandbox: try a TCP connect and say how it ended, and how fast.
+PROBE = r"""
+import socket, time, errno
+def probe(host, port, timeout=5):
+    t = time.time()
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        r = "connected"
+    except socket.timeout:
+        r = "timeout"
+    except OSError as e:
+        r = errno.errorcode.get(e.errno, str(e))
+    return r, round(time.time() - t, 2)
+def lookup(name):
+    t = time.time()
+    try:
+        return socket.getaddrinfo(name, 443, proto=socket.IPPROTO_TCP)[0][4][0], round(time.time() - t, 2)
+    except socket.gaierror as e:
+        return "gaierror", round(time.time() - t, 2)
+"""
+
+
+@pytest.fixture(scope="module")
+def testnet():
+    """A network namespace of our own, joined to the host by a veth pair:
+    the host side has 10.213.N.1 and 169.254.213.N (host addresses a
+    sandbox must never reach), the namespace 10.213.N.2 with an HTTP server
+    on port 8080 (somewhere a sandbox may go)."""
+    n = random.randint(10, 250)
+    ns, host_if, ns_if = f"fbtest{n}", f"fbh{n}", f"fbn{n}"
+    host_ip, ns_ip, link_local = f"10.213.{n}.1", f"10.213.{n}.2", f"169.254.213.{n}"
+    run = lambda *a: subprocess.run(a, check=True)
+    run("ip", "netns", "add", ns)
+    try:
+        run("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        run("ip", "link", "set", ns_if, "netns", ns)
+        run("ip", "addr", "add", f"{host_ip}/24", "dev", host_if)
+        run("ip", "addr", "add", f"{link_local}/32", "dev", host_if)
+        run("ip", "link", "set", host_if, "up")
+        run("ip", "-n", ns, "addr", "add", f"{ns_ip}/24", "dev", ns_if)
+        run("ip", "-n", ns, "link", "set", ns_if, "up")
+        run("ip", "-n", ns, "link", "set", "lo", "up")
+        server = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-m", "http.server", "8080", "--bind", ns_ip],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection((ns_ip, 8080), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield {"ns": ns, "host_ip": host_ip, "ns_ip": ns_ip, "link_local": link_local}
+        server.kill()
+        server.wait()
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], stderr=subprocess.DEVNULL)
+        subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+
+
+class HostListener:
+    """A TCP listener on the host's addresses that records who reached it."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("0.0.0.0", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = []
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop:
+            try:
+                c, addr = self.sock.accept()
+                self.accepted.append(addr)
+                c.close()
+            except OSError:
+                pass
+
+    def close(self):
+        self.stop = True
+        self.thread.join()
+        self.sock.close()
+
+
+def pypi_ip() -> str:
+    return socket.getaddrinfo("pypi.org", 443, proto=socket.IPPROTO_TCP)[0][4][0]
+
+
+def test_egress_off_is_loopback_only(http):
+    sid = create_raw(http, egress=False)
+    try:
+        assert egress(http, sid) is False
+        out = py(http, sid, PROBE + f"""
+import os, socket, errno
+print(sorted(os.listdir('/sys/class/net')))
+print(probe({pypi_ip()!r}, 443))
+print(lookup('pypi.org'))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    u.sendto(b'x', ('10.255.255.53', 53)); print('udp sent')
+except OSError as e: print('udp', errno.errorcode[e.errno])
+try:
+    i = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)
+    i.sendto(b'\\x08\\0\\0\\0\\0\\0\\0\\0', ({pypi_ip()!r}, 0)); print('icmp sent')
+except OSError as e: print('icmp', errno.errorcode[e.errno])
+try:
+    r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+    r.sendto(b'\\0' * 8, ({pypi_ip()!r}, 0)); print('raw sent')
+except OSError as e: print('raw', errno.errorcode[e.errno])
+""")
+        lines = out.splitlines()
+        assert lines[0] == "['lo']", out
+        assert lines[1].startswith("('ENETUNREACH'"), out
+        assert lines[2].startswith("('gaierror'"), out
+        assert float(lines[2].split(",")[1].strip(" )")) < 3, "a lookup fails fast"
+        for kind, line in zip(("udp", "icmp", "raw"), lines[3:]):
+            assert line.startswith(kind) and "sent" not in line, out
+    finally:
+        delete_raw(http, sid)
+
+
+def test_egress_on_reaches_pypi_and_pip_install_works(http):
+    sid = create_raw(http, egress=True)
+    try:
+        assert egress(http, sid) is True
+        out = py(http, sid, PROBE + "print(lookup('pypi.org')[0] != 'gaierror'); print(probe('pypi.org', 443)[0])")
+        assert out == "True\nconnected\n", out
+        ex = exec_raw(http, sid, "pip install --no-cache-dir --quiet six && python3 -c 'import six; print(six.__version__)'", language="bash",
+                      timeout_ms=240_000)
+        assert ex.exit_code == 0, ex
+        assert ex.stdout.strip().count(".") >= 1
+        # The resolver is the server's proxy in the sandbox's namespace.
+        assert "127.0.0.53" in py(http, sid, "print(open('/etc/resolv.conf').read())")
+    finally:
+        delete_raw(http, sid)
+
+
+def test_the_host_and_link_local_addresses_are_never_reachable(http, testnet):
+    listener = HostListener()
+    sid = create_raw(http, egress=True)
+    try:
+        out = py(http, sid, PROBE + f"""
+print(probe({testnet['host_ip']!r}, {listener.port}))
+print(probe({testnet['link_local']!r}, {listener.port}))
+print(probe('127.0.0.1', {listener.port}))
+print(probe({testnet['ns_ip']!r}, 8080))
+""")
+        lines = out.splitlines()
+        for line in lines[:3]:
+            assert line.startswith("('ECONNREFUSED'"), out
+            assert float(line.split(",")[1].strip(" )")) < 1, "refused at once, not a timeout"
+        assert lines[3].startswith("('connected'"), "a namespace that is not the host is reachable: " + out
+        assert listener.accepted == []
+    finally:
+        listener.close()
+        delete_raw(http, sid)
+
+
+def test_allow_lists_let_out_only_their_names_and_networks(http, testnet):
+    policy = {"allow": ["pypi.org", "*.pythonhosted.org", f"{testnet['ns_ip']}/32"]}
+    sid = create_raw(http, egress=policy)
+    try:
+        assert egress(http, sid) == policy
+        out = py(http, sid, PROBE + f"""
+print(lookup('pypi.org')[0] != 'gaierror')
+print(probe('pypi.org', 443)[0])
+print(lookup('crates.io'))
+print(probe({testnet['ns_ip']!r}, 8080)[0])
+print(probe('files.pythonhosted.org', 443)[0])
+""")
+        lines = out.splitlines()
+        assert lines[0] == "True" and lines[1] == "connected", out
+        assert lines[2].startswith("('gaierror'") and float(lines[2].split(",")[1].strip(" )")) < 3, out
+        assert lines[3] == "connected", out
+        assert lines[4] == "connected", out
+        ex = exec_raw(http, sid, "pip install --no-cache-dir --quiet six && echo ok", language="bash", timeout_ms=240_000)
+        assert ex.exit_code == 0 and ex.stdout.strip() == "ok", ex
+    finally:
+        delete_raw(http, sid)
+
+
+def test_an_address_not_learnt_or_listed_is_refused_at_once(http, testnet):
+    sid = create_raw(http, egress={"allow": ["pypi.org"]})
+    try:
+        out = py(http, sid, PROBE + f"print(probe({testnet['ns_ip']!r}, 8080))")
+        assert out.startswith("('ECONNREFUSED'") and float(out.split(",")[1].strip(" )\n")) < 1, out
+    finally:
+        delete_raw(http, sid)
+
+
+def test_policy_changes_at_runtime(http, testnet):
+    sid = create_raw(http, egress=False)
+    probe = PROBE + f"print(probe({testnet['ns_ip']!r}, 8080)[0])"
+    try:
+        assert py(http, sid, probe) == "ENETUNREACH\n"
+        r = patch(http, sid, True)
+        assert r.status_code == 200 and r.json() == {"egress": True}
+        assert py(http, sid, probe) == "connected\n"
+        assert patch(http, sid, {"allow": ["pypi.org"]}).status_code == 200
+        assert py(http, sid, probe) == "ECONNREFUSED\n"
+        assert egress(http, sid) == {"allow": ["pypi.org"]}
+        assert http.get(f"/v1/sandboxes/{sid}").json()["egress"] == {"allow": ["pypi.org"]}
+        assert patch(http, sid, False).status_code == 200
+        assert py(http, sid, probe) == "ENETUNREACH\n"
+        assert egress(http, sid) is False
+    finally:
+        delete_raw(http, sid)
+
+
+def test_forks_inherit_the_policy_on_networks_of_their_own(http, testnet):
+    policy = {"allow": [f"{testnet['ns_ip']}/32"]}
+    parent = create_raw(http, egress=policy)
+    try:
+        py(http, parent, "import socket; s = socket.create_connection(('%s', 8080)); print(1)" % testnet["ns_ip"])
+        r = http.post(f"/v1/sandboxes/{parent}/fork", json={"n": 2})
+        assert r.status_code == 200, r.text
+        a, b = r.json()["children"]
+        for child in (a, b):
+            assert egress(http, child) == policy
+            # The parent's connection is not the child's (fork gives fresh sockets).
+            assert py(http, child, "import errno\ntry:\n    s.send(b'x'); print('shared')\nexcept OSError as e: print(errno.errorcode[e.errno])") \
+                in ("ENOTCONN\n", "EPIPE\n")
+            assert py(http, child, PROBE + f"print(probe({testnet['ns_ip']!r}, 8080)[0])") == "connected\n"
+        # Each child's network is its own: turning one off leaves the others.
+        assert patch(http, a, False).status_code == 200
+        assert py(http, a, PROBE + f"print(probe({testnet['ns_ip']!r}, 8080)[0])") == "ENETUNREACH\n"
+        assert py(http, b, PROBE + f"print(probe({testnet['ns_ip']!r}, 8080)[0])") == "connected\n"
+        assert py(http, parent, PROBE + f"print(probe({testnet['ns_ip']!r}, 8080)[0])") == "connected\n"
+        for child in (a, b):
+            delete_raw(http, child)
+    finally:
+        delete_raw(http, parent)
+
+
+def test_bad_policies_are_refused(http):
+    for bad in ("yes", 1, {"allow": ["not a domain"]}, {"allow": "pypi.org"}, {"allow": ["pypi.org"], "deny": []},
+                {"allow": ["10.0.0.0/33"]}, {"allow": [f"h{i}.example.org" for i in range(257)]}):
+        assert_json_error(http.post("/v1/sandboxes", json={"egress": bad}), 400)
+    sid = create_raw(http, egress=False)
+    try:
+        assert_json_error(patch(http, sid, {"allow": ["*"]}), 400)
+        assert_json_error(http.patch(f"/v1/sandboxes/{sid}/egress", json={"policy": True}), 400)
+        assert egress(http, sid) is False
+        r = patch(http, sid, {"allow": [f"h{i}.example.org" for i in range(256)]})
+        assert r.status_code == 200, r.text
+    finally:
+        delete_raw(http, sid)
+    assert_json_error(http.get("/v1/sandboxes/sb-nosuch/egress"), 404)
