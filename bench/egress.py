@@ -11,6 +11,7 @@ Results go to docs/benchmarks.md between the `bench:egress` markers.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -87,7 +88,6 @@ def main() -> int:
     try:
         status, body = fb.request("POST", "/v1/sandboxes", {"egress": True})
         assert status == 200, body
-        import json
         sid = json.loads(body)["id"]
         # The sandbox's curl reports its own transfer time.
         fetch = f"curl -sf -o /dev/null -w '%{{time_total}} %{{size_download}}' {url}"
@@ -104,6 +104,17 @@ def main() -> int:
             sandboxed.append(float(secs))
             log(f"rep {rep + 1}: host {direct[-1]:.3f} s, sandbox {sandboxed[-1]:.3f} s")
         fb.destroy(sid)
+        # What egress costs a new sandbox: create → first exec done.
+        first_exec: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(args.reps * 2):
+            for on in (False, True):
+                t = time.perf_counter()
+                status, body = fb.request("POST", "/v1/sandboxes", {"egress": on})
+                assert status == 200, body
+                sid = json.loads(body)["id"]
+                out, code = fb.exec(sid, "1")
+                first_exec[on].append(time.perf_counter() - t)
+                fb.destroy(sid)
     finally:
         fb.close()
         srv.stop()
@@ -119,6 +130,11 @@ def main() -> int:
         "|---|---|---|---|",
         f"| `curl` on the host (baseline) | {d:.3f} s | {args.mib / d:,.0f} MiB/s | 1.00× |",
         f"| `curl` in a sandbox, egress on (through pasta) | {s:.3f} s | {args.mib / s:,.0f} MiB/s | {d / s:.2f}× |",
+        "",
+        "| create → first exec done | p50 |",
+        "|---|---|",
+        f"| `egress: false` | {median(first_exec[False]) * 1000:.0f} ms |",
+        f"| `egress: true` (pasta configures the namespace; the first exec waits for it) | {median(first_exec[True]) * 1000:.0f} ms |",
         "",
         "pasta copies every byte between the sandbox's tap interface and a host socket in user space; "
         "the firewall in the sandbox's namespace adds one nftables lookup per packet.",
