@@ -85,6 +85,9 @@ pub struct NetState {
     /// The names the DNS proxy answers for (shared with it, so a change of
     /// policy applies to the next query).
     names: Arc<RwLock<Option<Names>>>,
+    /// Why the policy asked for at create or fork could not be put in force
+    /// (told to the sandbox's next exec).
+    pub failed: Option<String>,
 }
 
 /// The sandbox's resolver: our DNS proxy inside its namespace.
@@ -157,6 +160,7 @@ pub async fn apply_soon(entry: &Arc<SandboxEntry>, egress: Egress) {
     tokio::spawn(async move {
         if let Err(e) = apply(&entry, &mut guard, &egress).await {
             tracing::warn!(sandbox = %entry.id, error = %e, "egress policy not applied");
+            guard.failed = Some(format!("the sandbox's network could not be set up ({e}); it has loopback only"));
         }
     });
 }

@@ -48,8 +48,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files", get(files::get).put(files::put).delete(files::delete))
         .route("/v1/sandboxes/{id}/files/watch", get(watch::watch))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
-        .route("/v1/sandboxes/{id}/pty", post(pty::create).get(pty::list))
         .route("/v1/sandboxes/{id}/egress", get(egress::get).patch(egress::patch))
+        .route("/v1/sandboxes/{id}/pty", post(pty::create).get(pty::list))
         .route("/v1/sandboxes/{id}/pty/{pty}/attach", get(pty::attach))
         .route("/v1/sandboxes/{id}/pty/{pty}/input", post(pty::input))
         .route("/v1/sandboxes/{id}/pty/{pty}/resize", post(pty::resize))
@@ -82,6 +82,11 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     }
     if config.build_templates {
         template::check_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    if config.default_egress {
+        for (tool, package) in [("pasta", "passt"), ("nft", "nftables")] {
+            jail::tools::require_tool(tool, package).map_err(|e| anyhow::anyhow!("{e} (or start with --default-egress false)"))?;
+        }
     }
     let jail = jail::Jail::open(jail::JailConfig {
         state_dir: config.state_dir.clone(),

@@ -135,9 +135,12 @@ pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(re
     // cancel it halfway (the REPL stays consistent); it just stops listening.
     tokio::spawn(async move {
         // A sandbox's network may still be coming up (src/egress.rs).
-        drop(entry.network.lock().await);
+        let network_failed = entry.network.lock().await.failed.take();
         let mut slot = entry.slot.lock().await;
         let mut sink = EventSink::new(tx, entry.replay.clone());
+        if let Some(why) = network_failed {
+            sink.warning(why).await;
+        }
         if entry.destroyed.load(Ordering::Relaxed) {
             sink.error("the sandbox was destroyed".into(), None, None, None).await;
             sink.exit(1).await;
