@@ -92,14 +92,19 @@ def shutdown_and_check(srv: ForkboxServer) -> list[str]:
     return problems
 
 
+def stop_and_assert_clean(srv: ForkboxServer) -> None:
+    """End of a server fixture: stop it, clean up, fail on any leak."""
+    problems = shutdown_and_check(srv)
+    srv.cleanup()  # the log (<state dir>.log) stays
+    assert not problems, f"{srv.name} server leaked:\n" + "\n".join(problems) + "\n--- log ---\n" + srv.log_tail()
+
+
 @pytest.fixture(scope="session")
 def server(say):
     """The main server, with default settings."""
     srv = start_server(say, "main")
     yield srv
-    problems = shutdown_and_check(srv)
-    srv.cleanup()  # the log (<state dir>.log) stays
-    assert not problems, "main server leaked:\n" + "\n".join(problems) + "\n--- log ---\n" + srv.log_tail()
+    stop_and_assert_clean(srv)
 
 
 @pytest.fixture(scope="session")
@@ -108,9 +113,7 @@ def small_server(say, server):
     srv = start_server(say, "small", ["--interrupt-grace-ms", "500", "--pids-limit", "128"],
                        build=False)  # `server` is ready, so the default template is built
     yield srv
-    problems = shutdown_and_check(srv)
-    srv.cleanup()
-    assert not problems, "small server leaked:\n" + "\n".join(problems) + "\n--- log ---\n" + srv.log_tail()
+    stop_and_assert_clean(srv)
 
 
 @pytest.fixture(scope="session")

@@ -112,6 +112,16 @@ struct ServeArgs {
     /// Largest file one files-API upload may write (MiB).
     #[arg(long, default_value_t = 16384)]
     max_file_mib: u64,
+    /// Port proxy: how long connecting to a sandbox's port may take (ms).
+    #[arg(long, default_value_t = 5000)]
+    port_connect_timeout_ms: u64,
+    /// Port proxy: how long a service may take to send its response headers
+    /// once the request is sent (ms; then 504).
+    #[arg(long, default_value_t = 60_000)]
+    port_response_timeout_ms: u64,
+    /// Port proxy: most open proxied connections per sandbox (then 429).
+    #[arg(long, default_value_t = 256)]
+    max_port_connections: usize,
     /// Create every sandbox the slow way instead of forking a warm,
     /// pre-imported zygote of its template (docs/fork.md).
     #[arg(long)]
@@ -226,6 +236,9 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         max_file_bytes: a.max_file_mib << 20,
         default_exec_timeout: Duration::from_millis(a.exec_timeout_ms),
         interrupt_grace: Duration::from_millis(a.interrupt_grace_ms),
+        port_connect_timeout: Duration::from_millis(a.port_connect_timeout_ms),
+        port_response_timeout: Duration::from_millis(a.port_response_timeout_ms),
+        max_port_connections: a.max_port_connections,
         ..Default::default()
     };
     Ok(server::ServerConfig {

@@ -219,6 +219,7 @@ async fn openapi_describes_every_route() {
         "/v1/sandboxes/{id}/diff/{other}",
         "/v1/templates",
         "/v1/pool",
+        "/v1/sandboxes/{id}/ports/{port}/{path}",
     ] {
         assert!(paths.contains_key(p), "{p} missing from openapi.json");
     }

@@ -874,6 +874,13 @@ impl Sandbox {
         self.open_init_proc("ns/net", rustix::fs::OFlags::RDONLY)
     }
 
+    /// Connect to `port` on the sandbox's own loopback (the port proxy;
+    /// see `ports::connect`).
+    pub async fn connect_port(&self, port: u16, timeout: Duration) -> std::result::Result<(tokio::net::TcpStream, std::net::SocketAddr), crate::ports::PortError> {
+        let netns = self.netns().map_err(|e| crate::ports::PortError::Unreachable(e.to_string()))?;
+        crate::ports::connect(netns, port, timeout).await
+    }
+
     /// Start `pasta` for the sandbox's network namespace (its way out; see
     /// `net::Pasta`). Blocking.
     pub fn start_pasta(&self) -> Result<crate::net::Pasta> {

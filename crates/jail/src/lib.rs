@@ -18,6 +18,7 @@ pub mod ids;
 pub mod net;
 pub mod notify;
 pub mod policy;
+pub mod ports;
 pub mod pty;
 pub mod shim;
 mod supervisor;

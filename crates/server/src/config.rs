@@ -49,6 +49,11 @@ pub struct SandboxLimits {
     pub max_memory_mib: Option<u64>,
     /// Largest file one files-API upload may write.
     pub max_file_bytes: u64,
+    /// Port proxy (src/ports.rs): connect timeout, time a service has to
+    /// send its response headers, and open proxied connections per sandbox.
+    pub port_connect_timeout: Duration,
+    pub port_response_timeout: Duration,
+    pub max_port_connections: usize,
 }
 
 /// 90% of the host's memory, in MiB (the default memory cap).
@@ -79,6 +84,9 @@ impl Default for SandboxLimits {
             max_sandboxes: 1000,
             max_memory_mib: None,
             max_file_bytes: 16 << 30,
+            port_connect_timeout: Duration::from_secs(5),
+            port_response_timeout: Duration::from_secs(60),
+            max_port_connections: 256,
         }
     }
 }

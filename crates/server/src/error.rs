@@ -27,6 +27,12 @@ pub enum ApiError {
     /// The sandbox's disk is full (507).
     #[error("{0}")]
     NoSpace(String),
+    /// The port proxy's service could not be reached or answered badly (502).
+    #[error("{0}")]
+    BadGateway(String),
+    /// The port proxy's service did not connect or answer in time (504).
+    #[error("{0}")]
+    GatewayTimeout(String),
     #[error("{message}")]
     Unavailable { message: String, progress: Option<f32> },
     #[error("internal error: {0}")]
@@ -45,6 +51,8 @@ impl ApiError {
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::RangeNotSatisfiable(_) => StatusCode::RANGE_NOT_SATISFIABLE,
             ApiError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
+            ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            ApiError::GatewayTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -13,6 +13,7 @@ pub mod files;
 pub mod fork;
 pub mod openapi;
 pub mod pool;
+pub mod ports;
 pub mod pty;
 pub mod repl;
 pub mod routes;
@@ -24,7 +25,7 @@ pub mod watch;
 use std::net::SocketAddr;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 
 pub use config::{SandboxLimits, ServerConfig};
@@ -57,6 +58,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/pty/{pty}/read", post(pty::read))
         .route("/v1/sandboxes/{id}/files/rename", post(files::rename))
         .route("/v1/sandboxes/{id}/files/chmod", post(files::chmod))
+        .route("/v1/sandboxes/{id}/ports/{port}", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), routes::auth))
@@ -112,7 +116,8 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     });
     tracing::info!(listen = %config.listen, state_dir = %config.state_dir.display(), "forkbox serving");
     let shutdown_state = state.clone();
-    axum::serve(listener, app(state.clone()))
+    // Connect info: the port proxy's X-Forwarded-For.
+    axum::serve(listener, app(state.clone()).into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(async move {
             shutdown_signal().await;
             tracing::info!("shutting down: destroying all sandboxes");

@@ -3,7 +3,7 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use crate::{egress, files, pty, routes, watch};
+use crate::{egress, files, ports, pty, routes, watch};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -13,7 +13,8 @@ use crate::{egress, files, pty, routes, watch};
         routes::replay, routes::templates, routes::fork, routes::merge_into, routes::pool, routes::diff,
         files::get, files::put, files::delete, files::mkdir, files::rename, files::chmod, watch::watch,
         egress::get, egress::patch,
-        pty::create, pty::list, pty::attach, pty::input, pty::resize, pty::kill, pty::read
+        pty::create, pty::list, pty::attach, pty::input, pty::resize, pty::kill, pty::read,
+        ports::proxy
     ),
     components(schemas(protocol::CreateSandbox, protocol::Created, protocol::ExecRequest, protocol::SandboxInfo,
         protocol::SandboxList, protocol::ErrorBody, protocol::Event, protocol::EventKind, protocol::TemplateInfo,

@@ -48,6 +48,8 @@ pub struct SandboxEntry {
     pub slot: Mutex<ReplSlot>,
     /// Execs running or queued (the idle timer ignores busy sandboxes).
     pub busy: AtomicU64,
+    /// Open connections of the port proxy (src/ports.rs).
+    pub port_connections: std::sync::atomic::AtomicUsize,
     /// Open file watch streams (src/watch.rs).
     pub watches: std::sync::atomic::AtomicUsize,
     /// PTY sessions (src/pty.rs); a merge hands the winner's to the parent's id.
@@ -444,6 +446,7 @@ pub fn new_entry(id: String, settings: Settings, engine: Arc<jail::Sandbox>, ses
         destroyed: AtomicBool::new(false),
         slot: Mutex::new(ReplSlot { session: Some(session), lost_state: None, rebuilt: false, oom_seen: 0 }),
         busy: AtomicU64::new(0),
+        port_connections: Default::default(),
         watches: Default::default(),
         ptys: Default::default(),
         egress: std::sync::Mutex::new(protocol::Egress::On(false)),
@@ -473,6 +476,7 @@ pub fn merged_entry(parent: &SandboxEntry, winner: &SandboxEntry, winner_slot: &
             oom_seen: winner_slot.oom_seen,
         }),
         busy: AtomicU64::new(0),
+        port_connections: Default::default(),
         watches: Default::default(),
         ptys: Arc::clone(&winner.ptys),
         egress: std::sync::Mutex::new(winner.egress.lock().unwrap_or_else(|e| e.into_inner()).clone()),

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use crate::error::ApiError;
 use crate::events::now_ms;
 use crate::files::{flag, sandbox_path};
-use crate::sandbox::SandboxEntry;
+use crate::sandbox::{CapSlot, SandboxEntry};
 use crate::state::AppState;
 
 /// Most directories one watch follows; beyond it new directories are not
@@ -108,7 +108,9 @@ pub async fn watch(
     let Query(q) = q.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let path = sandbox_path(&q.path)?;
     let recursive = flag(&q.recursive, "recursive", true)?;
-    let slot = WatchSlot::take(&entry)?;
+    let slot = CapSlot::take(&entry, |e| &e.watches, MAX_WATCHES_PER_SANDBOX, || {
+        format!("a sandbox may have at most {MAX_WATCHES_PER_SANDBOX} watches open")
+    })?;
     let engine = Arc::clone(&entry.engine);
     let watcher = tokio::task::spawn_blocking(move || -> Result<Watcher, ApiError> {
         let fs = engine.fs().map_err(|e| ApiError::Conflict(format!("the sandbox's filesystem is not reachable right now ({e}); retry")))?;
@@ -127,29 +129,9 @@ pub async fn watch(
     Ok(crate::routes::ndjson_stream(rx))
 }
 
-/// Counts a sandbox's open watches (released on drop).
-struct WatchSlot(Arc<SandboxEntry>);
-
-impl WatchSlot {
-    fn take(entry: &Arc<SandboxEntry>) -> Result<WatchSlot, ApiError> {
-        let n = entry.watches.fetch_add(1, Ordering::SeqCst);
-        if n >= MAX_WATCHES_PER_SANDBOX {
-            entry.watches.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::TooMany(format!("a sandbox may have at most {MAX_WATCHES_PER_SANDBOX} watches open")));
-        }
-        Ok(WatchSlot(Arc::clone(entry)))
-    }
-}
-
-impl Drop for WatchSlot {
-    fn drop(&mut self) {
-        self.0.watches.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// Forward inotify events until the client goes, the watched directory
 /// goes, or the sandbox does.
-async fn run(mut w: Watcher, entry: Arc<SandboxEntry>, tx: mpsc::Sender<FileEvent>, _slot: WatchSlot) {
+async fn run(mut w: Watcher, entry: Arc<SandboxEntry>, tx: mpsc::Sender<FileEvent>, _slot: CapSlot) {
     if tx.send(event("ready", None, true)).await.is_err() {
         return;
     }
