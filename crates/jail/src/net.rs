@@ -135,19 +135,19 @@ pub fn allow_learned(netns: BorrowedFd<'_>, addrs: &[IpAddr]) -> Result<()> {
 
 /// Run `f` on a new thread that has entered `netns`: sockets it opens live
 /// in the sandbox's namespace (a thread may change its own network
-/// namespace; the process keeps its own).
-pub fn in_netns<T: Send + 'static>(netns: &OwnedFd, f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> Result<T> {
+/// namespace; the process keeps its own). The thread hands the result over
+/// and exits, so there is nothing to restore and no runtime worker waits.
+pub async fn in_netns<T: Send + 'static>(netns: &OwnedFd, f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> Result<T> {
     let fd = netns.try_clone().map_err(|e| Error::io("dup netns", e))?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("forkbox-netns".into())
         .spawn(move || {
-            nix::sched::setns(fd.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
-            f()
+            let made = nix::sched::setns(fd.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from).and_then(|()| f());
+            let _ = tx.send(made);
         })
-        .map_err(|e| Error::io("spawn netns thread", e))?
-        .join()
-        .map_err(|_| Error::Invalid("netns thread panicked".into()))?
-        .map_err(|e| Error::io("in the sandbox's network namespace", e))
+        .map_err(|e| Error::io("spawn netns thread", e))?;
+    rx.await.map_err(|_| Error::Invalid("the netns thread died".into()))?.map_err(|e| Error::io("in the sandbox's network namespace", e))
 }
 
 /// A running `pasta` serving one sandbox's namespace: a child of the

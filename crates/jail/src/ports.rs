@@ -10,7 +10,7 @@
 //! to restore. (Not the blocking pool: its threads live on.)
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,24 +59,14 @@ pub async fn connect(netns: OwnedFd, port: u16, timeout: Duration) -> Result<(to
     tokio::time::timeout(timeout, attempt).await.unwrap_or(Err(PortError::TimedOut))
 }
 
-/// A non-blocking TCP socket created inside `netns` by a thread of its own,
-/// which hands it over and exits (no runtime worker waits for it).
+/// A non-blocking TCP socket created inside `netns` (see `net::in_netns`).
 async fn socket_in(netns: Arc<OwnedFd>, v6: bool) -> Result<OwnedFd, PortError> {
     let family = if v6 { AddressFamily::Inet6 } else { AddressFamily::Inet };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("forkbox-port".into())
-        .spawn(move || {
-            let made = nix::sched::setns(netns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| PortError::Unreachable(format!("cannot enter the sandbox's network namespace: {e}")))
-                .and_then(|()| {
-                    nix::sys::socket::socket(family, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None)
-                        .map_err(|e| PortError::Io { what: "socket", source: e.into() })
-                });
-            let _ = tx.send(made);
-        })
-        .map_err(|e| PortError::Io { what: "spawn the port thread", source: e })?;
-    rx.await.map_err(|_| PortError::Unreachable("the port thread died".into()))?
+    crate::net::in_netns(&netns, move || {
+        nix::sys::socket::socket(family, SockType::Stream, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC, None).map_err(std::io::Error::from)
+    })
+    .await
+    .map_err(|e| PortError::Unreachable(format!("cannot make a socket in the sandbox's network namespace: {e}")))
 }
 
 #[cfg(test)]

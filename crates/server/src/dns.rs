@@ -37,12 +37,13 @@ impl Drop for DnsProxy {
 
 impl DnsProxy {
     /// Listen at 127.0.0.53:53 in `netns` and serve until dropped.
-    pub fn start(netns: OwnedFd, names: Arc<RwLock<Option<Names>>>, upstream: SocketAddr) -> jail::Result<DnsProxy> {
+    pub async fn start(netns: OwnedFd, names: Arc<RwLock<Option<Names>>>, upstream: SocketAddr) -> jail::Result<DnsProxy> {
         let sock = jail::net::in_netns(&netns, || {
             let s = std::net::UdpSocket::bind((jail::net::DNS_ADDR, 53))?;
             s.set_nonblocking(true)?;
             Ok(s)
-        })?;
+        })
+        .await?;
         let sock = UdpSocket::from_std(sock).map_err(|e| jail::Error::io("register the DNS socket", e))?;
         let task = tokio::spawn(serve(Arc::new(sock), Arc::new(netns), names, upstream));
         Ok(DnsProxy { task })

@@ -139,7 +139,7 @@ pub async fn apply(entry: &SandboxEntry, state: &mut NetState, egress: &Egress) 
             *state.names.write().unwrap_or_else(|e| e.into_inner()) = Some(names);
             if state.dns.is_none() {
                 let upstream = upstream().ok_or_else(|| ApiError::Internal("the host has no nameserver in /etc/resolv.conf".into()))?;
-                state.dns = Some(crate::dns::DnsProxy::start(netns, Arc::clone(&state.names), upstream).map_err(|e| ApiError::engine("could not start the DNS proxy", e))?);
+                state.dns = Some(crate::dns::DnsProxy::start(netns, Arc::clone(&state.names), upstream).await.map_err(|e| ApiError::engine("could not start the DNS proxy", e))?);
             }
         }
     }
