@@ -129,7 +129,8 @@ def pypi_ip() -> str:
     return socket.getaddrinfo("pypi.org", 443, proto=socket.IPPROTO_TCP)[0][4][0]
 
 
-def test_egress_off_is_loopback_only(http):
+def test_egress_off_is_loopback_only(http, testnet):
+    listener = HostListener()
     sid = create_raw(http, egress=False)
     try:
         assert egress(http, sid) is False
@@ -150,15 +151,22 @@ try:
     r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
     r.sendto(b'\\0' * 8, ({pypi_ip()!r}, 0)); print('raw sent')
 except OSError as e: print('raw', errno.errorcode[e.errno])
+print(probe({testnet['host_ip']!r}, {listener.port}))
+print(probe('127.0.0.1', {listener.port}))
 """)
         lines = out.splitlines()
         assert lines[0] == "['lo']", out
         assert lines[1].startswith("('ENETUNREACH'"), out
         assert lines[2].startswith("('gaierror'"), out
         assert float(lines[2].split(",")[1].strip(" )")) < 3, "a lookup fails fast"
-        for kind, line in zip(("udp", "icmp", "raw"), lines[3:]):
+        for kind, line in zip(("udp", "icmp", "raw"), lines[3:6]):
             assert line.startswith(kind) and "sent" not in line, out
+        # The host's own address and its loopback services: nothing.
+        assert lines[6].startswith("('ENETUNREACH'"), out
+        assert lines[7].startswith("('ECONNREFUSED'"), out  # the sandbox's own loopback
+        assert listener.accepted == []
     finally:
+        listener.close()
         delete_raw(http, sid)
 
 

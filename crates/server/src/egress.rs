@@ -88,6 +88,40 @@ pub struct NetState {
     /// Why the policy asked for at create or fork could not be put in force
     /// (told to the sandbox's next exec).
     pub failed: Option<String>,
+    /// The firewall rules in force in the sandbox's namespace.
+    rules: Option<Rules>,
+}
+
+/// The blocking part of putting `rules` in force: the firewall (when
+/// `need_rules`), pasta (when `need_pasta`), and the resolver pointing at
+/// the DNS proxy (written once; the sandbox may change it, and then it is
+/// on its own). Answers the new pasta and the namespace.
+fn set_up(engine: &jail::Sandbox, rules: &Rules, need_pasta: bool, need_rules: bool) -> jail::Result<(Option<jail::net::Pasta>, std::os::fd::OwnedFd)> {
+    let netns = engine.netns()?;
+    if need_rules {
+        jail::net::nft(std::os::fd::AsFd::as_fd(&netns), &jail::net::ruleset(rules, &jail::net::always_blocked()))?;
+    }
+    let pasta = if need_pasta { Some(engine.start_pasta()?) } else { None };
+    let fs = engine.fs()?;
+    let path = jail::fs::SandboxPath::parse("/etc/resolv.conf", "/").map_err(|e| jail::Error::Invalid(e.message))?;
+    let current = fs.open_read(&path).ok().map(|(mut f, _)| {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut f, &mut s);
+        s
+    });
+    if current.as_deref() != Some(RESOLV_CONF) {
+        let mut w = fs.write(&path, false, Some(0o644), true).map_err(|e| jail::Error::Invalid(e.message))?;
+        std::io::Write::write_all(w.file(), RESOLV_CONF.as_bytes()).map_err(|e| jail::Error::io("write resolv.conf", e))?;
+        w.commit().map_err(|e| jail::Error::Invalid(e.message))?;
+    }
+    Ok((pasta, netns))
+}
+
+/// A warm-pool spare's way out, made ahead of time for the default policy
+/// (`true`): pasta, the open firewall and the resolver. Blocking.
+pub fn prepare_spare(engine: &jail::Sandbox) -> jail::Result<jail::net::Pasta> {
+    let (pasta, _) = set_up(engine, &Rules::Open, true, true)?;
+    pasta.ok_or_else(|| jail::Error::Invalid("no pasta".into()))
 }
 
 /// The sandbox's resolver: our DNS proxy inside its namespace.
@@ -100,6 +134,7 @@ pub async fn apply(entry: &SandboxEntry, state: &mut NetState, egress: &Egress) 
     match plan {
         Plan::Off => {
             state.dns = None;
+            state.rules = None;
             *state.names.write().unwrap_or_else(|e| e.into_inner()) = None;
             if let Some(p) = state.pasta.take() {
                 p.stop();
@@ -110,29 +145,13 @@ pub async fn apply(entry: &SandboxEntry, state: &mut NetState, egress: &Egress) 
         }
         Plan::On { rules, names } => {
             let need_pasta = !state.pasta.as_ref().is_some_and(|p| p.alive());
-            let (pasta, netns) = tokio::task::spawn_blocking(move || -> jail::Result<_> {
-                let netns = engine.netns()?;
-                jail::net::nft(std::os::fd::AsFd::as_fd(&netns), &jail::net::ruleset(&rules, &jail::net::always_blocked()))?;
-                let pasta = if need_pasta { Some(engine.start_pasta()?) } else { None };
-                // The resolver points at our proxy (written once; the
-                // sandbox may change it, and then it is on its own).
-                let fs = engine.fs()?;
-                let path = jail::fs::SandboxPath::parse("/etc/resolv.conf", "/").map_err(|e| jail::Error::Invalid(e.message))?;
-                let current = fs.open_read(&path).ok().map(|(mut f, _)| {
-                    let mut s = String::new();
-                    let _ = std::io::Read::read_to_string(&mut f, &mut s);
-                    s
-                });
-                if current.as_deref() != Some(RESOLV_CONF) {
-                    let mut w = fs.write(&path, false, Some(0o644), true).map_err(|e| jail::Error::Invalid(e.message))?;
-                    std::io::Write::write_all(w.file(), RESOLV_CONF.as_bytes()).map_err(|e| jail::Error::io("write resolv.conf", e))?;
-                    w.commit().map_err(|e| jail::Error::Invalid(e.message))?;
-                }
-                Ok((pasta, netns))
-            })
-            .await
-            .map_err(|e| ApiError::engine("egress task failed", e))?
-            .map_err(|e| ApiError::engine("could not set up the sandbox's network", e))?;
+            let need_rules = need_pasta || state.rules.as_ref() != Some(&rules);
+            let in_force = rules.clone();
+            let (pasta, netns) = tokio::task::spawn_blocking(move || set_up(&engine, &rules, need_pasta, need_rules))
+                .await
+                .map_err(|e| ApiError::engine("egress task failed", e))?
+                .map_err(|e| ApiError::engine("could not set up the sandbox's network", e))?;
+            state.rules = Some(in_force);
             if let Some(p) = pasta {
                 state.pasta = Some(p);
             }
@@ -163,6 +182,16 @@ pub async fn apply_soon(entry: &Arc<SandboxEntry>, egress: Egress) {
             guard.failed = Some(format!("the sandbox's network could not be set up ({e}); it has loopback only"));
         }
     });
+}
+
+/// Give a new sandbox the way out the warm pool made for it ahead of time
+/// (`prepare_spare`): with the default policy, `apply` then only starts the
+/// DNS proxy.
+pub fn adopt_pasta(entry: &SandboxEntry, pasta: jail::net::Pasta) {
+    if let Ok(mut net) = entry.network.try_lock() {
+        net.pasta = Some(pasta);
+        net.rules = Some(Rules::Open);
+    }
 }
 
 /// Put the sandbox's policy back in force after its namespaces were

@@ -47,6 +47,9 @@ pub struct Warm {
     template: String,
     zygote: Arc<SandboxEntry>,
     spares: Mutex<Vec<jail::ForkChild>>,
+    /// pasta already serving a spare's network (by spare id), so a create
+    /// with egress on finds its way out ready (docs/network.md).
+    pastas: std::sync::Mutex<HashMap<String, jail::net::Pasta>>,
     served: AtomicUsize,
     retiring: std::sync::atomic::AtomicBool,
     /// The zygote's fork plan, read once: it runs no user code, so its
@@ -128,7 +131,18 @@ impl AppState {
         if zygote_slot.session.is_none() {
             return Ok(None);
         }
-        let spare = warm.spares.lock().await.pop();
+        let spare = {
+            // A spare whose network already matches the policy, if any.
+            let mut spares = warm.spares.lock().await;
+            let pastas = warm.pastas.lock().unwrap_or_else(|e| e.into_inner());
+            let wants_net = !settings.egress.is_off();
+            let fit = spares.iter().rposition(|s| pastas.contains_key(&s.sandbox.id) == wants_net);
+            match fit {
+                Some(i) => Some(spares.remove(i)),
+                None => spares.pop(),
+            }
+        };
+        let pasta = spare.as_ref().and_then(|s| warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).remove(&s.sandbox.id));
         let spare = match spare {
             Some(s) => s,
             None => {
@@ -163,6 +177,16 @@ impl AppState {
         };
         let (sandbox, session) = forked.remove(0);
         let entry = new_entry(sandbox.id.clone(), settings.clone(), sandbox, session, Vec::new());
+        match pasta {
+            Some(p) if !settings.egress.is_off() => crate::egress::adopt_pasta(&entry, p),
+            // No way out for this one: pasta (and with it the interface)
+            // must be gone before the sandbox is handed out. Stopping reaps
+            // it, so not on this task.
+            Some(p) => {
+                let _ = tokio::task::spawn_blocking(move || drop(p)).await;
+            }
+            None => {}
+        }
         let served = warm.served.fetch_add(1, Ordering::SeqCst) + 1;
         let state = self.clone();
         let warm2 = Arc::clone(&warm);
@@ -210,7 +234,24 @@ impl AppState {
                     let _ = self.inner.jail.destroy(&s.sandbox).await;
                 }
             }
-            Ok(made) => warm.spares.lock().await.extend(made),
+            Ok(made) => {
+                // Keep spares of both kinds, with a way out (pasta started:
+                // about 30 ms a create with egress on need not wait for) and
+                // without (stopping pasta costs about as much).
+                for s in &made {
+                    if warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).len() >= SPARES / 2 {
+                        break;
+                    }
+                    // A background task: blocking it ~30 ms is fine.
+                    match tokio::task::block_in_place(|| crate::egress::prepare_spare(&s.sandbox)) {
+                        Ok(p) => {
+                            warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).insert(s.sandbox.id.clone(), p);
+                        }
+                        Err(e) => tracing::debug!(err = %e, "no pasta ahead of time for a spare"),
+                    }
+                }
+                warm.spares.lock().await.extend(made)
+            }
             Err(e) => tracing::warn!(template = %warm.template, err = %e, "could not refill the warm pool"),
         }
     }
@@ -235,6 +276,7 @@ impl AppState {
 
     async fn destroy_warm(&self, warm: &Warm) {
         let spares: Vec<jail::ForkChild> = warm.spares.lock().await.drain(..).collect();
+        warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).clear();
         for s in spares {
             let _ = self.inner.jail.destroy(&s.sandbox).await;
         }
@@ -285,7 +327,7 @@ impl AppState {
         }
         let plan = serde_json::to_value(jail::forkplan::plan_for(session.host_pid)).unwrap_or_default();
         let zygote = new_entry(id, settings, Arc::new(engine), session, Vec::new());
-        let warm = Arc::new(Warm { template: template.to_string(), zygote, spares: Mutex::new(Vec::new()), served: AtomicUsize::new(0), retiring: Default::default(), plan });
+        let warm = Arc::new(Warm { template: template.to_string(), zygote, spares: Mutex::new(Vec::new()), pastas: Default::default(), served: AtomicUsize::new(0), retiring: Default::default(), plan });
         self.refill_held(&warm).await;
         if self.inner.pool.closing.load(Ordering::SeqCst) {
             self.destroy_warm(&warm).await;
