@@ -109,6 +109,10 @@ struct ServeArgs {
     /// through pasta) or false (loopback only).
     #[arg(long, env = "FORKBOX_DEFAULT_EGRESS", default_value_t = true, action = clap::ArgAction::Set)]
     default_egress: bool,
+    /// Pause sandboxes after this many seconds without activity (0: never);
+    /// the next call resumes them.
+    #[arg(long, default_value_t = 0)]
+    idle_pause_seconds: u64,
     /// Largest file one files-API upload may write (MiB).
     #[arg(long, default_value_t = 16384)]
     max_file_mib: u64,
@@ -252,5 +256,6 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         shim_exe: std::env::current_exe().context("locate the forkbox executable")?,
         warm_pool: !a.no_warm_pool,
         default_egress: a.default_egress,
+        idle_pause: (a.idle_pause_seconds > 0).then(|| Duration::from_secs(a.idle_pause_seconds)),
     })
 }

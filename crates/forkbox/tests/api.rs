@@ -44,6 +44,7 @@ fn fixture() -> &'static Fixture {
             shim_exe: PathBuf::from(env!("CARGO_BIN_EXE_forkbox")),
             warm_pool: false,
             default_egress: false,
+            idle_pause: None,
         };
         let jail = jail::Jail::open(jail::JailConfig { state_dir, shim_exe: config.shim_exe.clone(), volume_gib: 16 }).expect("engine");
         let templates = server::Templates::new(templates_dir);

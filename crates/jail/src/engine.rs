@@ -174,6 +174,11 @@ pub struct Sandbox {
     init_pidfd: StdMutex<Option<OwnedFd>>,
     /// Set once this member stopped counting towards its family.
     released: std::sync::atomic::AtomicBool,
+    /// Paused by request (`pause`); held while the freezer is changed, so a
+    /// fork's own brief freeze never thaws a paused sandbox.
+    paused: Arc<StdMutex<bool>>,
+    /// Mirror of `paused` readable without waiting for a fork's freeze.
+    paused_now: std::sync::atomic::AtomicBool,
 }
 
 fn create_member_request(id: &str, cgroup: &Cgroup, subvolume: &Path) -> Request {
@@ -340,18 +345,23 @@ impl Jail {
                 c.sandbox.set_limits(&limits)?;
             }
         }
-        // The parent is paused only while its files are snapshotted.
+        // The parent is frozen only while its files are snapshotted (and
+        // stays so if it was paused).
         let frozen = parent.cgroup.clone();
+        let paused = Arc::clone(&parent.paused);
         let dsts: Vec<PathBuf> = children.iter().map(|c| c.sandbox.subvolume.clone()).collect();
         let (volume, src) = (self.volume.clone(), parent.subvolume.clone());
         tokio::task::spawn_blocking(move || -> Result<()> {
+            let paused = paused.lock().unwrap_or_else(|e| e.into_inner());
             frozen.freeze()?;
             // In parallel: concurrent snapshots share btrfs transaction commits.
             let results: Vec<Result<()>> = std::thread::scope(|scope| {
                 let jobs: Vec<_> = dsts.iter().map(|dst| scope.spawn(|| volume.snapshot(&src, dst))).collect();
                 jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Error::Shim("snapshot thread panicked".into())))).collect()
             });
-            frozen.thaw()?;
+            if !*paused {
+                frozen.thaw()?;
+            }
             results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
         })
         .await
@@ -694,6 +704,8 @@ impl Sandbox {
             next_command: std::sync::atomic::AtomicU64::new(1),
             init_pidfd: StdMutex::new(init_pidfd),
             released: std::sync::atomic::AtomicBool::new(false),
+            paused: Default::default(),
+            paused_now: Default::default(),
         }
     }
 
@@ -858,6 +870,31 @@ impl Sandbox {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         true
+    }
+
+    /// Stop every process of the sandbox (cgroup freezer): no CPU, memory
+    /// kept, until `resume`. Blocking.
+    pub fn pause(&self) -> Result<()> {
+        let mut paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        self.cgroup.freeze()?;
+        *paused = true;
+        self.paused_now.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Let a paused sandbox run on exactly where it stopped. Blocking.
+    pub fn resume(&self) -> Result<()> {
+        let mut paused = self.paused.lock().unwrap_or_else(|e| e.into_inner());
+        if *paused {
+            self.cgroup.thaw()?;
+            *paused = false;
+            self.paused_now.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused_now.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The sandbox's root filesystem, opened for the host (the files API).

@@ -24,6 +24,8 @@ pub struct ServerConfig {
     pub warm_pool: bool,
     /// Egress of sandboxes whose create does not say (docs/network.md).
     pub default_egress: bool,
+    /// Pause sandboxes idle this long (docs/state.md); None: never.
+    pub idle_pause: Option<std::time::Duration>,
 }
 
 /// Defaults and caps for sandboxes.

@@ -79,6 +79,7 @@ fn query(q: FileQueryResult) -> Result<FileQuery, ApiError> {
 /// Run `op` on the sandbox's filesystem on the blocking pool.
 pub async fn with_fs<T: Send + 'static>(entry: &Arc<SandboxEntry>, op: impl FnOnce(&SandboxFs) -> Result<T, FsError> + Send + 'static) -> Result<T, ApiError> {
     entry.touch();
+    crate::pause::ensure_running(entry).await?;
     let engine = Arc::clone(&entry.engine);
     tokio::task::spawn_blocking(move || {
         let fs = engine.fs().map_err(|e| ApiError::Conflict(format!("the sandbox's filesystem is not reachable right now ({e}); retry")))?;

@@ -83,7 +83,19 @@ impl AppState {
         let _reserved = CreateSlot::take_n(self, n)?;
         parent.busy.fetch_add(1, Ordering::SeqCst);
         parent.touch();
-        let result = self.fork_locked(&parent, n).await;
+        // A paused parent runs for the moment its REPL forks itself, then
+        // is paused again; the children run (docs/state.md).
+        let was_paused = parent.engine.is_paused();
+        let result = match crate::pause::ensure_running(&parent).await {
+            Ok(()) => self.fork_locked(&parent, n).await,
+            Err(e) => Err(e),
+        };
+        if was_paused {
+            let engine = Arc::clone(&parent.engine);
+            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || engine.pause()).await {
+                tracing::warn!(sandbox = %parent.id, err = %e, "could not pause the parent again after a fork");
+            }
+        }
         parent.busy.fetch_sub(1, Ordering::SeqCst);
         parent.touch();
         let children = result?;

@@ -12,6 +12,7 @@ pub mod events;
 pub mod files;
 pub mod fork;
 pub mod openapi;
+pub mod pause;
 pub mod pool;
 pub mod ports;
 pub mod pty;
@@ -44,6 +45,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/exec", post(routes::exec))
         .route("/v1/sandboxes/{id}/replay", get(routes::replay))
         .route("/v1/sandboxes/{id}/fork", post(routes::fork))
+        .route("/v1/sandboxes/{id}/pause", post(pause::pause))
+        .route("/v1/sandboxes/{id}/resume", post(pause::resume))
         .route("/v1/sandboxes/{id}/merge_into/{winner}", post(routes::merge_into))
         .route("/v1/sandboxes/{id}/diff/{other}", get(routes::diff))
         .route("/v1/sandboxes/{id}/files", get(files::get).put(files::put).delete(files::delete))

@@ -3,7 +3,7 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use crate::{egress, files, ports, pty, routes, watch};
+use crate::{egress, files, pause, ports, pty, routes, watch};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -12,7 +12,7 @@ use crate::{egress, files, ports, pty, routes, watch};
         routes::healthz, routes::create, routes::list, routes::info, routes::destroy, routes::exec,
         routes::replay, routes::templates, routes::fork, routes::merge_into, routes::pool, routes::diff,
         files::get, files::put, files::delete, files::mkdir, files::rename, files::chmod, watch::watch,
-        egress::get, egress::patch,
+        egress::get, egress::patch, pause::pause, pause::resume,
         pty::create, pty::list, pty::attach, pty::input, pty::resize, pty::kill, pty::read,
         ports::proxy
     ),

@@ -237,6 +237,7 @@ pub async fn proxy(State(state): State<AppState>, path: Result<Path<PortPath>, a
     let max = limits.max_port_connections;
     let slot = CapSlot::take(&entry, |e| &e.port_connections, max, || format!("a sandbox may have at most {max} proxied connections open"))?;
     entry.touch();
+    crate::pause::ensure_running(&entry).await?;
     let (stream, addr) = entry.engine.connect_port(port, limits.port_connect_timeout).await.map_err(|e| unreachable_port(e, &p.id, port))?;
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake::<_, Sending>(TokioIo::new(ServiceIo { stream, slot }))

@@ -406,6 +406,7 @@ pub async fn input(State(state): State<AppState>, Path((id, pty)): Path<(String,
         return Err(ApiError::Conflict(format!("PTY session `{pty}` has exited")));
     }
     entry.touch();
+    crate::pause::ensure_running(&entry).await?;
     session.write(&data).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

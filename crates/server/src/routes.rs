@@ -141,6 +141,12 @@ pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(re
         if let Some(why) = network_failed {
             sink.warning(why).await;
         }
+        if let Err(e) = crate::pause::ensure_running(&entry).await {
+            sink.error(e.to_string(), None, None, None).await;
+            sink.exit(1).await;
+            entry.busy.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         if entry.destroyed.load(Ordering::Relaxed) {
             sink.error("the sandbox was destroyed".into(), None, None, None).await;
             sink.exit(1).await;

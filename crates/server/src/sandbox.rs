@@ -116,7 +116,13 @@ impl SandboxEntry {
     pub fn info(&self) -> SandboxInfo {
         SandboxInfo {
             id: self.id.clone(),
-            state: if self.busy.load(Ordering::Relaxed) > 0 { "running".into() } else { "ready".into() },
+            state: if self.engine.is_paused() {
+                "paused".into()
+            } else if self.busy.load(Ordering::Relaxed) > 0 {
+                "running".into()
+            } else {
+                "ready".into()
+            },
             template: self.settings.template.clone(),
             ram_mib: self.settings.ram_mib,
             rootfs_gb: self.settings.rootfs_gb,

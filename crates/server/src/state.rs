@@ -245,6 +245,21 @@ impl AppState {
                 tracing::info!(sandbox = %id, "timed out");
                 let _ = self.destroy(&id).await;
             }
+            if let Some(after) = self.inner.config.idle_pause {
+                let idle: Vec<Arc<SandboxEntry>> = self
+                    .inner
+                    .sandboxes
+                    .read()
+                    .await
+                    .values()
+                    .filter(|e| !e.engine.is_paused() && now.saturating_sub(e.last_active.load(Ordering::Relaxed)) >= after.as_millis() as u64)
+                    .cloned()
+                    .collect();
+                for e in idle {
+                    // Busy ones are skipped (and tried again next tick).
+                    let _ = crate::pause::pause_idle(&e).await;
+                }
+            }
         }
     }
 }
