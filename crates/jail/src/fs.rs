@@ -216,7 +216,7 @@ impl SandboxFs {
             kind,
             size: st.st_size as u64,
             mode: st.st_mode & 0o7777,
-            mtime_ms: st.st_mtime as i64 * 1000 + st.st_mtime_nsec as i64 / 1_000_000,
+            mtime_ms: st.st_mtime * 1000 + (st.st_mtime_nsec / 1_000_000) as i64,
             uid: self.inside(st.st_uid),
             gid: self.inside(st.st_gid),
             target,
@@ -241,8 +241,8 @@ impl SandboxFs {
     pub fn list(&self, path: &SandboxPath, limit: usize) -> FsResult<(Vec<Metadata>, bool)> {
         let fd = self.open(path, OFlags::RDONLY | OFlags::DIRECTORY)?;
         let mut names = Vec::new();
-        let mut dir = Dir::read_from(&fd).map_err(|e| FsError::at(&path.to_string(), e))?;
-        while let Some(entry) = dir.next() {
+        let dir = Dir::read_from(&fd).map_err(|e| FsError::at(&path.to_string(), e))?;
+        for entry in dir {
             let entry = entry.map_err(|e| FsError::at(&path.to_string(), e))?;
             let name = entry.file_name().to_bytes();
             if name != b"." && name != b".." {

@@ -81,11 +81,9 @@ pub fn ruleset(rules: &Rules, blocked: &[IpNet]) -> String {
     }
     // Refusals are immediate: a TCP reset or an ICMP error, never a timeout.
     let refuse = "meta l4proto tcp reject with tcp reset\n    reject with icmpx type admin-prohibited";
-    out += &format!(
-        "  chain out {{\n    type filter hook output priority 0; policy accept;\n    oifname \"lo\" accept\n    \
+    out += "  chain out {\n    type filter hook output priority 0; policy accept;\n    oifname \"lo\" accept\n    \
          ip daddr @explicit4 accept\n    ip6 daddr @explicit6 accept\n    \
-         ip daddr @blocked4 goto refuse\n    ip6 daddr @blocked6 goto refuse\n"
-    );
+         ip daddr @blocked4 goto refuse\n    ip6 daddr @blocked6 goto refuse\n";
     if matches!(rules, Rules::AllowList(_)) {
         out += "    ip daddr @learned4 accept\n    ip6 daddr @learned6 accept\n    goto refuse\n";
     }

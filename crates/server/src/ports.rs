@@ -203,7 +203,7 @@ fn unreachable_port(e: jail::ports::PortError, id: &str, port: u16) -> ApiError 
         E::TimedOut => ApiError::GatewayTimeout(format!("connecting to port {port} in sandbox {id} timed out")),
         E::Unreachable(why) => {
             tracing::warn!(sandbox = %id, %why, "port proxy: namespace not reachable");
-            ApiError::Conflict(format!("the sandbox's network is not reachable right now; retry"))
+            ApiError::Conflict("the sandbox's network is not reachable right now; retry".into())
         }
         E::Io { .. } => ApiError::engine("connect to the sandbox's port", e),
     }
