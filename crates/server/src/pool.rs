@@ -228,32 +228,44 @@ impl AppState {
         }
         let ids: Vec<String> = (have..SPARES).map(|_| new_id()).collect();
         let limits = self.limits_for(&warm.zygote.settings);
-        match self.inner.jail.spare_members(&warm.zygote.engine, &ids, &limits).await {
-            Ok(made) if self.inner.pool.closing.load(Ordering::SeqCst) => {
-                for s in made {
-                    let _ = self.inner.jail.destroy(&s.sandbox).await;
-                }
+        let made = match self.inner.jail.spare_members(&warm.zygote.engine, &ids, &limits).await {
+            Ok(made) => made,
+            Err(e) => {
+                tracing::warn!(template = %warm.template, err = %e, "could not refill the warm pool");
+                return;
             }
-            Ok(made) => {
-                // Keep spares of both kinds, with a way out (pasta started:
-                // about 30 ms a create with egress on need not wait for) and
-                // without (stopping pasta costs about as much).
-                for s in &made {
-                    if warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).len() >= SPARES / 2 {
-                        break;
-                    }
-                    // A background task: blocking it ~30 ms is fine.
-                    match tokio::task::block_in_place(|| crate::egress::prepare_spare(&s.sandbox)) {
-                        Ok(p) => {
-                            warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).insert(s.sandbox.id.clone(), p);
-                        }
-                        Err(e) => tracing::debug!(err = %e, "no pasta ahead of time for a spare"),
-                    }
-                }
-                warm.spares.lock().await.extend(made)
+        };
+        // Keep spares of both kinds, with a way out (pasta started: about
+        // 30 ms a create with egress on need not wait for) and without
+        // (stopping pasta costs about as much).
+        let mut ready = HashMap::new();
+        let have_ready = warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).len();
+        for s in &made {
+            if have_ready + ready.len() >= SPARES / 2 {
+                break;
             }
-            Err(e) => tracing::warn!(template = %warm.template, err = %e, "could not refill the warm pool"),
+            // A background task: blocking it ~30 ms is fine.
+            match tokio::task::block_in_place(|| crate::egress::prepare_spare(&s.sandbox)) {
+                Ok(p) => {
+                    ready.insert(s.sandbox.id.clone(), p);
+                }
+                Err(e) => tracing::debug!(err = %e, "no pasta ahead of time for a spare"),
+            }
         }
+        // Hand them over under the spares lock, unless the zygote is being
+        // retired or the server is closing meanwhile (`destroy_warm` drains
+        // under the same lock after setting those flags): then they go.
+        let mut spares = warm.spares.lock().await;
+        if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
+            drop(spares);
+            drop(ready);
+            for s in made {
+                let _ = self.inner.jail.destroy(&s.sandbox).await;
+            }
+            return;
+        }
+        warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).extend(ready);
+        spares.extend(made);
     }
 
     /// Replace a zygote that served its share (or broke) with a fresh family.
