@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from run import DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Series, Server, check, fmt_ms, log, machine, write_section  # noqa: E402
+from run import DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Series, Server, check, fmt_ms, log, run_header, write_section  # noqa: E402
 
 SECTION = "diff"
 DEFAULT_STATE_DIR = "/var/lib/forkbox-bench-diff"
@@ -110,9 +110,8 @@ def main() -> int:
     finally:
         fb.close()
         srv.stop()
-    m = machine()
     lines = [
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {m.get('cpu', '?')}, {m.get('nproc', '?')} cores; "
+        f"{run_header()}; "
         f"{args.reps} runs per cell. Both sandboxes are fork children of one parent; each changed one file.",
         "",
         "| case | paths | files | server p50 | server p95 | SDK `diff` p50 | SDK p95 | server faster by | answers agree |",

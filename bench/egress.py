@@ -15,6 +15,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import socket
 import subprocess
 import sys
@@ -23,14 +24,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from run import DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Server, log, machine, write_section  # noqa: E402
+from run import DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Server, log, run_header, write_section  # noqa: E402
 
 SECTION = "egress"
 DEFAULT_STATE_DIR = "/var/lib/forkbox-bench-egress"
-
-
-def median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
 
 
 class TestNet:
@@ -122,10 +119,9 @@ def main() -> int:
         fb.close()
         srv.stop()
         net.close()
-    d, s = median(direct), median(sandboxed)
-    m = machine()
+    d, s = statistics.median(direct), statistics.median(sandboxed)
     lines = [
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {m.get('cpu', '?')}, {m.get('nproc', '?')} cores; "
+        f"{run_header()}; "
         f"a {args.mib} MB download over HTTP from a server in a network namespace made for the benchmark "
         f"(veth to the host), medians of {args.reps} runs, `curl -o /dev/null` on both sides.",
         "",
@@ -136,8 +132,8 @@ def main() -> int:
         "",
         "| create → first exec done | p50 |",
         "|---|---|",
-        f"| `egress: false` | {median(first_exec[False]) * 1000:.0f} ms |",
-        f"| `egress: true` (the warm pool's spare had pasta, the firewall and the resolver ready; the DNS proxy starts before the first exec) | {median(first_exec[True]) * 1000:.0f} ms |",
+        f"| `egress: false` | {statistics.median(first_exec[False]) * 1000:.0f} ms |",
+        f"| `egress: true` (the warm pool's spare had pasta, the firewall and the resolver ready; the DNS proxy starts before the first exec) | {statistics.median(first_exec[True]) * 1000:.0f} ms |",
         "",
         "pasta copies every byte between the sandbox's tap interface and a host socket in user space; "
         "the firewall in the sandbox's namespace adds one nftables lookup per packet.",

@@ -14,21 +14,17 @@ import argparse
 import hashlib
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from run import DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Server, check, log, machine, write_section  # noqa: E402
+from run import DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Server, check, log, run_header, write_section  # noqa: E402
 
 SECTION = "files"
 DEFAULT_STATE_DIR = "/var/lib/forkbox-bench-files"
-
-
-def median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2]
 
 
 def timed(cmd: list[str]) -> float:
@@ -48,7 +44,6 @@ def main() -> int:
     args = ap.parse_args()
     if not shutil.which("curl"):
         raise SystemExit("bench/files.py needs curl (apt-get install curl)")
-    size = args.mib << 20
     work = args.state_dir.rstrip("/") + "-data"
     os.makedirs(work, exist_ok=True)
     src, dst = os.path.join(work, "src.bin"), os.path.join(work, "dst.bin")
@@ -91,10 +86,9 @@ def main() -> int:
 
     def mibs(t: float) -> str:
         return f"{args.mib / t:,.0f} MiB/s"
-    m = machine()
-    c, u, d = median(cp), median(up), median(down)
+    c, u, d = statistics.median(cp), statistics.median(up), statistics.median(down)
     lines = [
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {m.get('cpu', '?')}, {m.get('nproc', '?')} cores; "
+        f"{run_header()}; "
         f"a {args.mib} MiB file of random data, medians of {args.reps} runs, `sync` before each. The client is curl "
         "on loopback; the sandbox's disk is the server's btrfs volume image on the same disk as the `cp`.",
         "",

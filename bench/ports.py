@@ -28,7 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from run import (DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, NoDelayConnection, Series, Server,  # noqa: E402
-                 fmt_ms, free_port, log, machine, write_section)
+                 fmt_ms, free_port, log, run_header, write_section)
 
 SECTION = "ports"
 DEFAULT_STATE_DIR = "/var/lib/forkbox-bench-ports"
@@ -174,7 +174,6 @@ def main() -> int:
         host_srv.wait()
         shutil.rmtree(www, ignore_errors=True)
 
-    m = machine()
     d, p = statistics.median(dl_direct), statistics.median(dl_proxy)
 
     def mibs(t: float) -> str:
@@ -183,7 +182,7 @@ def main() -> int:
     def row(s: Series) -> str:
         return f"| {s.label} | {fmt_ms(s.p50)} | {fmt_ms(s.pct(99))} | {fmt_ms(s.mean)} |"
     lines = [
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {m.get('cpu', '?')}, {m.get('nproc', '?')} cores. "
+        f"{run_header()}. "
         f"The service is Python's `http.server` (HTTP/1.1 keep-alive, TCP_NODELAY, the same script) in a sandbox and on the host; "
         f"{small_direct.n} GETs of a 1 KiB file each way over one keep-alive connection (stdlib client, "
         f"{args.rounds} interleaved rounds, {args.warmup} warm-up calls), and {args.reps} downloads of a "

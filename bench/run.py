@@ -657,6 +657,12 @@ of this file is left alone.
 """
 
 
+def run_header() -> str:
+    """`DATE UTC, CPU, N cores`: how a results section says when and where it ran."""
+    m = machine()
+    return f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {m.get('cpu', '?')}, {m.get('nproc', '?')} cores"
+
+
 def write_section(path: str, name: str, title: str, body: str) -> None:
     """Replace the `bench:NAME` section of the results file at `path` (or
     append it), leaving the rest of the file alone; every bench script
