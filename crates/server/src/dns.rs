@@ -72,7 +72,6 @@ fn refused(query: &Message) -> Option<Vec<u8>> {
     let mut reply = Message::error_msg(query.id(), query.op_code(), ResponseCode::Refused);
     reply.add_queries(query.queries().to_vec());
     reply.set_recursion_desired(query.recursion_desired());
-    reply.set_message_type(MessageType::Response);
     reply.to_vec().ok()
 }
 
