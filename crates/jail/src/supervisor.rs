@@ -150,9 +150,10 @@ impl ShimHandle {
                     let _ = w.exited.send(status);
                 }
             }
-            ShimEvent::InitExited { .. } => {
-                // Commands it ran are gone with it.
-                self.commands.lock().await.clear();
+            ShimEvent::InitExited { member } => {
+                // Commands it ran are gone with it; a family's other members
+                // (warm-pool sandboxes share one shim) keep theirs.
+                self.commands.lock().await.retain(|(m, _), _| *m != member);
             }
         }
     }
