@@ -1,0 +1,173 @@
+/**
+ * The HTTP layer: where the server is, the bearer key, JSON calls and NDJSON
+ * streams, all on the platform's `fetch`.
+ */
+import { errorFromResponse } from "./errors.js";
+
+export const DEFAULT_URL = "http://127.0.0.1:7070";
+
+/** Where the server is and how to authenticate. */
+export interface ClientOptions {
+  /** Base URL of the server; default `FORKBOX_URL`, else `http://127.0.0.1:7070`. */
+  url?: string;
+  /** Bearer key; default `FORKBOX_API_KEY`, else none. */
+  apiKey?: string;
+}
+
+/** Query parameters; `undefined` values are left out. */
+export type Query = Record<string, string | number | boolean | undefined>;
+
+export interface RequestOptions {
+  query?: Query;
+  /** Sent as JSON with `Content-Type: application/json`. */
+  json?: unknown;
+  /** Sent as is (a streamed body when it is a `ReadableStream`). */
+  body?: string | Uint8Array | ReadableStream<Uint8Array>;
+  headers?: Record<string, string>;
+  signal?: AbortSignal;
+}
+
+function env(name: string): string | undefined {
+  const value = typeof process === "undefined" ? undefined : process.env[name];
+  return value === "" ? undefined : value;
+}
+
+/** One server and key; shared by a sandbox and everything made from it (forks, files, PTYs). */
+export class Client {
+  readonly url: string;
+  readonly apiKey: string | undefined;
+
+  constructor(options: ClientOptions = {}) {
+    this.url = (options.url ?? env("FORKBOX_URL") ?? DEFAULT_URL).replace(/\/+$/, "");
+    this.apiKey = options.apiKey ?? env("FORKBOX_API_KEY");
+  }
+
+  /** `{authorization: "Bearer <key>"}` when a key is set: for requests the SDK does not make (the port proxy). */
+  authHeaders(): Record<string, string> {
+    return this.apiKey === undefined ? {} : { authorization: `Bearer ${this.apiKey}` };
+  }
+
+  /** The absolute URL of an API path (`/v1/...`) with its query. */
+  urlOf(path: string, query?: Query): string {
+    const u = new URL(this.url + path);
+    for (const [k, v] of Object.entries(query ?? {})) {
+      if (v !== undefined) u.searchParams.set(k, String(v));
+    }
+    return u.toString();
+  }
+
+  /** Send a request; a non-2xx answer is thrown as its typed error. */
+  async fetch(method: string, path: string, options: RequestOptions = {}): Promise<Response> {
+    const headers: Record<string, string> = { ...this.authHeaders(), ...options.headers };
+    let body: BodyInit | undefined;
+    if (options.json !== undefined) {
+      headers["content-type"] = "application/json";
+      body = JSON.stringify(options.json);
+    } else if (options.body !== undefined) {
+      body = options.body as BodyInit;
+    }
+    const init: RequestInit & { duplex?: "half" } = { method, headers, body, signal: options.signal };
+    if (body instanceof ReadableStream) init.duplex = "half";
+    const res = await fetch(this.urlOf(path, options.query), init);
+    if (!res.ok) throw await errorFromResponse(res);
+    return res;
+  }
+
+  /** A call whose answer is JSON (or empty, `204`: then `undefined`). */
+  async json<T>(method: string, path: string, options: RequestOptions = {}): Promise<T> {
+    const res = await this.fetch(method, path, options);
+    const text = await res.text();
+    return (text === "" ? undefined : JSON.parse(text)) as T;
+  }
+
+  /** A call whose answer is an NDJSON stream: its objects, parsed as they arrive. */
+  async stream<T>(method: string, path: string, options: RequestOptions = {}): Promise<EventStream<T>> {
+    const abort = new AbortController();
+    const res = await this.fetch(method, path, { ...options, signal: abort.signal });
+    return new EventStream(ndjson<T>(res.body!), abort);
+  }
+}
+
+/**
+ * The events of one streamed answer. Iterate it once; leaving the loop early
+ * or `close()` ends the request.
+ */
+export class EventStream<T> implements AsyncIterable<T> {
+  readonly #events: AsyncGenerator<T>;
+  readonly #abort: AbortController;
+
+  constructor(events: AsyncGenerator<T>, abort: AbortController) {
+    this.#events = events;
+    this.#abort = abort;
+  }
+
+  /** The next event, or `undefined` at the end of the stream (or after `close()`). */
+  async next(): Promise<T | undefined> {
+    if (this.#abort.signal.aborted) return undefined;
+    try {
+      const r = await this.#events.next();
+      return r.done ? undefined : r.value;
+    } catch (e) {
+      if (this.#abort.signal.aborted) return undefined;
+      throw e;
+    }
+  }
+
+  async *[Symbol.asyncIterator](): AsyncGenerator<T> {
+    try {
+      for (let ev = await this.next(); ev !== undefined; ev = await this.next()) yield ev;
+    } finally {
+      this.close();
+    }
+  }
+
+  /** Close the connection; an iteration waiting for the next event ends. */
+  close(): void {
+    this.#abort.abort();
+  }
+}
+
+/**
+ * Parse an NDJSON byte stream. Leaving the loop early (`break`, `return`, a
+ * throw) cancels the stream, which closes the connection.
+ */
+export async function* ndjson<T>(body: ReadableStream<Uint8Array>): AsyncGenerator<T> {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buf = "";
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += decoder.decode(value, { stream: true });
+      let start = 0;
+      let nl: number;
+      while ((nl = buf.indexOf("\n", start)) >= 0) {
+        const line = buf.slice(start, nl);
+        start = nl + 1;
+        if (line.trim() !== "") yield JSON.parse(line) as T;
+      }
+      buf = buf.slice(start);
+    }
+    if (buf.trim() !== "") yield JSON.parse(buf) as T;
+  } finally {
+    await reader.cancel().catch(() => {});
+  }
+}
+
+/** Base64 to bytes, without Node's `Buffer` (the SDK also runs where there is none). */
+export function fromBase64(b64: string): Uint8Array {
+  const bin = atob(b64);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
+
+/** Bytes to base64. */
+export function toBase64(bytes: Uint8Array): string {
+  let bin = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) {
+    bin += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  }
+  return btoa(bin);
+}

@@ -1,0 +1,161 @@
+/**
+ * Wire types: the JSON the server answers with, field for field as
+ * docs/api.md, docs/files.md, docs/pty.md and docs/state.md describe it.
+ */
+
+/** `false` (loopback only), `true` (the internet) or an allow-list of domains and CIDRs (docs/network.md). */
+export type Egress = boolean | { allow: string[] };
+
+/** `GET /v1/sandboxes/{id}`. Times are unix milliseconds. */
+export interface SandboxInfo {
+  id: string;
+  /** `ready`, `running`, `paused`, or `frozen` after `freeze()`. */
+  state: string;
+  template: string;
+  ram_mib: number;
+  rootfs_gb: number;
+  egress: Egress;
+  persistent: boolean;
+  created_at: number;
+  last_active_at: number;
+  expires_at: number;
+  timeout_seconds: number;
+  idle_timeout_seconds: number;
+  execs: number;
+  repl_restarts: number;
+  /** Set once the sandbox is frozen. */
+  space_id?: string;
+}
+
+/** A MIME bundle: `text/plain`, `text/html`, `image/png` (base64), `application/json` (a value), ... */
+export type MimeBundle = Record<string, unknown>;
+
+interface EventBase {
+  /** Position in this exec's stream, from 0. */
+  seq: number;
+  /** Server time, unix milliseconds. */
+  ts: number;
+}
+
+export interface OutputEvent extends EventBase {
+  type: "stdout" | "stderr";
+  /** One line without its newline, or a piece of a line over 64 KiB. */
+  data: string;
+  /** A newline followed `data`. */
+  nl?: boolean;
+  /** The exact bytes, base64, when the line is not valid UTF-8. */
+  b64?: string;
+}
+
+export interface BundleEvent extends EventBase {
+  type: "result" | "display";
+  /** The bundle's `text/plain` (`null` for a display without one). */
+  data: string | null;
+  bundle?: MimeBundle;
+}
+
+export interface ErrorEvent extends EventBase {
+  type: "error";
+  data: string;
+  ename?: string;
+  evalue?: string;
+  traceback?: string[];
+}
+
+export interface WarningEvent extends EventBase {
+  type: "warning";
+  data: string;
+}
+
+export interface ExitEvent extends EventBase {
+  type: "exit";
+  /** The exit code. */
+  data: number;
+}
+
+/** One event of `POST /v1/sandboxes/{id}/exec`. */
+export type ExecEvent = OutputEvent | BundleEvent | ErrorEvent | WarningEvent | ExitEvent;
+
+/** `GET /v1/sandboxes/{id}/diff/{other}`: regular files, each list sorted. */
+export interface DiffResult {
+  added: string[];
+  removed: string[];
+  modified: string[];
+}
+
+/** `POST /v1/sandboxes/{id}/checkpoints`. */
+export interface Checkpoint {
+  checkpoint: string;
+  sandbox_id: string;
+  /** RFC 3339. */
+  created_at: string;
+}
+
+/** Something `freeze()` could not keep (a socket, a pipe...). */
+export interface Unsaved {
+  name: string;
+  type: string;
+  reason: string;
+}
+
+/** `POST /v1/sandboxes/{id}/freeze`. */
+export interface FreezeResult {
+  space_id: string;
+  sandbox_id: string;
+  unsaved: Unsaved[];
+  bytes: number;
+}
+
+/** A frozen sandbox on disk (`GET /v1/spaces/{space_id}`). */
+export interface Space {
+  space_id: string;
+  sandbox_id: string;
+  template: string;
+  created_at: string;
+  bytes: number;
+  unsaved: Unsaved[];
+}
+
+/** `stat`, `mkdir` and `list` entries (docs/files.md#fileinfo). */
+export interface FileInfo {
+  name: string;
+  path: string;
+  type: "file" | "dir" | "symlink" | "other";
+  size: number;
+  /** Permission bits (`0o644` = 420). */
+  mode: number;
+  mtime_ms: number;
+  uid: number;
+  gid: number;
+  /** A symlink's target, as written. */
+  target?: string;
+}
+
+export interface ListResult {
+  path: string;
+  entries: FileInfo[];
+  truncated: boolean;
+}
+
+export interface UploadResult {
+  path: string;
+  bytes: number;
+}
+
+/** One event of a watch (docs/files.md#watch-get-fileswatchpathp). */
+export interface WatchEvent {
+  type: "created" | "modified" | "removed" | "overflow";
+  path?: string;
+  dir?: boolean;
+  ts: number;
+}
+
+/** `GET /v1/sandboxes/{id}/pty`. */
+export interface PtyInfo {
+  pty_id: string;
+  cmd_label: string;
+  created_at_ms: number;
+  exit_code: number | null;
+  cols: number;
+  rows: number;
+}

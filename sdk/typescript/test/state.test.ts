@@ -1,0 +1,127 @@
+/**
+ * Checkpoints and spaces (freeze to disk, resume), against a live server.
+ * The routes are those of the state issue's contract (docs/state.md).
+ */
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+import { ConflictError, NotFoundError, Sandbox } from "forkbox";
+
+const RFC3339 = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$/;
+
+/** Delete spaces a failed test may have left. */
+async function dropSpaces(ids: string[]): Promise<void> {
+  for (const id of ids) await Sandbox.deleteSpace(id).catch(() => {});
+}
+
+describe("checkpoints", () => {
+  test("checkpoint, list, restore (reusable), delete", async () => {
+    await using sb = await Sandbox.create();
+    await sb.runCode("x = 1\nopen('/root/f', 'w').write('one')");
+    const cp = await sb.checkpoint();
+    assert.match(cp.checkpoint, /^cp-/);
+    assert.equal(cp.sandbox_id, sb.id);
+    assert.match(cp.created_at, RFC3339);
+    await sb.runCode("x = 2\nopen('/root/f', 'w').write('two')");
+    const cp2 = await sb.checkpoint();
+    assert.deepEqual(
+      (await sb.checkpoints()).map((c) => c.checkpoint),
+      [cp.checkpoint, cp2.checkpoint],
+    );
+
+    for (let round = 0; round < 2; round++) {
+      const info = await sb.restore(cp);
+      assert.equal(info.id, sb.id);
+      assert.equal((await sb.runCode("x")).text, "1");
+      assert.equal((await sb.runCode("open('/root/f').read()")).text, "'one'");
+      await sb.runCode("x = 3");
+    }
+    await sb.restore(cp2.checkpoint);
+    assert.equal((await sb.runCode("x")).text, "2");
+
+    await sb.deleteCheckpoint(cp);
+    assert.deepEqual(
+      (await sb.checkpoints()).map((c) => c.checkpoint),
+      [cp2.checkpoint],
+    );
+    await assert.rejects(() => sb.restore(cp), NotFoundError);
+    await assert.rejects(() => sb.deleteCheckpoint(cp.checkpoint), NotFoundError);
+  });
+});
+
+describe("spaces", () => {
+  test("freeze, list and get the space, resume it as a new sandbox", async () => {
+    const spaces: string[] = [];
+    try {
+      await using sb = await Sandbox.create();
+      await sb.runCode("import socket\nkept = {'a': [1, 2]}\nsock = socket.socket()\nopen('/root/f', 'w').write('on disk')");
+      const frozen = await sb.freeze();
+      spaces.push(frozen.space_id);
+      assert.match(frozen.space_id, /^sp-/);
+      assert.equal(frozen.sandbox_id, sb.id);
+      assert.ok(frozen.bytes > 0);
+      assert.ok(frozen.unsaved.some((u) => u.name === "sock" && u.type === "socket"), JSON.stringify(frozen.unsaved));
+
+      const info = await sb.info();
+      assert.equal(info.state, "frozen");
+      assert.equal(info.space_id, frozen.space_id);
+      await assert.rejects(() => sb.runCode("1"), ConflictError);
+
+      assert.ok((await Sandbox.listSpaces()).some((s) => s.space_id === frozen.space_id));
+      const space = await Sandbox.getSpace(frozen.space_id);
+      assert.equal(space.sandbox_id, sb.id);
+      assert.equal(space.template, "default");
+      assert.equal(space.bytes, frozen.bytes);
+      assert.match(space.created_at, RFC3339);
+
+      await using back = await Sandbox.resume(frozen.space_id, { timeoutSeconds: 600, egress: false });
+      assert.notEqual(back.id, sb.id);
+      const first = await back.runCode("kept");
+      assert.equal(first.text, "{'a': [1, 2]}");
+      assert.ok(first.warnings.some((w) => w.includes("sock")), JSON.stringify(first.warnings));
+      assert.equal((await back.runCode("open('/root/f').read()")).text, "'on disk'");
+      const backInfo = await back.info();
+      assert.equal(backInfo.timeout_seconds, 600);
+      assert.equal(backInfo.egress, false);
+
+      await assert.rejects(() => Sandbox.getSpace(frozen.space_id), NotFoundError);
+      await assert.rejects(() => Sandbox.resume(frozen.space_id), NotFoundError);
+    } finally {
+      await dropSpaces(spaces);
+    }
+  });
+
+  test("deleteSpace removes a space", async () => {
+    const spaces: string[] = [];
+    try {
+      await using sb = await Sandbox.create();
+      const { space_id } = await sb.freeze();
+      spaces.push(space_id);
+      await Sandbox.deleteSpace(space_id);
+      assert.ok(!(await Sandbox.listSpaces()).some((s) => s.space_id === space_id));
+      await assert.rejects(() => Sandbox.getSpace(space_id), NotFoundError);
+      await assert.rejects(() => Sandbox.deleteSpace(space_id), NotFoundError);
+    } finally {
+      await dropSpaces(spaces);
+    }
+  });
+
+  test("a persistent sandbox is frozen, not destroyed, at its idle timeout", { timeout: 60_000 }, async () => {
+    const spaces: string[] = [];
+    try {
+      await using sb = await Sandbox.create({ persistent: true, idleTimeoutSeconds: 1 });
+      assert.equal((await sb.info()).persistent, true);
+      await sb.runCode("remembered = 'yes'");
+      let info = await sb.info();
+      for (let i = 0; i < 300 && info.state !== "frozen"; i++) {
+        await new Promise((ok) => setTimeout(ok, 100));
+        info = await sb.info();
+      }
+      assert.equal(info.state, "frozen");
+      spaces.push(info.space_id!);
+      await using back = await Sandbox.resume(info.space_id!);
+      assert.equal((await back.runCode("remembered")).text, "'yes'");
+    } finally {
+      await dropSpaces(spaces);
+    }
+  });
+});
