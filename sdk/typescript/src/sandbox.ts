@@ -4,7 +4,7 @@ import { ExecTimeoutError, ForkboxError, NotFoundError } from "./errors.js";
 import { Execution, outputText } from "./execution.js";
 import { Files } from "./files.js";
 import { Pty } from "./pty.js";
-import type { Checkpoint, DiffResult, Egress, ExecEvent, FreezeResult, SandboxInfo, Space } from "./types.js";
+import type { Checkpoint, DiffResult, Egress, ExecEvent, SandboxInfo, Space } from "./types.js";
 
 /** Settings of a sandbox's life, shared by `create` and `resume`. */
 export interface LifetimeOptions extends ClientOptions {
@@ -196,7 +196,7 @@ export class Sandbox implements AsyncDisposable {
   }
 
   /** Freeze to disk as a space; bring it back with `Sandbox.resume(spaceId)`. */
-  freeze(): Promise<FreezeResult> {
+  freeze(): Promise<Space> {
     return this.client.json("POST", `${this.#path}/freeze`);
   }
 

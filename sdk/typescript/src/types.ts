@@ -87,32 +87,29 @@ export interface DiffResult {
 export interface Checkpoint {
   checkpoint: string;
   sandbox_id: string;
-  /** RFC 3339. */
-  created_at: string;
+  /** Unix milliseconds. */
+  created_at: number;
 }
 
-/** Something `freeze()` could not keep (a socket, a pipe...). */
+/** A global `freeze()` could not keep (a socket, a thread...), and why. */
 export interface Unsaved {
   name: string;
+  /** The value's type name. */
   type: string;
   reason: string;
 }
 
-/** `POST /v1/sandboxes/{id}/freeze`. */
-export interface FreezeResult {
-  space_id: string;
-  sandbox_id: string;
-  unsaved: Unsaved[];
-  bytes: number;
-}
-
-/** A frozen sandbox on disk (`GET /v1/spaces/{space_id}`). */
+/** A sandbox frozen to disk: `freeze()`'s answer and `GET /v1/spaces/{space_id}`. */
 export interface Space {
   space_id: string;
+  /** The sandbox that was frozen into it. */
   sandbox_id: string;
   template: string;
-  created_at: string;
+  /** Unix milliseconds. */
+  created_at: number;
+  /** Bytes on disk: the changed files and the REPL's state. */
   bytes: number;
+  /** Globals that could not be kept. */
   unsaved: Unsaved[];
 }
 

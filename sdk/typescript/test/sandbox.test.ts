@@ -157,6 +157,8 @@ describe("errors", () => {
     assert.equal(e.status, 400);
     assert.equal(e.message, "ram_mib must be between 64 and 16384, got 63");
     assert.deepEqual(e.body, { error: e.message });
+    await using sb = await Sandbox.create();
+    await rejects(() => sb.fork(0), BadRequestError);
   });
 
   test("an unknown template is NotFoundError", async () => {

@@ -4,9 +4,13 @@
  */
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
-import { ConflictError, NotFoundError, Sandbox } from "forkbox";
+import { ConflictError, NotFoundError, RateLimitedError, Sandbox } from "forkbox";
 
-const RFC3339 = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$/;
+/** A unix-milliseconds time within the last minute. */
+function recent(ms: number): void {
+  assert.equal(typeof ms, "number");
+  assert.ok(Math.abs(Date.now() - ms) < 60_000, `${ms} is not now`);
+}
 
 /** Delete spaces a failed test may have left. */
 async function dropSpaces(ids: string[]): Promise<void> {
@@ -20,7 +24,7 @@ describe("checkpoints", () => {
     const cp = await sb.checkpoint();
     assert.match(cp.checkpoint, /^cp-/);
     assert.equal(cp.sandbox_id, sb.id);
-    assert.match(cp.created_at, RFC3339);
+    recent(cp.created_at);
     await sb.runCode("x = 2\nopen('/root/f', 'w').write('two')");
     const cp2 = await sb.checkpoint();
     assert.deepEqual(
@@ -46,6 +50,23 @@ describe("checkpoints", () => {
     await assert.rejects(() => sb.restore(cp), NotFoundError);
     await assert.rejects(() => sb.deleteCheckpoint(cp.checkpoint), NotFoundError);
   });
+
+  test("checkpoints beyond the per-sandbox cap are RateLimitedError", async () => {
+    await using sb = await Sandbox.create();
+    let made = 0;
+    let refused: unknown;
+    while (made < 64 && refused === undefined) {
+      await sb.checkpoint().then(
+        () => made++,
+        (e: unknown) => (refused = e),
+      );
+    }
+    assert.ok(refused instanceof RateLimitedError, String(refused));
+    assert.match(refused.message, /checkpoints/);
+    assert.equal((await sb.checkpoints()).length, made);
+    await sb.deleteCheckpoint((await sb.checkpoints())[0]!);
+    await sb.checkpoint();
+  });
 });
 
 describe("spaces", () => {
@@ -58,6 +79,8 @@ describe("spaces", () => {
       spaces.push(frozen.space_id);
       assert.match(frozen.space_id, /^sp-/);
       assert.equal(frozen.sandbox_id, sb.id);
+      assert.equal(frozen.template, "default");
+      recent(frozen.created_at);
       assert.ok(frozen.bytes > 0);
       assert.ok(frozen.unsaved.some((u) => u.name === "sock" && u.type === "socket"), JSON.stringify(frozen.unsaved));
 
@@ -71,7 +94,7 @@ describe("spaces", () => {
       assert.equal(space.sandbox_id, sb.id);
       assert.equal(space.template, "default");
       assert.equal(space.bytes, frozen.bytes);
-      assert.match(space.created_at, RFC3339);
+      recent(space.created_at);
 
       await using back = await Sandbox.resume(frozen.space_id, { timeoutSeconds: 600, egress: false });
       assert.notEqual(back.id, sb.id);
