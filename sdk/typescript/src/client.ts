@@ -83,8 +83,11 @@ export class Client {
   /** A call whose answer is an NDJSON stream: its objects, parsed as they arrive. */
   async stream<T>(method: string, path: string, options: RequestOptions = {}): Promise<EventStream<T>> {
     const abort = new AbortController();
+    const user = options.signal;
+    user?.addEventListener("abort", () => abort.abort(user.reason), { once: true });
+    if (user?.aborted) abort.abort(user.reason);
     const res = await this.fetch(method, path, { ...options, signal: abort.signal });
-    return new EventStream(ndjson<T>(res.body!), abort);
+    return new EventStream(ndjson<T>(res.body!), abort, user);
   }
 }
 
@@ -95,19 +98,24 @@ export class Client {
 export class EventStream<T> implements AsyncIterable<T> {
   readonly #events: AsyncGenerator<T>;
   readonly #abort: AbortController;
+  readonly #user: AbortSignal | undefined;
 
-  constructor(events: AsyncGenerator<T>, abort: AbortController) {
+  /** `abort` ends the request; `user`, the caller's signal, aborting it makes `next` throw its reason. */
+  constructor(events: AsyncGenerator<T>, abort: AbortController, user?: AbortSignal) {
     this.#events = events;
     this.#abort = abort;
+    this.#user = user;
   }
 
   /** The next event, or `undefined` at the end of the stream (or after `close()`). */
   async next(): Promise<T | undefined> {
+    this.#user?.throwIfAborted();
     if (this.#abort.signal.aborted) return undefined;
     try {
       const r = await this.#events.next();
       return r.done ? undefined : r.value;
     } catch (e) {
+      this.#user?.throwIfAborted();
       if (this.#abort.signal.aborted) return undefined;
       throw e;
     }

@@ -148,6 +148,18 @@ describe("runCodeStream", () => {
     assert.equal((await sb.runCode("finished")).text, "True");
   });
 
+  test("an AbortSignal stops waiting for the call (which goes on in the sandbox)", async () => {
+    const started = Date.now();
+    await assert.rejects(
+      () => sb.runCode("import time\ntime.sleep(1.5)\nslept = True", { signal: AbortSignal.timeout(300) }),
+      (e: Error) => e.name === "TimeoutError" && !(e instanceof ForkboxError),
+    );
+    assert.ok(Date.now() - started < 1200, "runCode returned at the abort");
+    const events = sb.runCodeStream("1", { signal: AbortSignal.abort() });
+    await assert.rejects(() => events.next(), (e: Error) => e.name === "AbortError");
+    assert.equal((await sb.runCode("slept")).text, "True");
+  });
+
   test("python and bash, with a timeout", async () => {
     const kinds: string[] = [];
     for await (const ev of sb.runCodeStream("sleep 5", { language: "bash", timeoutMs: 200 })) kinds.push(ev.type);
