@@ -54,7 +54,10 @@ describe("pty", { timeout: 60_000 }, () => {
   });
 
   test("list shows running and exited sessions", async () => {
-    const pty = await sb.pty.create({ argv: ["sleep", "600"], cols: 90, rows: 20 });
+    const pty = await sb.pty.create({ argv: ["bash", "-c", "echo started; exec sleep 600"], cols: 90, rows: 20 });
+    // A kill that comes before the command has started is lost by the server (about 1 in 12
+    // tries right after create): wait for it to run.
+    await until(pty, /started/);
     let info = (await sb.pty.list()).find((p) => p.pty_id === pty.id);
     assert.ok(info);
     assert.equal(info.exit_code, null);

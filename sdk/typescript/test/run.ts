@@ -1,7 +1,7 @@
 /**
  * `npm test`: start one forkbox server with an API key, run every test file
  * with `node --test` against it (the SDK finds it through FORKBOX_URL and
- * FORKBOX_API_KEY), check that the tests left no sandbox behind, stop it.
+ * FORKBOX_API_KEY), check that the tests left no sandbox or space behind, stop it.
  *
  *   node build/test/run.js                      every *.test.js
  *   node build/test/run.js files.test.js ...    some of them
@@ -27,10 +27,17 @@ try {
   const child = spawn(process.execPath, ["--test", "--test-reporter=spec", ...files], { stdio: "inherit", env });
   status = await new Promise<number>((ok) => child.once("exit", (code) => ok(code ?? 1)));
 
-  const res = await fetch(`${server.url}/v1/sandboxes`, { headers: { authorization: `Bearer ${apiKey}` } });
-  const left = ((await res.json()) as { sandboxes: { id: string }[] }).sandboxes;
+  const headers = { authorization: `Bearer ${apiKey}` };
+  const left = ((await (await fetch(`${server.url}/v1/sandboxes`, { headers })).json()) as { sandboxes: { id: string }[] }).sandboxes;
   if (left.length > 0) {
     console.error(`the tests left ${left.length} sandbox(es) behind: ${left.map((s) => s.id).join(" ")}`);
+    status ||= 1;
+  }
+  // Until the state routes land, /v1/spaces is 404: nothing to check.
+  const spaces = await fetch(`${server.url}/v1/spaces`, { headers });
+  const kept = spaces.ok ? ((await spaces.json()) as { spaces: { space_id: string }[] }).spaces : [];
+  if (kept.length > 0) {
+    console.error(`the tests left ${kept.length} space(s) behind: ${kept.map((s) => s.space_id).join(" ")}`);
     status ||= 1;
   }
 } finally {
