@@ -351,7 +351,7 @@ class AsyncSandbox(SandboxOps):
             b.add(ev)
         return b.finish()
 
-    async def upload(self, path: Any, data: Any = None, *, mode: Union[int, str, None] = None,
+    async def upload(self, path: Any = None, data: Any = None, *, mode: Union[int, str, None] = None,
                      append: bool = False, parents: bool = True, local_path: Any = None,
                      remote_path: Optional[str] = None) -> Dict[str, Any]:
         """As ``Sandbox.upload``; ``data`` may also be an async iterable of bytes."""

@@ -300,7 +300,7 @@ class Sandbox(SandboxOps):
         return b.finish()
 
     # files
-    def upload(self, path: Any, data: Any = None, *, mode: Union[int, str, None] = None, append: bool = False,
+    def upload(self, path: Any = None, data: Any = None, *, mode: Union[int, str, None] = None, append: bool = False,
                parents: bool = True, local_path: Any = None, remote_path: Optional[str] = None) -> Dict[str, Any]:
         """Write ``data`` (bytes, a binary file object, a local ``pathlib.Path``,
         or an iterable of bytes) to ``path`` in the sandbox, streamed; atomic
