@@ -126,6 +126,9 @@ struct ServeArgs {
     /// Port proxy: most open proxied connections per sandbox (then 429).
     #[arg(long, default_value_t = 256)]
     max_port_connections: usize,
+    /// Most checkpoints kept per sandbox (then 429; docs/state.md).
+    #[arg(long, default_value_t = 16)]
+    max_checkpoints: usize,
     /// Create every sandbox the slow way instead of forking a warm,
     /// pre-imported zygote of its template (docs/fork.md).
     #[arg(long)]
@@ -243,6 +246,7 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         port_connect_timeout: Duration::from_millis(a.port_connect_timeout_ms),
         port_response_timeout: Duration::from_millis(a.port_response_timeout_ms),
         max_port_connections: a.max_port_connections,
+        max_checkpoints: a.max_checkpoints,
         ..Default::default()
     };
     Ok(server::ServerConfig {

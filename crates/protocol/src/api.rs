@@ -21,7 +21,7 @@ pub struct CreateSandbox {
     pub ram_mib: Option<u64>,
     /// Size of the writable root filesystem in GiB.
     pub rootfs_gb: Option<u64>,
-    /// Freeze instead of destroy on idle (not yet supported: must be false).
+    /// Freeze to a Space instead of destroying at the idle timeout.
     pub persistent: Option<bool>,
     /// Outbound network: `false`, `true`, or `{"allow": [domains and CIDRs]}`
     /// (default: the server's `--default-egress`).
@@ -58,6 +58,9 @@ pub struct SandboxInfo {
     pub rootfs_gb: u64,
     pub egress: crate::Egress,
     pub persistent: bool,
+    /// The Space it was frozen into (`state: "frozen"` only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub space_id: Option<String>,
     /// Unix milliseconds.
     pub created_at: u64,
     /// Unix milliseconds of the last exec start or end.

@@ -8,8 +8,10 @@ pub mod api;
 pub mod egress;
 pub mod event;
 pub mod files;
+pub mod state;
 
 pub use api::*;
 pub use egress::{Egress, EgressAllow, EgressBody};
 pub use event::{Event, EventKind};
 pub use files::*;
+pub use state::*;

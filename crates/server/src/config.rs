@@ -56,6 +56,8 @@ pub struct SandboxLimits {
     pub port_connect_timeout: Duration,
     pub port_response_timeout: Duration,
     pub max_port_connections: usize,
+    /// Checkpoints kept per sandbox (then 429).
+    pub max_checkpoints: usize,
 }
 
 /// 90% of the host's memory, in MiB (the default memory cap).
@@ -89,6 +91,7 @@ impl Default for SandboxLimits {
             port_connect_timeout: Duration::from_secs(5),
             port_response_timeout: Duration::from_secs(60),
             max_port_connections: 256,
+            max_checkpoints: 16,
         }
     }
 }

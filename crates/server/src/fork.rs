@@ -81,24 +81,7 @@ impl AppState {
         }
         let parent = self.get(id).await?;
         let _reserved = CreateSlot::take_n(self, n)?;
-        parent.busy.fetch_add(1, Ordering::SeqCst);
-        parent.touch();
-        // A paused parent runs for the moment its REPL forks itself, then
-        // is paused again; the children run (docs/state.md).
-        let was_paused = parent.engine.is_paused();
-        let result = match crate::pause::ensure_running(&parent).await {
-            Ok(()) => self.fork_locked(&parent, n).await,
-            Err(e) => Err(e),
-        };
-        if was_paused {
-            let engine = Arc::clone(&parent.engine);
-            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || engine.pause()).await {
-                tracing::warn!(sandbox = %parent.id, err = %e, "could not pause the parent again after a fork");
-            }
-        }
-        parent.busy.fetch_sub(1, Ordering::SeqCst);
-        parent.touch();
-        let children = result?;
+        let children = self.fork_entries(&parent, n).await?;
         let ids: Vec<String> = children.iter().map(|c| c.id.clone()).collect();
         {
             let mut all = self.inner.sandboxes.write().await;
@@ -120,6 +103,31 @@ impl AppState {
             crate::egress::apply_soon(c, egress.clone()).await;
         }
         tracing::info!(sandbox = %id, children = ?ids, "forked");
+        Ok(ids)
+    }
+
+    /// Fork `parent` into `n` children that are not registered anywhere
+    /// yet (the caller makes them sandboxes or checkpoints, and holds a
+    /// `CreateSlot` for them until they are registered).
+    pub(crate) async fn fork_entries(&self, parent: &Arc<SandboxEntry>, n: usize) -> Result<Vec<Arc<SandboxEntry>>, ApiError> {
+        parent.busy.fetch_add(1, Ordering::SeqCst);
+        parent.touch();
+        // A paused parent runs for the moment its REPL forks itself, then
+        // is paused again; the children run (docs/state.md).
+        let was_paused = parent.engine.is_paused();
+        let result = match crate::pause::ensure_running(parent).await {
+            Ok(()) => self.fork_locked(parent, n).await,
+            Err(e) => Err(e),
+        };
+        if was_paused {
+            let engine = Arc::clone(&parent.engine);
+            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || engine.pause()).await {
+                tracing::warn!(sandbox = %parent.id, err = %e, "could not pause the parent again after a fork");
+            }
+        }
+        parent.busy.fetch_sub(1, Ordering::SeqCst);
+        parent.touch();
+        let children = result?;
         // Build the family's next children ahead of time (docs/fork.md).
         let (jail, engine) = (Arc::clone(&self.inner.jail), Arc::clone(&parent.engine));
         tokio::spawn(async move {
@@ -127,7 +135,7 @@ impl AppState {
                 tracing::debug!(err = %e, "could not build spare fork members");
             }
         });
-        Ok(ids)
+        Ok(children)
     }
 
     async fn fork_locked(&self, parent: &Arc<SandboxEntry>, n: usize) -> Result<Vec<Arc<SandboxEntry>>, ApiError> {
@@ -261,7 +269,9 @@ impl AppState {
             return Err(ApiError::Conflict("a sandbox of this merge was destroyed or merged meanwhile".into()));
         }
         let lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
-        let merged = crate::sandbox::merged_entry(&parent, &winner, &mut winner_slot, lineage);
+        let merged = crate::sandbox::successor_entry(&parent, &winner, &mut winner_slot, lineage);
+        // The winner's checkpoints are of the state the parent's id holds now.
+        crate::checkpoints::adopt(&merged.checkpoints, &winner.checkpoints);
         winner.destroyed.store(true, Ordering::SeqCst);
         all.remove(winner_id);
         all.insert(parent_id.to_string(), merged);

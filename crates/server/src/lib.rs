@@ -4,6 +4,7 @@
 //! (registry, lifecycle) → `sandbox::SandboxEntry` (exec queue) → `repl`
 //! (the REPL's frames) → `events::EventSink` → NDJSON response.
 
+pub mod checkpoints;
 pub mod config;
 pub mod dns;
 pub mod egress;
@@ -26,7 +27,7 @@ pub mod watch;
 use std::net::SocketAddr;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{any, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::Router;
 
 pub use config::{SandboxLimits, ServerConfig};
@@ -47,6 +48,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/fork", post(routes::fork))
         .route("/v1/sandboxes/{id}/pause", post(pause::pause))
         .route("/v1/sandboxes/{id}/resume", post(pause::resume))
+        .route("/v1/sandboxes/{id}/checkpoints", post(checkpoints::create).get(checkpoints::list))
+        .route("/v1/sandboxes/{id}/checkpoints/{checkpoint}", delete(checkpoints::delete))
+        .route("/v1/sandboxes/{id}/restore", post(checkpoints::restore))
         .route("/v1/sandboxes/{id}/merge_into/{winner}", post(routes::merge_into))
         .route("/v1/sandboxes/{id}/diff/{other}", get(routes::diff))
         .route("/v1/sandboxes/{id}/files", get(files::get).put(files::put).delete(files::delete))

@@ -3,7 +3,7 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use crate::{egress, files, pause, ports, pty, routes, watch};
+use crate::{checkpoints, egress, files, pause, ports, pty, routes, watch};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -14,7 +14,7 @@ use crate::{egress, files, pause, ports, pty, routes, watch};
         files::get, files::put, files::delete, files::mkdir, files::rename, files::chmod, watch::watch,
         egress::get, egress::patch, pause::pause, pause::resume,
         pty::create, pty::list, pty::attach, pty::input, pty::resize, pty::kill, pty::read,
-        ports::proxy
+        ports::proxy, checkpoints::create, checkpoints::list, checkpoints::delete, checkpoints::restore
     ),
     components(schemas(protocol::CreateSandbox, protocol::Created, protocol::ExecRequest, protocol::SandboxInfo,
         protocol::SandboxList, protocol::ErrorBody, protocol::Event, protocol::EventKind, protocol::TemplateInfo,
@@ -23,6 +23,7 @@ use crate::{egress, files, pause, ports, pty, routes, watch};
         protocol::MkdirRequest, protocol::RenameRequest, protocol::ChmodRequest, protocol::FileEvent,
         protocol::Egress, protocol::EgressAllow, protocol::EgressBody,
         pty::PtyCreate, pty::PtyInput, pty::PtyResize, pty::PtyRead, pty::PtyChunk, pty::PtyInfo,
+        protocol::CheckpointInfo, protocol::CheckpointList, protocol::RestoreRequest,
         crate::pool::PoolInfo, crate::pool::PoolTemplate)),
     modifiers(&BearerAuth),
     security(("bearer" = []))

@@ -15,7 +15,7 @@ use crate::error::ApiError;
 use crate::sandbox::SandboxEntry;
 use crate::state::AppState;
 
-async fn blocking(entry: &Arc<SandboxEntry>, pause: bool) -> Result<(), ApiError> {
+pub(crate) async fn set_paused(entry: &Arc<SandboxEntry>, pause: bool) -> Result<(), ApiError> {
     let engine = Arc::clone(&entry.engine);
     tokio::task::spawn_blocking(move || if pause { engine.pause() } else { engine.resume() })
         .await
@@ -26,7 +26,7 @@ async fn blocking(entry: &Arc<SandboxEntry>, pause: bool) -> Result<(), ApiError
 /// Resume `entry` if it is paused (before anything that needs it running).
 pub async fn ensure_running(entry: &Arc<SandboxEntry>) -> Result<(), ApiError> {
     if entry.engine.is_paused() {
-        blocking(entry, false).await?;
+        set_paused(entry, false).await?;
         tracing::info!(sandbox = %entry.id, "resumed");
     }
     Ok(())
@@ -41,7 +41,7 @@ pub async fn pause_idle(entry: &Arc<SandboxEntry>) -> Result<(), ApiError> {
         return Err(ApiError::Conflict("an exec is running or queued; pause after it".into()));
     }
     if !entry.engine.is_paused() {
-        blocking(entry, true).await?;
+        set_paused(entry, true).await?;
         tracing::info!(sandbox = %entry.id, "paused");
     }
     Ok(())

@@ -323,6 +323,7 @@ impl AppState {
             interrupt_grace: self.inner.config.limits.interrupt_grace,
             // A zygote never reaches the network; its forks get their own.
             egress: protocol::Egress::On(false),
+            persistent: false,
         };
         let spec = jail::SandboxSpec { id: id.clone(), template_rootfs: rootfs, limits: self.limits_for(&settings) };
         let engine = self.inner.jail.create(spec).await.map_err(|e| e.to_string())?;

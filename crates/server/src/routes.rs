@@ -49,7 +49,7 @@ fn parse_object<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<
 /// Largest request body: the biggest `code` plus room for JSON escaping.
 pub const MAX_BODY: usize = MAX_CODE_BYTES * 2 + 64 * 1024;
 
-fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response {
+pub(crate) fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response {
     (status, axum::Json(v)).into_response()
 }
 

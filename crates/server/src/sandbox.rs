@@ -28,6 +28,8 @@ pub struct Settings {
     pub interrupt_grace: Duration,
     /// The egress policy asked for at create (children: the parent's).
     pub egress: protocol::Egress,
+    /// Freeze to a Space at the idle timeout instead of being destroyed.
+    pub persistent: bool,
 }
 
 pub struct SandboxEntry {
@@ -59,6 +61,9 @@ pub struct SandboxEntry {
     /// What runs for it (pasta, DNS proxy); held while it is being set up,
     /// so an exec waits for the network it was promised.
     pub network: Arc<Mutex<crate::egress::NetState>>,
+    /// Its checkpoints (src/checkpoints.rs): they belong to the id, so a
+    /// restore or a merge hands them to the entry that takes the id over.
+    pub checkpoints: crate::checkpoints::Checkpoints,
 }
 
 /// The REPL as the exec queue sees it.
@@ -127,7 +132,8 @@ impl SandboxEntry {
             ram_mib: self.settings.ram_mib,
             rootfs_gb: self.settings.rootfs_gb,
             egress: self.egress.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-            persistent: false,
+            persistent: self.settings.persistent,
+            space_id: None,
             created_at: self.created_at,
             last_active_at: self.last_active.load(Ordering::Relaxed),
             expires_at: self.expires_at(),
@@ -457,36 +463,39 @@ pub fn new_entry(id: String, settings: Settings, engine: Arc<jail::Sandbox>, ses
         ptys: Default::default(),
         egress: std::sync::Mutex::new(protocol::Egress::On(false)),
         network: Default::default(),
+        checkpoints: Default::default(),
     })
 }
 
-/// The entry that answers to `parent`'s id after a merge: the winner's
-/// engine and REPL under the parent's id, settings and lifetime.
-pub fn merged_entry(parent: &SandboxEntry, winner: &SandboxEntry, winner_slot: &mut ReplSlot, lineage: Vec<String>) -> Arc<SandboxEntry> {
+/// The entry that takes over `old`'s id, settings, lifetime and
+/// checkpoints with `new`'s engine, REPL, PTYs and network (a merge, a
+/// restore).
+pub fn successor_entry(old: &SandboxEntry, new: &SandboxEntry, new_slot: &mut ReplSlot, lineage: Vec<String>) -> Arc<SandboxEntry> {
     let now = now_ms();
     Arc::new(SandboxEntry {
-        id: parent.id.clone(),
-        settings: parent.settings.clone(),
-        engine: Arc::clone(&winner.engine),
+        id: old.id.clone(),
+        settings: old.settings.clone(),
+        engine: Arc::clone(&new.engine),
         lineage: std::sync::Mutex::new(lineage),
-        created_at: parent.created_at,
+        created_at: old.created_at,
         last_active: AtomicU64::new(now),
-        execs: AtomicU64::new(winner.execs.load(Ordering::Relaxed)),
-        repl_restarts: AtomicU64::new(winner.repl_restarts.load(Ordering::Relaxed)),
+        execs: AtomicU64::new(new.execs.load(Ordering::Relaxed)),
+        repl_restarts: AtomicU64::new(new.repl_restarts.load(Ordering::Relaxed)),
         replay: Default::default(),
         destroyed: AtomicBool::new(false),
         slot: Mutex::new(ReplSlot {
-            session: winner_slot.session.take(),
-            lost_state: winner_slot.lost_state.take(),
-            rebuilt: std::mem::take(&mut winner_slot.rebuilt),
-            oom_seen: winner_slot.oom_seen,
+            session: new_slot.session.take(),
+            lost_state: new_slot.lost_state.take(),
+            rebuilt: std::mem::take(&mut new_slot.rebuilt),
+            oom_seen: new_slot.oom_seen,
         }),
         busy: AtomicU64::new(0),
         port_connections: Default::default(),
         watches: Default::default(),
-        ptys: Arc::clone(&winner.ptys),
-        egress: std::sync::Mutex::new(winner.egress.lock().unwrap_or_else(|e| e.into_inner()).clone()),
-        network: Arc::clone(&winner.network),
+        ptys: Arc::clone(&new.ptys),
+        egress: std::sync::Mutex::new(new.egress.lock().unwrap_or_else(|e| e.into_inner()).clone()),
+        network: Arc::clone(&new.network),
+        checkpoints: Arc::clone(&old.checkpoints),
     })
 }
 

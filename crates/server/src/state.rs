@@ -108,9 +108,6 @@ impl AppState {
         let l = &self.inner.config.limits;
         let egress = req.egress.clone().unwrap_or(protocol::Egress::On(self.inner.config.default_egress));
         crate::egress::plan(&egress)?;
-        if req.persistent == Some(true) {
-            return Err(ApiError::NotImplemented("persistent sandboxes (freeze to a Space) are not available yet".into()));
-        }
         let ram_mib = req.ram_mib.unwrap_or(l.default_ram_mib);
         if ram_mib < l.min_ram_mib || ram_mib > l.max_ram_mib {
             return Err(ApiError::BadRequest(format!("ram_mib must be between {} and {}, got {ram_mib}", l.min_ram_mib, l.max_ram_mib)));
@@ -135,6 +132,7 @@ impl AppState {
             egress,
             idle_timeout: secs(req.idle_timeout_seconds, l.default_idle_timeout, l.max_idle_timeout, "idle_timeout_seconds")?,
             interrupt_grace: l.interrupt_grace,
+            persistent: req.persistent.unwrap_or(false),
         })
     }
 
@@ -196,6 +194,7 @@ impl AppState {
             return Err(ApiError::NotFound(format!("no sandbox `{id}`")));
         };
         self.inner.live.fetch_sub(1, Ordering::SeqCst);
+        self.drop_checkpoints(&entry).await;
         self.teardown(&entry).await;
         Ok(())
     }
@@ -218,7 +217,10 @@ impl AppState {
         self.destroy_pool().await;
         let all: Vec<Arc<SandboxEntry>> = self.inner.sandboxes.write().await.drain().map(|(_, e)| e).collect();
         self.inner.live.store(0, Ordering::SeqCst);
-        let jobs = all.iter().map(|e| self.teardown(e));
+        let jobs = all.iter().map(|e| async move {
+            self.drop_checkpoints(e).await;
+            self.teardown(e).await
+        });
         futures::future::join_all(jobs).await;
     }
 

@@ -1,0 +1,184 @@
+//! Checkpoints (docs/state.md): undo for agents. A checkpoint is a fork of
+//! the sandbox (REPL process and files, copy-on-write) that is paused at
+//! once and never registered as a sandbox: it uses no CPU, has no timers,
+//! and cannot be reached except through its sandbox. Restoring forks the
+//! checkpoint again and hands the fork the sandbox's id, so a checkpoint
+//! can be restored any number of times.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use protocol::{CheckpointInfo, CheckpointList, RestoreRequest};
+
+use crate::error::ApiError;
+use crate::events::now_ms;
+use crate::routes::{json, Json};
+use crate::sandbox::SandboxEntry;
+use crate::state::{AppState, CreateSlot};
+
+pub struct Checkpoint {
+    pub id: String,
+    pub created_at: u64,
+    /// The paused fork holding the state.
+    pub entry: Arc<SandboxEntry>,
+}
+
+/// A sandbox id's checkpoints, oldest first.
+pub type Checkpoints = Arc<std::sync::Mutex<Vec<Checkpoint>>>;
+
+fn lock(list: &Checkpoints) -> std::sync::MutexGuard<'_, Vec<Checkpoint>> {
+    list.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Move `from`'s checkpoints to the end of `into` (a merge).
+pub fn adopt(into: &Checkpoints, from: &Checkpoints) {
+    if Arc::ptr_eq(into, from) {
+        return;
+    }
+    let moved: Vec<Checkpoint> = lock(from).drain(..).collect();
+    lock(into).extend(moved);
+}
+
+/// Checkpoint ids: `cp-` and 20 lowercase base-32 characters.
+fn new_checkpoint_id() -> String {
+    format!("cp-{}", &crate::state::new_id()[3..])
+}
+
+impl Checkpoint {
+    fn info(&self, sandbox_id: &str) -> CheckpointInfo {
+        CheckpointInfo { checkpoint: self.id.clone(), sandbox_id: sandbox_id.to_string(), created_at: self.created_at }
+    }
+}
+
+impl AppState {
+    /// Capture `id`'s REPL and files as a new checkpoint.
+    pub async fn checkpoint(&self, id: &str) -> Result<CheckpointInfo, ApiError> {
+        let entry = self.get(id).await?;
+        let max = self.inner.config.limits.max_checkpoints;
+        if lock(&entry.checkpoints).len() >= max {
+            return Err(ApiError::TooMany(format!("sandbox `{id}` has {max} checkpoints, the most allowed (--max-checkpoints); delete one first")));
+        }
+        let _reserved = CreateSlot::take(self)?;
+        let fork = self.fork_entries(&entry, 1).await?.pop().ok_or_else(|| ApiError::Internal("a fork made no child".into()))?;
+        if let Err(e) = crate::pause::set_paused(&fork, true).await {
+            self.teardown(&fork).await;
+            return Err(e);
+        }
+        let checkpoint = Checkpoint { id: new_checkpoint_id(), created_at: now_ms(), entry: fork };
+        let info = checkpoint.info(id);
+        let refused = {
+            let mut list = lock(&entry.checkpoints);
+            // Two checkpoints made at once may both have passed the check.
+            if list.len() >= max || entry.destroyed.load(Ordering::SeqCst) {
+                Some(checkpoint)
+            } else {
+                list.push(checkpoint);
+                None
+            }
+        };
+        if let Some(c) = refused {
+            self.teardown(&c.entry).await;
+            return Err(if entry.destroyed.load(Ordering::SeqCst) {
+                ApiError::NotFound(format!("sandbox `{id}` was destroyed"))
+            } else {
+                ApiError::TooMany(format!("sandbox `{id}` has {max} checkpoints, the most allowed (--max-checkpoints)"))
+            });
+        }
+        tracing::info!(sandbox = %id, checkpoint = %info.checkpoint, "checkpointed");
+        Ok(info)
+    }
+
+    pub async fn checkpoints(&self, id: &str) -> Result<CheckpointList, ApiError> {
+        let entry = self.get(id).await?;
+        let list = lock(&entry.checkpoints);
+        Ok(CheckpointList { checkpoints: list.iter().map(|c| c.info(id)).collect() })
+    }
+
+    pub async fn delete_checkpoint(&self, id: &str, checkpoint: &str) -> Result<(), ApiError> {
+        let entry = self.get(id).await?;
+        let removed = {
+            let mut list = lock(&entry.checkpoints);
+            let at = list.iter().position(|c| c.id == checkpoint).ok_or_else(|| no_checkpoint(id, checkpoint))?;
+            list.remove(at)
+        };
+        self.teardown(&removed.entry).await;
+        Ok(())
+    }
+
+    /// Destroy every checkpoint of `entry` (its id is going away).
+    pub(crate) async fn drop_checkpoints(&self, entry: &SandboxEntry) {
+        let all: Vec<Checkpoint> = lock(&entry.checkpoints).drain(..).collect();
+        for c in all {
+            self.teardown(&c.entry).await;
+        }
+    }
+
+    /// Roll `id` back to `checkpoint`: a fresh fork of the checkpoint takes
+    /// over the id; the sandbox's current processes and files are freed.
+    /// Its settings, lifetime, egress policy and checkpoints stay.
+    pub async fn restore(&self, id: &str, checkpoint: &str) -> Result<Arc<SandboxEntry>, ApiError> {
+        let entry = self.get(id).await?;
+        let source = lock(&entry.checkpoints)
+            .iter()
+            .find(|c| c.id == checkpoint)
+            .map(|c| Arc::clone(&c.entry))
+            .ok_or_else(|| no_checkpoint(id, checkpoint))?;
+        let _reserved = CreateSlot::take(self)?;
+        let fork = self.fork_entries(&source, 1).await?.pop().ok_or_else(|| ApiError::Internal("a fork made no child".into()))?;
+        // A running exec finishes first; later ones run on the restored state.
+        let mut slot = entry.slot.lock().await;
+        let mut fork_slot = fork.slot.lock().await;
+        let mut all = self.inner.sandboxes.write().await;
+        if !all.get(id).is_some_and(|e| Arc::ptr_eq(e, &entry)) {
+            drop((all, fork_slot));
+            self.teardown(&fork).await;
+            return Err(ApiError::Conflict(format!("sandbox `{id}` was destroyed or replaced during the restore")));
+        }
+        let lineage = entry.lineage.lock().map(|l| l.clone()).unwrap_or_default();
+        let restored = crate::sandbox::successor_entry(&entry, &fork, &mut fork_slot, lineage);
+        restored.execs.store(entry.execs.load(Ordering::Relaxed), Ordering::Relaxed);
+        all.insert(id.to_string(), Arc::clone(&restored));
+        drop(all);
+        drop(fork_slot);
+        slot.session = None;
+        drop(slot);
+        let egress = entry.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        self.teardown(&entry).await;
+        crate::egress::apply_soon(&restored, egress).await;
+        tracing::info!(sandbox = %id, checkpoint, "restored");
+        Ok(restored)
+    }
+}
+
+fn no_checkpoint(id: &str, checkpoint: &str) -> ApiError {
+    ApiError::NotFound(format!("sandbox `{id}` has no checkpoint `{}`", checkpoint.chars().take(80).collect::<String>()))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints", params(("id" = String, Path)),
+    responses((status = 200, body = CheckpointInfo), (status = 404, body = protocol::ErrorBody), (status = 429, body = protocol::ErrorBody)))]
+pub async fn create(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &state.checkpoint(&id).await?))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints", params(("id" = String, Path)),
+    responses((status = 200, body = CheckpointList), (status = 404, body = protocol::ErrorBody)))]
+pub async fn list(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &state.checkpoints(&id).await?))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/checkpoints/{checkpoint}", params(("id" = String, Path), ("checkpoint" = String, Path)),
+    responses((status = 204), (status = 404, body = protocol::ErrorBody)))]
+pub async fn delete(State(state): State<AppState>, Path((id, checkpoint)): Path<(String, String)>) -> Result<Response, ApiError> {
+    state.delete_checkpoint(&id, &checkpoint).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/restore", params(("id" = String, Path)), request_body = RestoreRequest,
+    responses((status = 200, body = protocol::SandboxInfo), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
+pub async fn restore(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<RestoreRequest>) -> Result<Response, ApiError> {
+    let restored = state.restore(&id, &req.checkpoint).await?;
+    Ok(json(StatusCode::OK, &restored.info()))
+}
