@@ -37,6 +37,8 @@ enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// MCP server for models, a client of a running forkbox server (docs/mcp.md).
+    Mcp(McpArgs),
     /// The per-family supervisor (started by the server; not for humans).
     #[command(name = "__shim", hide = true)]
     Shim { config: String },
@@ -171,6 +173,18 @@ struct RunArgs {
     code: String,
 }
 
+#[derive(Args)]
+struct McpArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (loopback only).
+    #[arg(long, value_name = "ADDR")]
+    http: Option<SocketAddr>,
+    /// Template of the sandboxes it creates.
+    #[arg(long, env = "FORKBOX_MCP_TEMPLATE")]
+    template: Option<String>,
+}
+
 fn main() {
     // A sandbox's init is this binary exec'd under another name.
     if std::env::args_os().next().is_some_and(|a| a == jail::shim::init::INIT_ARGV0) {
@@ -226,6 +240,15 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(args) => tokio::runtime::Runtime::new()?.block_on(client::run(args)),
         Command::Ls(args) => tokio::runtime::Runtime::new()?.block_on(client::ls(args)),
         Command::Rm { client, ids } => tokio::runtime::Runtime::new()?.block_on(client::rm(client, ids)),
+        Command::Mcp(args) => {
+            let config = mcp::Config { url: args.client.url, api_key: args.client.api_key, template: args.template };
+            let rt = tokio::runtime::Runtime::new()?;
+            match args.http {
+                Some(addr) => rt.block_on(mcp::serve_http(config, addr))?,
+                None => rt.block_on(mcp::serve_stdio(config))?,
+            }
+            Ok(0)
+        }
     }
 }
 
