@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 # The podflare SDK reads these at import time: keep the host's settings and
 # region cache out of the tests (set before any test module imports podflare).
@@ -186,3 +187,37 @@ def pytest_runtest_makereport(item, call):
             if srv.proc is not None:
                 rep.sections.append((f"forkbox server `{srv.name}` log tail ({srv.log_path})", srv.log_tail(40)))
 
+
+# ── the python-datasci template (pandas, matplotlib) ──────────────────────
+
+DATASCI_TIMEOUT_S = 20 * 60
+
+
+def _datasci_state(c) -> dict:
+    return {t["name"]: t for t in c.get("/v1/templates").json()}.get("python-datasci") or {}
+
+
+@pytest.fixture(scope="module")
+def datasci(say, server, http):
+    """(HTTP client, URL) of a server whose `python-datasci` template is
+    ready: the main one if it is, else one started to build it (minutes)."""
+    if _datasci_state(http).get("state") == "ready":
+        yield http, server.url
+        return
+    srv = start_server(say, "datasci", build=True)
+    try:
+        with srv.http() as c:
+            deadline = time.monotonic() + DATASCI_TIMEOUT_S
+            last = 0.0
+            while (t := _datasci_state(c)).get("state") != "ready":
+                assert t.get("state") != "failed", f"python-datasci failed to build: {t}"
+                assert time.monotonic() < deadline, f"python-datasci not ready after {DATASCI_TIMEOUT_S} s: {t}"
+                if time.monotonic() - last > 30:
+                    say(f"[forkbox-e2e] waiting for python-datasci: {t.get('state')} {t.get('progress', 0):.0%}")
+                    last = time.monotonic()
+                time.sleep(2)
+            yield c, srv.url
+    finally:
+        problems = shutdown_and_check(srv)
+        srv.cleanup()
+        assert not problems, "datasci server leaked:\n" + "\n".join(problems)

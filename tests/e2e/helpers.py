@@ -99,9 +99,10 @@ class ForkboxServer:
         return cmd + self.args
 
     def start(self) -> "ForkboxServer":
+        """Start (or, after `kill`/`stop`, restart) on the same state dir."""
         wait_for_binary(self._say)
-        os.makedirs(self.state_dir)
-        self._log_file = open(self.log_path, "wb")
+        os.makedirs(self.state_dir, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "info")
         for k in ("FORKBOX_API_KEYS", "FORKBOX_LISTEN", "FORKBOX_STATE_DIR", "FORKBOX_TEMPLATES_DIR"):
@@ -159,6 +160,15 @@ class ForkboxServer:
             self._log_file.close()
             self._log_file = None
         return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, with no chance to clean up."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+        if self._log_file:
+            self._log_file.close()
+            self._log_file = None
 
     def cleanup(self) -> None:
         """Remove the state directory (only after the server is gone)."""

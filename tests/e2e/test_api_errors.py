@@ -101,12 +101,8 @@ def test_unknown_create_field(http):
     assert "bogus" in body["error"]
 
 
-def test_not_yet_implemented_features(http, sid):
-    assert_json_error(http.post("/v1/sandboxes", json={"persistent": True}), 501)
-
-
 def test_explicit_false_flags_and_empty_body_are_fine(http):
-    for kwargs in ({"egress": False, "persistent": False}, {}):
+    for kwargs in ({"egress": False, "persistent": False}, {"persistent": True}, {}):
         s = create_raw(http, **kwargs)
         assert delete_raw(http, s) == 204
     r = http.post("/v1/sandboxes", content=b"")

@@ -11,13 +11,11 @@ import time
 
 import pytest
 
-from conftest import shutdown_and_check, start_server
 from helpers import create_raw, delete_raw, exec_raw
 
 MAX_BUNDLE = 4 << 20          # bytes of one bundle's JSON
 REPLAY_BUNDLES = 16           # events of a replay that keep their bundle
 PNG = b"\x89PNG\r\n\x1a\n"
-DATASCI_TIMEOUT_S = 20 * 60
 
 # A class per _repr_*_ method of IPython's display protocol.
 RICH = '''
@@ -183,36 +181,6 @@ def test_replay_keeps_the_bundles_of_the_newest_events(http, sid):
 
 
 # ── matplotlib (python-datasci) ──────────────────────────────────────────
-
-def _datasci_state(c) -> dict:
-    return {t["name"]: t for t in c.get("/v1/templates").json()}.get("python-datasci") or {}
-
-
-@pytest.fixture(scope="module")
-def datasci(say, server, http):
-    """(HTTP client, URL) of a server whose `python-datasci` template is
-    ready: the main one if it is, else one started to build it (minutes)."""
-    if _datasci_state(http).get("state") == "ready":
-        yield http, server.url
-        return
-    srv = start_server(say, "datasci", build=True)
-    try:
-        with srv.http() as c:
-            deadline = time.monotonic() + DATASCI_TIMEOUT_S
-            last = 0.0
-            while (t := _datasci_state(c)).get("state") != "ready":
-                assert t.get("state") != "failed", f"python-datasci failed to build: {t}"
-                assert time.monotonic() < deadline, f"python-datasci not ready after {DATASCI_TIMEOUT_S} s: {t}"
-                if time.monotonic() - last > 30:
-                    say(f"[forkbox-e2e] waiting for python-datasci: {t.get('state')} {t.get('progress', 0):.0%}")
-                    last = time.monotonic()
-                time.sleep(2)
-            yield c, srv.url
-    finally:
-        problems = shutdown_and_check(srv)
-        srv.cleanup()
-        assert not problems, "datasci server leaked:\n" + "\n".join(problems)
-
 
 @pytest.fixture
 def mpl(datasci):

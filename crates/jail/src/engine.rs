@@ -33,6 +33,9 @@ pub struct SandboxSpec {
     pub id: String,
     pub template_rootfs: PathBuf,
     pub limits: Limits,
+    /// Files to start with instead of an empty upper layer: a layer saved
+    /// by `Sandbox::export_upper` (a Space), owners relative to the range.
+    pub initial_upper: Option<PathBuf>,
 }
 
 pub struct Jail {
@@ -256,7 +259,7 @@ impl Jail {
             }
         };
         let subvolume = self.volume.root().join(SANDBOXES_DIR).join(&spec.id);
-        if let Err(e) = self.make_layers(&subvolume, &spec.template_rootfs, range) {
+        if let Err(e) = self.make_layers(&subvolume, &spec.template_rootfs, range, spec.initial_upper.as_deref()) {
             let _ = self.volume.delete_subvolume(&subvolume);
             release(&self.ids);
             return Err(e);
@@ -482,7 +485,7 @@ impl Jail {
         let builds = ids.iter().map(|id| async move {
             let subvolume = self.volume.root().join(SANDBOXES_DIR).join(id);
             if !hollow {
-                if let Err(e) = self.make_layers(&subvolume, &sibling.template_rootfs, range) {
+                if let Err(e) = self.make_layers(&subvolume, &sibling.template_rootfs, range, None) {
                     let _ = self.volume.delete_subvolume(&subvolume);
                     return Err(e);
                 }
@@ -571,7 +574,7 @@ impl Jail {
     /// The sandbox's writable layers on a fresh subvolume. The upper layer's
     /// root must belong to the sandbox's root (and carry the template root's
     /// mode), or root inside could not create anything in `/`.
-    fn make_layers(&self, subvolume: &Path, template_rootfs: &Path, range: crate::ids::IdRange) -> Result<()> {
+    fn make_layers(&self, subvolume: &Path, template_rootfs: &Path, range: crate::ids::IdRange, initial: Option<&Path>) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
         self.volume.create_subvolume(subvolume)?;
         for d in ["upper", "work"] {
@@ -581,6 +584,10 @@ impl Jail {
         let mode = std::fs::metadata(template_rootfs).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0o755);
         std::fs::set_permissions(&upper, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io("chmod upper", e))?;
         std::os::unix::fs::chown(&upper, Some(range.base), Some(range.base)).map_err(|e| Error::io("chown upper", e))?;
+        if let Some(saved) = initial {
+            let into_range = crate::layer_copy::Shift { from: 0, to: range.base, count: range.count };
+            crate::layer_copy::copy_tree(saved, &upper, &into_range)?;
+        }
         Ok(())
     }
 
@@ -726,6 +733,15 @@ impl Sandbox {
     }
 
     /// The sandbox's filesystem as overlay layers on the host (for diff).
+    /// Copy this sandbox's upper layer (every file it changed) to `dst`,
+    /// owners made relative to its uid range. Pause it first for a
+    /// consistent copy.
+    pub fn export_upper(&self, dst: &Path) -> Result<crate::layer_copy::Copied> {
+        let config = &self.family.config;
+        let to_relative = crate::layer_copy::Shift { from: config.id_base, to: 0, count: config.id_count };
+        crate::layer_copy::copy_tree(&self.subvolume.join("upper"), dst, &to_relative)
+    }
+
     pub fn layers(&self) -> (PathBuf, PathBuf) {
         (self.subvolume.join("upper"), self.template_rootfs.clone())
     }

@@ -15,6 +15,7 @@ pub mod error;
 pub mod forkplan;
 pub mod fs;
 pub mod ids;
+pub mod layer_copy;
 pub mod net;
 pub mod notify;
 pub mod policy;

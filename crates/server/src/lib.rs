@@ -20,6 +20,7 @@ pub mod pty;
 pub mod repl;
 pub mod routes;
 pub mod sandbox;
+pub mod spaces;
 pub mod state;
 pub mod templates;
 pub mod watch;
@@ -51,6 +52,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/checkpoints", post(checkpoints::create).get(checkpoints::list))
         .route("/v1/sandboxes/{id}/checkpoints/{checkpoint}", delete(checkpoints::delete))
         .route("/v1/sandboxes/{id}/restore", post(checkpoints::restore))
+        .route("/v1/sandboxes/{id}/freeze", post(spaces::freeze))
+        .route("/v1/spaces", get(spaces::list))
+        .route("/v1/spaces/{id}", get(spaces::get).delete(spaces::delete))
+        .route("/v1/spaces/{id}/resume", post(spaces::resume))
         .route("/v1/sandboxes/{id}/merge_into/{winner}", post(routes::merge_into))
         .route("/v1/sandboxes/{id}/diff/{other}", get(routes::diff))
         .route("/v1/sandboxes/{id}/files", get(files::get).put(files::put).delete(files::delete))
@@ -110,6 +115,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         templates.mark_unbuilt();
     }
     let state = AppState::new(config.clone(), jail, templates.clone());
+    state.inner.spaces.recover().map_err(|e| anyhow::anyhow!("recover the spaces in {}: {e}", config.state_dir.display()))?;
     if config.build_templates {
         std::thread::Builder::new().name("template-builder".into()).spawn(move || templates.build_all())?;
     }

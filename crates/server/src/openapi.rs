@@ -3,7 +3,7 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use crate::{checkpoints, egress, files, pause, ports, pty, routes, watch};
+use crate::{checkpoints, egress, spaces, files, pause, ports, pty, routes, watch};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -14,7 +14,8 @@ use crate::{checkpoints, egress, files, pause, ports, pty, routes, watch};
         files::get, files::put, files::delete, files::mkdir, files::rename, files::chmod, watch::watch,
         egress::get, egress::patch, pause::pause, pause::resume,
         pty::create, pty::list, pty::attach, pty::input, pty::resize, pty::kill, pty::read,
-        ports::proxy, checkpoints::create, checkpoints::list, checkpoints::delete, checkpoints::restore
+        ports::proxy, checkpoints::create, checkpoints::list, checkpoints::delete, checkpoints::restore,
+        spaces::freeze, spaces::list, spaces::get, spaces::delete, spaces::resume
     ),
     components(schemas(protocol::CreateSandbox, protocol::Created, protocol::ExecRequest, protocol::SandboxInfo,
         protocol::SandboxList, protocol::ErrorBody, protocol::Event, protocol::EventKind, protocol::TemplateInfo,
@@ -24,6 +25,7 @@ use crate::{checkpoints, egress, files, pause, ports, pty, routes, watch};
         protocol::Egress, protocol::EgressAllow, protocol::EgressBody,
         pty::PtyCreate, pty::PtyInput, pty::PtyResize, pty::PtyRead, pty::PtyChunk, pty::PtyInfo,
         protocol::CheckpointInfo, protocol::CheckpointList, protocol::RestoreRequest,
+        protocol::SpaceInfo, protocol::SpaceList, protocol::ResumeSpace, protocol::Unsaved,
         crate::pool::PoolInfo, crate::pool::PoolTemplate)),
     modifiers(&BearerAuth),
     security(("bearer" = []))

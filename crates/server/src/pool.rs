@@ -325,7 +325,7 @@ impl AppState {
             egress: protocol::Egress::On(false),
             persistent: false,
         };
-        let spec = jail::SandboxSpec { id: id.clone(), template_rootfs: rootfs, limits: self.limits_for(&settings) };
+        let spec = jail::SandboxSpec { id: id.clone(), template_rootfs: rootfs, limits: self.limits_for(&settings), initial_upper: None };
         let engine = self.inner.jail.create(spec).await.map_err(|e| e.to_string())?;
         let mut session = match start_repl(&engine).await {
             Ok(s) => s,

@@ -46,6 +46,25 @@ fn parse_object<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<
     serde_json::from_value(v).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
 }
 
+/// A JSON object body that may be left out: empty (or only whitespace)
+/// means all defaults (handy with curl).
+pub(crate) fn optional_body<T: serde::de::DeserializeOwned + Default>(
+    body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<T, ApiError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge(format!("request body is larger than {MAX_BODY} bytes"))
+        } else {
+            ApiError::BadRequest(e.body_text())
+        }
+    })?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    let v = serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))?;
+    parse_object(v)
+}
+
 /// Largest request body: the biggest `code` plus room for JSON escaping.
 pub const MAX_BODY: usize = MAX_CODE_BYTES * 2 + 64 * 1024;
 
@@ -70,20 +89,7 @@ pub async fn create(
     State(state): State<AppState>,
     body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge(format!("request body is larger than {MAX_BODY} bytes"))
-        } else {
-            ApiError::BadRequest(e.body_text())
-        }
-    })?;
-    // An empty body means "all defaults" (handy with curl).
-    let req: CreateSandbox = if body.iter().all(u8::is_ascii_whitespace) {
-        CreateSandbox::default()
-    } else {
-        let v = serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))?;
-        parse_object(v)?
-    };
+    let req: CreateSandbox = optional_body(body)?;
     let entry = state.create(req).await?;
     Ok(json(StatusCode::OK, &Created { id: entry.id.clone(), state: "ready".into() }))
 }
@@ -97,7 +103,15 @@ pub async fn list(State(state): State<AppState>) -> Response {
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 200, body = SandboxInfo), (status = 404, body = protocol::ErrorBody)))]
 pub async fn info(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &state.get(&id).await?.info()))
+    match state.get(&id).await {
+        Ok(entry) => Ok(json(StatusCode::OK, &entry.info())),
+        // A frozen sandbox is shown as it was, with `state: "frozen"`.
+        Err(ApiError::Conflict(e)) => match state.frozen(&id).await {
+            Some(crate::state::Frozen::Space(space)) => Ok(json(StatusCode::OK, &space.sandbox)),
+            _ => Err(ApiError::Conflict(e)),
+        },
+        Err(e) => Err(e),
+    }
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 204), (status = 404, body = protocol::ErrorBody)))]

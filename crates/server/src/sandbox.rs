@@ -73,6 +73,9 @@ pub struct ReplSlot {
     pub lost_state: Option<String>,
     /// The sandbox was rebuilt after its init died: told to the next bash call.
     pub rebuilt: bool,
+    /// Told to the next exec, Python or bash, as a warning (what a resumed
+    /// Space could not bring back).
+    pub notice: Option<String>,
     /// The cgroup's OOM-kill count when the REPL was last seen alive, to tell
     /// an OOM kill between calls from other deaths.
     pub oom_seen: u64,
@@ -175,6 +178,7 @@ impl SandboxEntry {
 
     /// Run Python code in the REPL (the caller holds the slot).
     pub async fn run_python(&self, slot: &mut ReplSlot, code: &str, timeout: Duration, sink: &mut EventSink) {
+        tell_notice(slot, sink).await;
         if let Err(e) = self.heal(slot).await {
             sink.error(e, None, None, None).await;
             sink.exit(1).await;
@@ -332,8 +336,47 @@ impl SandboxEntry {
         }
     }
 
+    /// Run `code` in the REPL for the server's own purposes (a Space's
+    /// freeze and thaw): nothing shows in the sandbox's replay. Returns its
+    /// stdout, or why it failed.
+    pub async fn run_hidden(&self, slot: &mut ReplSlot, code: &str, timeout: Duration) -> Result<String, String> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let sink = EventSink::new(tx, Default::default());
+        let run = async move {
+            let mut sink = sink;
+            self.run_python(slot, code, timeout, &mut sink).await;
+        };
+        let collect = async move {
+            let mut events = Vec::new();
+            while let Some(ev) = rx.recv().await {
+                events.push(ev);
+            }
+            events
+        };
+        let ((), events) = tokio::join!(run, collect);
+        let mut stdout = String::new();
+        let mut error = None;
+        for ev in events {
+            match ev.kind {
+                protocol::EventKind::Stdout => {
+                    stdout.push_str(ev.data.as_str().unwrap_or_default());
+                    if ev.nl == Some(true) {
+                        stdout.push('\n');
+                    }
+                }
+                protocol::EventKind::Error => error = Some(ev.data.as_str().unwrap_or("failed").to_string()),
+                _ => {}
+            }
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(stdout),
+        }
+    }
+
     /// Run a fresh `bash -c` in the sandbox (cwd /root).
     pub async fn run_bash(&self, slot: &mut ReplSlot, code: &str, timeout: Duration, sink: &mut EventSink) {
+        tell_notice(slot, sink).await;
         if let Err(e) = self.heal(slot).await {
             sink.error(e, None, None, None).await;
             sink.exit(1).await;
@@ -436,6 +479,13 @@ enum CommandEnd {
     NeverStarted,
 }
 
+/// Pass on, once, what the next exec must hear first.
+async fn tell_notice(slot: &mut ReplSlot, sink: &mut EventSink) {
+    if let Some(msg) = slot.notice.take() {
+        sink.warning(msg).await;
+    }
+}
+
 /// Tell a bash call, once, that the sandbox was rebuilt since the last one.
 async fn tell_rebuilt(slot: &mut ReplSlot, sink: &mut EventSink) {
     if std::mem::take(&mut slot.rebuilt) {
@@ -456,7 +506,7 @@ pub fn new_entry(id: String, settings: Settings, engine: Arc<jail::Sandbox>, ses
         repl_restarts: AtomicU64::new(0),
         replay: Default::default(),
         destroyed: AtomicBool::new(false),
-        slot: Mutex::new(ReplSlot { session: Some(session), lost_state: None, rebuilt: false, oom_seen: 0 }),
+        slot: Mutex::new(ReplSlot { session: Some(session), lost_state: None, rebuilt: false, notice: None, oom_seen: 0 }),
         busy: AtomicU64::new(0),
         port_connections: Default::default(),
         watches: Default::default(),
@@ -487,6 +537,7 @@ pub fn successor_entry(old: &SandboxEntry, new: &SandboxEntry, new_slot: &mut Re
             session: new_slot.session.take(),
             lost_state: new_slot.lost_state.take(),
             rebuilt: std::mem::take(&mut new_slot.rebuilt),
+            notice: new_slot.notice.take(),
             oom_seen: new_slot.oom_seen,
         }),
         busy: AtomicU64::new(0),

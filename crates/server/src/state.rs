@@ -37,6 +37,8 @@ pub struct Inner {
     pub merged: std::sync::Mutex<crate::fork::MergedIds>,
     /// Warm zygotes and spare members per template (src/pool.rs).
     pub pool: crate::pool::Pool,
+    /// Sandboxes frozen to disk (src/spaces.rs).
+    pub spaces: crate::spaces::SpaceStore,
 }
 
 /// Sandbox ids: `sb-` and 20 lowercase base-32 characters (also the hostname).
@@ -56,7 +58,6 @@ impl AppState {
     pub fn new(config: ServerConfig, jail: jail::Jail, templates: Templates) -> AppState {
         AppState {
             inner: Arc::new(Inner {
-                config,
                 jail: Arc::new(jail),
                 templates,
                 sandboxes: RwLock::new(HashMap::new()),
@@ -64,6 +65,8 @@ impl AppState {
                 live: std::sync::atomic::AtomicUsize::new(0),
                 merged: Default::default(),
                 pool: Default::default(),
+                spaces: crate::spaces::SpaceStore::new(&config.state_dir),
+                config,
             }),
         }
     }
@@ -73,7 +76,6 @@ impl AppState {
     pub fn with_config(other: &AppState, config: ServerConfig) -> AppState {
         let inner = &other.inner;
         AppState { inner: Arc::new(Inner {
-            config,
             jail: Arc::clone(&inner.jail),
             templates: inner.templates.clone(),
             sandboxes: RwLock::new(HashMap::new()),
@@ -81,6 +83,8 @@ impl AppState {
             live: std::sync::atomic::AtomicUsize::new(0),
             merged: Default::default(),
             pool: Default::default(),
+            spaces: crate::spaces::SpaceStore::new(&config.state_dir),
+            config,
         }) }
     }
 
@@ -91,10 +95,33 @@ impl AppState {
         if let Some(e) = self.inner.sandboxes.read().await.get(id).cloned() {
             return Ok(e);
         }
-        match self.inner.merged.lock().ok().and_then(|m| m.get(id).cloned()) {
-            Some(into) => Err(ApiError::NotFound(format!("sandbox `{id}` was merged into `{into}`; use that id"))),
+        if let Some(into) = self.inner.merged.lock().ok().and_then(|m| m.get(id).cloned()) {
+            return Err(ApiError::NotFound(format!("sandbox `{id}` was merged into `{into}`; use that id")));
+        }
+        match self.frozen(id).await {
+            Some(Frozen::Space(space)) => Err(ApiError::Conflict(format!(
+                "sandbox `{id}` is frozen in space `{}`: resume it with POST /v1/spaces/{}/resume",
+                space.info.space_id, space.info.space_id
+            ))),
+            Some(Frozen::Resumed(r)) => Err(ApiError::NotFound(format!(
+                "sandbox `{id}` was frozen into space `{}`, which was resumed as `{}`; use that id",
+                r.space_id, r.resumed_as
+            ))),
             None => Err(ApiError::NotFound(format!("no sandbox `{id}`"))),
         }
+    }
+
+    /// What became of sandbox `id` if it was frozen: its Space, or where
+    /// that Space was resumed.
+    pub async fn frozen(&self, id: &str) -> Option<Frozen> {
+        let (state, id) = (self.clone(), id.to_string());
+        tokio::task::spawn_blocking(move || {
+            let spaces = &state.inner.spaces;
+            spaces.frozen(&id).map(|m| Frozen::Space(Box::new(m))).or_else(|| spaces.resumed(&id).map(Frozen::Resumed))
+        })
+        .await
+        .ok()
+        .flatten()
     }
 
     /// Memory the live sandboxes use now (their cgroups' usage), in MiB.
@@ -138,15 +165,23 @@ impl AppState {
 
     pub async fn create(&self, req: CreateSandbox) -> Result<Arc<SandboxEntry>, ApiError> {
         let settings = self.settings(&req)?;
-        if let Some(t) = &req.template {
-            if t.is_empty() || t.len() > 64 {
-                return Err(ApiError::BadRequest("invalid template name".into()));
-            }
+        self.create_with(settings, None).await
+    }
+
+    /// Create a sandbox; `initial_upper`: files to start with (a Space's),
+    /// which rules out the warm pool.
+    pub async fn create_with(&self, settings: Settings, initial_upper: Option<std::path::PathBuf>) -> Result<Arc<SandboxEntry>, ApiError> {
+        if settings.template.is_empty() || settings.template.len() > 64 {
+            return Err(ApiError::BadRequest("invalid template name".into()));
         }
         let rootfs = self.inner.templates.rootfs(&settings.template)?;
         let _slot = CreateSlot::take(self)?;
         let started = std::time::Instant::now();
-        match self.create_from_pool(&settings).await {
+        let pooled = match initial_upper {
+            None => self.create_from_pool(&settings).await,
+            Some(_) => Ok(None),
+        };
+        match pooled {
             Ok(Some(entry)) => {
                 self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(&entry));
                 self.inner.live.fetch_add(1, Ordering::SeqCst);
@@ -164,6 +199,7 @@ impl AppState {
             id: id.clone(),
             template_rootfs: rootfs,
             limits: self.limits_for(&settings),
+            initial_upper,
         };
         let engine = self.inner.jail.create(spec).await.map_err(|e| ApiError::engine("could not create the sandbox", e))?;
         let jailed = started.elapsed();
@@ -191,6 +227,12 @@ impl AppState {
             if self.inner.merged.lock().map(|m| m.contains_key(id)).unwrap_or(false) {
                 return Ok(());
             }
+            // So is deleting a frozen one: its Space stays (DELETE the
+            // Space to discard it), as a persistent sandbox's client that
+            // closes it after an idle freeze expects.
+            if self.frozen(id).await.is_some() {
+                return Ok(());
+            }
             return Err(ApiError::NotFound(format!("no sandbox `{id}`")));
         };
         self.inner.live.fetch_sub(1, Ordering::SeqCst);
@@ -215,6 +257,14 @@ impl AppState {
     /// Destroy everything (server shutdown).
     pub async fn destroy_all(&self) {
         self.destroy_pool().await;
+        // Persistent sandboxes outlive the server as Spaces.
+        let persistent: Vec<String> =
+            self.inner.sandboxes.read().await.values().filter(|e| e.settings.persistent).map(|e| e.id.clone()).collect();
+        for id in persistent {
+            if let Err(e) = self.freeze(&id).await {
+                tracing::error!(sandbox = %id, err = %e, "could not freeze a persistent sandbox at shutdown");
+            }
+        }
         let all: Vec<Arc<SandboxEntry>> = self.inner.sandboxes.write().await.drain().map(|(_, e)| e).collect();
         self.inner.live.store(0, Ordering::SeqCst);
         let jobs = all.iter().map(|e| async move {
@@ -230,22 +280,32 @@ impl AppState {
         loop {
             tick.tick().await;
             let now = now_ms();
-            let expired: Vec<String> = self
+            let expired: Vec<(String, bool)> = self
                 .inner
                 .sandboxes
                 .read()
                 .await
                 .values()
-                .filter(|e| {
+                .filter_map(|e| {
                     let idle = now.saturating_sub(e.last_active.load(Ordering::Relaxed));
                     let busy = e.busy.load(Ordering::Relaxed) > 0;
-                    now >= e.expires_at() || (!busy && idle >= e.settings.idle_timeout.as_millis() as u64)
+                    let idle_out = !busy && idle >= e.settings.idle_timeout.as_millis() as u64;
+                    // A persistent sandbox freezes at its idle timeout; its
+                    // lifetime's end destroys it like any other.
+                    if now >= e.expires_at() {
+                        Some((e.id.clone(), false))
+                    } else {
+                        idle_out.then(|| (e.id.clone(), e.settings.persistent))
+                    }
                 })
-                .map(|e| e.id.clone())
                 .collect();
-            for id in expired {
-                tracing::info!(sandbox = %id, "timed out");
-                let _ = self.destroy(&id).await;
+            for (id, persistent) in expired {
+                if persistent {
+                    self.freeze_idle(&id).await;
+                } else {
+                    tracing::info!(sandbox = %id, "timed out");
+                    let _ = self.destroy(&id).await;
+                }
             }
             if let Some(after) = self.inner.config.idle_pause {
                 let idle: Vec<Arc<SandboxEntry>> = self
@@ -264,6 +324,12 @@ impl AppState {
             }
         }
     }
+}
+
+/// A frozen sandbox's fate.
+pub enum Frozen {
+    Space(Box<crate::spaces::SpaceMeta>),
+    Resumed(crate::spaces::Resumed),
 }
 
 /// A reservation of `n` sandboxes against the server's caps, released when

@@ -58,6 +58,7 @@ pub fn spec(id: &str) -> SandboxSpec {
         id: id.to_string(),
         template_rootfs: template_rootfs(),
         limits: Limits { memory_bytes: 256 << 20, pids: 128, cpu_weight: 100 },
+        initial_upper: None,
     }
 }
 

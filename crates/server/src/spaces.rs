@@ -1,0 +1,478 @@
+//! Spaces (docs/state.md): a sandbox frozen to disk and resumed later into
+//! a new sandbox, across server restarts.
+//!
+//! A Space is a directory `<state>/spaces/<space_id>/` holding `upper/`
+//! (the sandbox's overlay upper layer: every file it changed, owners
+//! relative to its uid range) and `meta.json`. The REPL's state travels as
+//! a file inside `upper/` (`/.forkbox-space/state.pkl`, written by
+//! repl/space.py before the copy and removed by it after the resume).
+//!
+//! Crash safety: a freeze writes `.partial-<id>/`, syncs it, and renames it
+//! into place, so a Space is either whole or absent; the sandbox is
+//! destroyed only after the rename. A resume claims its Space by renaming
+//! it to `.resuming-<id>` (so two resumes cannot both get it) and deletes
+//! it only once the new sandbox is ready; otherwise it is put back. At
+//! start, partials are removed and claimed Spaces put back.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use protocol::{ResumeSpace, SandboxInfo, SpaceInfo, SpaceList, Unsaved};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
+use crate::events::now_ms;
+use crate::routes::json;
+use crate::sandbox::{SandboxEntry, Settings};
+use crate::state::{valid_id, AppState};
+
+/// The REPL side of a freeze and a thaw.
+const SPACE_PY: &str = include_str!("../../../repl/space.py");
+/// Where the REPL's state file lives inside the sandbox during a freeze.
+const STATE_FILE: &str = "/.forkbox-space/state.pkl";
+/// Longest a freeze or thaw of the REPL's globals may take.
+const REPL_SAVE_TIMEOUT: Duration = Duration::from_secs(600);
+
+const PARTIAL: &str = ".partial-";
+const RESUMING: &str = ".resuming-";
+const DELETING: &str = ".deleting-";
+/// `.resumed-<space>.json`: which sandbox a consumed Space became, so the
+/// frozen sandbox's id answers helpfully (and a late DELETE is harmless).
+const RESUMED: &str = ".resumed-";
+/// How many consumed Spaces are remembered.
+const RESUMED_REMEMBERED: usize = 1000;
+
+/// What became of a frozen sandbox whose Space was resumed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Resumed {
+    pub sandbox_id: String,
+    pub space_id: String,
+    pub resumed_as: String,
+}
+
+/// `meta.json` of a Space.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpaceMeta {
+    #[serde(flatten)]
+    pub info: SpaceInfo,
+    /// The sandbox as it was when frozen (`state: "frozen"`); its settings
+    /// are the resumed sandbox's defaults.
+    pub sandbox: SandboxInfo,
+}
+
+/// The Spaces directory.
+pub struct SpaceStore {
+    dir: PathBuf,
+}
+
+fn io_err(what: &str, e: impl std::fmt::Display) -> ApiError {
+    ApiError::Internal(format!("{what}: {e}"))
+}
+
+fn no_space(id: &str) -> ApiError {
+    ApiError::NotFound(format!("no space `{}`", id.chars().take(80).collect::<String>()))
+}
+
+impl SpaceStore {
+    pub fn new(state_dir: &Path) -> SpaceStore {
+        SpaceStore { dir: state_dir.join("spaces") }
+    }
+
+    /// Finish what a crash interrupted: drop half-written Spaces, put back
+    /// claimed ones, finish deletions.
+    pub fn recover(&self) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        for entry in std::fs::read_dir(&self.dir)?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if name.starts_with(PARTIAL) || name.starts_with(DELETING) {
+                tracing::info!(path = %path.display(), "removing an unfinished space");
+                std::fs::remove_dir_all(&path)?;
+            } else if let Some(id) = name.strip_prefix(RESUMING) {
+                let home = self.dir.join(id);
+                if home.exists() {
+                    std::fs::remove_dir_all(&path)?;
+                } else {
+                    tracing::info!(space = %id, "a resume was interrupted: the space is kept");
+                    std::fs::rename(&path, &home)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn path(&self, id: &str) -> Result<PathBuf, ApiError> {
+        if !valid_id(id) || id.starts_with('.') {
+            return Err(ApiError::BadRequest(format!("invalid space id `{}`", id.chars().take(80).collect::<String>())));
+        }
+        Ok(self.dir.join(id))
+    }
+
+    fn read_meta(dir: &Path) -> Option<SpaceMeta> {
+        serde_json::from_slice(&std::fs::read(dir.join("meta.json")).ok()?).ok()
+    }
+
+    pub fn get(&self, id: &str) -> Result<SpaceMeta, ApiError> {
+        Self::read_meta(&self.path(id)?).ok_or_else(|| no_space(id))
+    }
+
+    /// Every whole Space, oldest first.
+    pub fn list(&self) -> Vec<SpaceMeta> {
+        let mut all: Vec<SpaceMeta> = std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .filter_map(|e| Self::read_meta(&e.path()))
+            .collect();
+        all.sort_by_key(|m| m.info.created_at);
+        all
+    }
+
+    /// The Space sandbox `id` was frozen into, if it still exists.
+    pub fn frozen(&self, sandbox_id: &str) -> Option<SpaceMeta> {
+        self.list().into_iter().find(|m| m.info.sandbox_id == sandbox_id)
+    }
+
+    pub fn delete(&self, id: &str) -> Result<(), ApiError> {
+        let path = self.path(id)?;
+        let doomed = self.dir.join(format!("{DELETING}{id}"));
+        match std::fs::rename(&path, &doomed) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(no_space(id)),
+            Err(e) => return Err(io_err("could not delete the space", e)),
+        }
+        std::fs::remove_dir_all(&doomed).map_err(|e| io_err("could not delete the space", e))
+    }
+
+    /// Take Space `id` for a resume: nobody else can have it until it is
+    /// `put_back`.
+    fn claim(&self, id: &str) -> Result<(SpaceMeta, PathBuf), ApiError> {
+        let path = self.path(id)?;
+        let meta = Self::read_meta(&path).ok_or_else(|| no_space(id))?;
+        let claimed = self.dir.join(format!("{RESUMING}{id}"));
+        match std::fs::rename(&path, &claimed) {
+            Ok(()) => Ok((meta, claimed)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(no_space(id)),
+            Err(e) => Err(io_err("could not claim the space", e)),
+        }
+    }
+
+    /// Remember that Space `meta` became sandbox `new_id`, forgetting the
+    /// oldest such notes beyond `RESUMED_REMEMBERED`.
+    fn note_resumed(&self, meta: &SpaceMeta, new_id: &str) -> std::io::Result<()> {
+        let note = Resumed { sandbox_id: meta.info.sandbox_id.clone(), space_id: meta.info.space_id.clone(), resumed_as: new_id.to_string() };
+        std::fs::write(self.dir.join(format!("{RESUMED}{}.json", meta.info.space_id)), serde_json::to_vec(&note).map_err(std::io::Error::other)?)?;
+        let mut notes: Vec<(std::time::SystemTime, PathBuf)> = self
+            .notes()
+            .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+            .collect();
+        if notes.len() > RESUMED_REMEMBERED {
+            notes.sort();
+            for (_, p) in &notes[..notes.len() - RESUMED_REMEMBERED] {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        Ok(())
+    }
+
+    fn notes(&self) -> impl Iterator<Item = PathBuf> {
+        std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(RESUMED))
+            .map(|e| e.path())
+    }
+
+    /// What the Space of frozen sandbox `sandbox_id` became, if it was resumed.
+    pub fn resumed(&self, sandbox_id: &str) -> Option<Resumed> {
+        self.notes()
+            .filter_map(|p| serde_json::from_slice::<Resumed>(&std::fs::read(p).ok()?).ok())
+            .find(|r| r.sandbox_id == sandbox_id)
+    }
+
+    fn put_back(&self, id: &str, claimed: &Path) {
+        if let Err(e) = std::fs::rename(claimed, self.dir.join(id)) {
+            tracing::error!(space = %id, err = %e, "could not put a space back after a failed resume");
+        }
+    }
+}
+
+/// Write `meta` beside the copied layer in `partial`, make everything
+/// durable, and move it to `home` in one rename.
+fn commit(partial: &Path, home: &Path, meta: &SpaceMeta) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(partial.join("meta.json"))?;
+    f.write_all(&serde_json::to_vec_pretty(meta).map_err(std::io::Error::other)?)?;
+    // One syncfs for the whole copy (cheaper than fsync per file).
+    rustix::fs::syncfs(&f)?;
+    drop(f);
+    std::fs::rename(partial, home)?;
+    let parent = std::fs::File::open(home.parent().unwrap_or(Path::new("/")))?;
+    parent.sync_all()
+}
+
+fn new_space_id() -> String {
+    format!("sp-{}", &crate::state::new_id()[3..])
+}
+
+/// The statement that runs repl/space.py in the REPL without touching
+/// the user's globals.
+fn space_code(mode: &str) -> String {
+    let literal = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    format!(
+        "exec(compile({}, '<forkbox-space>', 'exec'), {{'_user': globals(), '_path': {}, '_mode': {}}})",
+        literal(SPACE_PY),
+        literal(STATE_FILE),
+        literal(mode)
+    )
+}
+
+/// The last line a freeze/thaw printed, as JSON.
+fn parse_answer(stdout: &str) -> Result<serde_json::Value, String> {
+    let line = stdout.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default();
+    serde_json::from_str(line).map_err(|_| format!("the REPL answered {:?}", stdout.chars().take(300).collect::<String>()))
+}
+
+fn unsaved_list(v: &serde_json::Value) -> Vec<Unsaved> {
+    serde_json::from_value(v.clone()).unwrap_or_default()
+}
+
+impl AppState {
+    /// Freeze sandbox `id` into a new Space and destroy it.
+    pub async fn freeze(&self, id: &str) -> Result<SpaceMeta, ApiError> {
+        let entry = self.get(id).await?;
+        entry.busy.fetch_add(1, Ordering::SeqCst);
+        let result = self.freeze_entry(&entry).await;
+        entry.busy.fetch_sub(1, Ordering::SeqCst);
+        let meta = result?;
+        // The sandbox lives on as the Space: free it.
+        let removed = {
+            let mut all = self.inner.sandboxes.write().await;
+            match all.get(id) {
+                Some(e) if Arc::ptr_eq(e, &entry) => all.remove(id),
+                _ => None,
+            }
+        };
+        if let Some(e) = removed {
+            self.inner.live.fetch_sub(1, Ordering::SeqCst);
+            self.drop_checkpoints(&e).await;
+            self.teardown(&e).await;
+        }
+        tracing::info!(sandbox = %id, space = %meta.info.space_id, bytes = meta.info.bytes, "frozen");
+        Ok(meta)
+    }
+
+    /// A persistent sandbox reached its idle timeout: freeze it. If that
+    /// fails it stays (and is tried again after another idle period), since
+    /// destroying it would lose what it was meant to keep.
+    pub async fn freeze_idle(&self, id: &str) {
+        match self.freeze(id).await {
+            Ok(meta) => tracing::info!(sandbox = %id, space = %meta.info.space_id, "idle: frozen"),
+            Err(e) => {
+                tracing::error!(sandbox = %id, err = %e, "idle: could not freeze a persistent sandbox; trying again later");
+                if let Ok(entry) = self.get(id).await {
+                    entry.touch();
+                }
+            }
+        }
+    }
+
+    async fn freeze_entry(&self, entry: &Arc<SandboxEntry>) -> Result<SpaceMeta, ApiError> {
+        // Execs queued before the freeze run first; later ones find it gone.
+        let mut slot = entry.slot.lock().await;
+        if entry.destroyed.load(Ordering::SeqCst) {
+            return Err(ApiError::NotFound(format!("sandbox `{}` was destroyed", entry.id)));
+        }
+        let was_paused = entry.engine.is_paused();
+        crate::pause::ensure_running(entry).await?;
+        // The REPL writes its state into the sandbox's files ...
+        let answer = match slot.session.is_some() {
+            true => entry.run_hidden(&mut slot, &space_code("freeze"), REPL_SAVE_TIMEOUT).await.and_then(|out| parse_answer(&out)),
+            false => Ok(serde_json::json!({"unsaved": []})),
+        };
+        let answer = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                self.undo_freeze(entry, was_paused).await;
+                return Err(ApiError::Conflict(format!("could not save the REPL's state: {e}")));
+            }
+        };
+        // ... and every file stands still while they are copied.
+        crate::pause::set_paused(entry, true).await?;
+        let space_id = new_space_id();
+        let store = &self.inner.spaces;
+        let (partial, home) = (store.dir.join(format!("{PARTIAL}{space_id}")), store.dir.join(&space_id));
+        let mut info = entry.info();
+        info.state = "frozen".into();
+        info.space_id = Some(space_id.clone());
+        let meta = SpaceMeta {
+            info: SpaceInfo {
+                space_id: space_id.clone(),
+                sandbox_id: entry.id.clone(),
+                template: entry.settings.template.clone(),
+                created_at: now_ms(),
+                bytes: 0,
+                unsaved: unsaved_list(&answer["unsaved"]),
+            },
+            sandbox: info,
+        };
+        let engine = Arc::clone(&entry.engine);
+        let dir = store.dir.clone();
+        let written = tokio::task::spawn_blocking(move || -> std::io::Result<SpaceMeta> {
+            let mut meta = meta;
+            std::fs::create_dir_all(&dir)?;
+            std::fs::create_dir(&partial)?;
+            let copied = engine.export_upper(&partial.join("upper")).map_err(std::io::Error::other);
+            let done = copied.and_then(|c| {
+                meta.info.bytes = c.bytes;
+                commit(&partial, &home, &meta)
+            });
+            if let Err(e) = done {
+                let _ = std::fs::remove_dir_all(&partial);
+                return Err(e);
+            }
+            Ok(meta)
+        })
+        .await
+        .map_err(|e| io_err("freeze task failed", e))?;
+        match written {
+            Ok(meta) => {
+                entry.destroyed.store(true, Ordering::SeqCst);
+                slot.session = None;
+                Ok(meta)
+            }
+            Err(e) => {
+                self.undo_freeze(entry, was_paused).await;
+                drop(slot);
+                Err(if e.raw_os_error() == Some(libc::ENOSPC) {
+                    ApiError::NoSpace("no room on the server's disk for the space".into())
+                } else {
+                    io_err("could not write the space", e)
+                })
+            }
+        }
+    }
+
+    /// A freeze failed: the sandbox goes on as it was.
+    async fn undo_freeze(&self, entry: &Arc<SandboxEntry>, was_paused: bool) {
+        let _ = crate::pause::set_paused(entry, false).await;
+        if let (Ok(fs), Ok(dir)) = (entry.engine.fs(), jail::fs::SandboxPath::parse("/.forkbox-space", "/root")) {
+            let _ = fs.remove(&dir, true);
+        }
+        if was_paused {
+            let _ = crate::pause::set_paused(entry, true).await;
+        }
+    }
+
+    /// Resume Space `space_id` into a new sandbox; the Space is consumed.
+    pub async fn resume_space(&self, space_id: &str, req: ResumeSpace) -> Result<Arc<SandboxEntry>, ApiError> {
+        let store = &self.inner.spaces;
+        let (meta, claimed) = store.claim(space_id)?;
+        let made = self.resume_claimed(&meta, &claimed, req).await;
+        match made {
+            Ok(entry) => {
+                if let Err(e) = store.note_resumed(&meta, &entry.id) {
+                    tracing::warn!(space = %space_id, err = %e, "could not note where a space was resumed");
+                }
+                let doomed = claimed.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(doomed)).await.unwrap_or_else(|e| Err(std::io::Error::other(e))) {
+                    tracing::warn!(space = %space_id, err = %e, "could not remove a resumed space");
+                }
+                tracing::info!(space = %space_id, sandbox = %entry.id, "resumed a space");
+                Ok(entry)
+            }
+            Err(e) => {
+                store.put_back(space_id, &claimed);
+                Err(e)
+            }
+        }
+    }
+
+    async fn resume_claimed(&self, meta: &SpaceMeta, claimed: &Path, req: ResumeSpace) -> Result<Arc<SandboxEntry>, ApiError> {
+        let was = &meta.sandbox;
+        let create = protocol::CreateSandbox {
+            template: Some(meta.info.template.clone()),
+            timeout_seconds: Some(req.timeout_seconds.unwrap_or(was.timeout_seconds)),
+            idle_timeout_seconds: Some(req.idle_timeout_seconds.unwrap_or(was.idle_timeout_seconds)),
+            ram_mib: Some(was.ram_mib),
+            rootfs_gb: Some(was.rootfs_gb),
+            persistent: Some(req.persistent.unwrap_or(was.persistent)),
+            egress: Some(req.egress.unwrap_or_else(|| was.egress.clone())),
+        };
+        let settings: Settings = self.settings(&create)?;
+        let entry = self.create_with(settings, Some(claimed.join("upper"))).await?;
+        let mut slot = entry.slot.lock().await;
+        let thawed = entry.run_hidden(&mut slot, &space_code("thaw"), REPL_SAVE_TIMEOUT).await.and_then(|out| parse_answer(&out));
+        let notice = match thawed {
+            Ok(answer) => {
+                let mut lost = unsaved_list(&answer["unsaved"]);
+                lost.extend(unsaved_list(&answer["failed"]));
+                resume_notice(&meta.info.space_id, &lost)
+            }
+            Err(e) => {
+                drop(slot);
+                let _ = self.destroy(&entry.id).await;
+                return Err(ApiError::engine("could not load the space's REPL state", e));
+            }
+        };
+        slot.notice = Some(notice);
+        drop(slot);
+        Ok(entry)
+    }
+}
+
+/// The warning the first exec after a resume carries.
+fn resume_notice(space_id: &str, lost: &[Unsaved]) -> String {
+    let mut msg = format!("[forkbox] resumed from space {space_id}: files, imports, cwd, environment and globals are back; processes other than the REPL did not survive");
+    if !lost.is_empty() {
+        let names: Vec<String> = lost.iter().map(|u| format!("{} ({}: {})", u.name, u.kind, u.reason)).collect();
+        msg.push_str(&format!("; not kept: {}", names.join(", ")));
+    }
+    msg
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/freeze", params(("id" = String, Path)),
+    responses((status = 200, body = SpaceInfo), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody),
+        (status = 507, body = protocol::ErrorBody)))]
+pub async fn freeze(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &state.freeze(&id).await?.info))
+}
+
+#[utoipa::path(get, path = "/v1/spaces", responses((status = 200, body = SpaceList)))]
+pub async fn list(State(state): State<AppState>) -> Response {
+    let spaces = tokio::task::spawn_blocking(move || state.inner.spaces.list()).await.unwrap_or_default();
+    json(StatusCode::OK, &SpaceList { spaces: spaces.into_iter().map(|m| m.info).collect() })
+}
+
+#[utoipa::path(get, path = "/v1/spaces/{id}", params(("id" = String, Path)),
+    responses((status = 200, body = SpaceInfo), (status = 404, body = protocol::ErrorBody)))]
+pub async fn get(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &state.inner.spaces.get(&id)?.info))
+}
+
+#[utoipa::path(delete, path = "/v1/spaces/{id}", params(("id" = String, Path)),
+    responses((status = 204), (status = 404, body = protocol::ErrorBody)))]
+pub async fn delete(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || st.inner.spaces.delete(&id)).await.map_err(|e| io_err("delete task failed", e))??;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[utoipa::path(post, path = "/v1/spaces/{id}/resume", params(("id" = String, Path)), request_body = ResumeSpace,
+    responses((status = 200, body = SandboxInfo), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
+pub async fn resume(
+    State(state): State<AppState>,
+    UrlPath(id): UrlPath<String>,
+    body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ResumeSpace = crate::routes::optional_body(body)?;
+    let entry = state.resume_space(&id, req).await?;
+    Ok(json(StatusCode::OK, &entry.info()))
+}
