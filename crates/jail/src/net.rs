@@ -222,22 +222,23 @@ impl Drop for Pasta {
     }
 }
 
-/// Kill the pastas a crashed server left, from their pid files under
-/// `dir` (checking each pid still runs pasta).
+/// Kill the pastas a crashed server left: every pasta whose pid file lies
+/// under `dir` (read from its command line, so one killed before it wrote
+/// the file is found too).
 pub fn kill_stale(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for e in entries.flatten() {
-        let path = e.path();
-        if path.is_dir() {
-            kill_stale(&path);
-            continue;
-        }
-        if !path.to_string_lossy().ends_with(".pasta.pid") {
-            continue;
-        }
-        let Some(pid) = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<i32>().ok()) else { continue };
+    let Ok(procs) = std::fs::read_dir("/proc") else { return };
+    let dir = dir.as_os_str().as_encoded_bytes();
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        // Debian's /usr/bin/pasta execs `pasta.avx2` (comm `passt.avx2`).
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if comm.trim() == "pasta" || comm.trim() == "passt" {
+        if !(comm.starts_with("pasta") || comm.starts_with("passt")) {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let mut args = cmdline.split(|b| *b == 0);
+        let ours = args.any(|a| a == b"--pid") && args.next().is_some_and(|file| file.starts_with(dir) && file.get(dir.len()) == Some(&b'/'));
+        if ours {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
     }
