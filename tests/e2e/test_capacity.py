@@ -48,6 +48,7 @@ def test_live_sandbox_cap_applies_to_creates_and_forks(capped):
             r = http.post(f"/v1/sandboxes/{first}/fork", json={"n": 4})
             err = assert_json_error(r, 429)
             assert "limit of 4 live sandboxes" in err["error"], err
+            assert r.headers["retry-after"] == "1"
             assert footprint(capped, http) == before
             kids = http.post(f"/v1/sandboxes/{first}/fork", json={"n": 3}).json()["children"]
             assert len(kids) == 3

@@ -183,6 +183,15 @@ def test_kill_ends_the_whole_session(sandbox, http):
     assert http.post(pty_url(sandbox.id, h.id, "kill")).status_code == 204
 
 
+def test_a_kill_right_after_create_is_not_lost(sandbox):
+    # The command may not have become a session leader yet when the kill
+    # arrives; it must die all the same.
+    for i in range(15):
+        h = sandbox.pty.create(cmd="sleep 1000")
+        h.kill()
+        assert h.wait(timeout=15) == 137, i
+
+
 def test_timeout_ms_kills_the_session(sandbox, http):
     r = http.post(pty_url(sandbox.id), json={"shellCmd": "sleep 100", "timeout_ms": 500})
     ready = json.loads(r.text.splitlines()[0])

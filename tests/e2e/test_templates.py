@@ -28,6 +28,7 @@ def test_a_template_still_building_answers_503_with_progress(say):
             while time.monotonic() < deadline:
                 r = c.post("/v1/sandboxes", json={"template": "python-datasci"})
                 if r.status_code == 503:
+                    assert r.headers["retry-after"] == "5"
                     seen = r.json()
                     break
                 assert r.status_code != 200, "python-datasci cannot be ready yet"

@@ -137,7 +137,7 @@ async fn bad_create_requests_get_clear_errors() {
         (json!({"egress": "yes"}), StatusCode::BAD_REQUEST),
         (json!({"egress": {"allow": ["not a domain"]}}), StatusCode::BAD_REQUEST),
         (json!({"egress": {"allow": [], "deny": []}}), StatusCode::BAD_REQUEST),
-        (json!({"persistent": true}), StatusCode::NOT_IMPLEMENTED),
+        (json!({"persistent": "yes"}), StatusCode::BAD_REQUEST),
     ] {
         let (s, v) = call_json("POST", "/v1/sandboxes", body.clone()).await;
         assert_json_error(s, &v, expected);

@@ -84,6 +84,17 @@ impl IntoResponse for ApiError {
             ApiError::Unavailable { progress, .. } => *progress,
             _ => None,
         };
-        (self.status(), Json(ErrorBody { error: self.to_string(), progress })).into_response()
+        // When to try again: a cap frees up as sandboxes end; a template
+        // takes a while to build.
+        let retry_after = match self.status() {
+            StatusCode::TOO_MANY_REQUESTS => Some("1"),
+            StatusCode::SERVICE_UNAVAILABLE => Some("5"),
+            _ => None,
+        };
+        let mut response = (self.status(), Json(ErrorBody { error: self.to_string(), progress })).into_response();
+        if let Some(secs) = retry_after {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static(secs));
+        }
+        response
     }
 }

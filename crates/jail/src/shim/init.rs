@@ -349,6 +349,12 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
 /// Signal every process of the session `sid` leads (each command leads its
 /// own): its process group, and groups job control made inside it.
 fn signal_session(sid: i32, signal: i32) {
+    // The leader itself first: just forked, it may not have called setsid
+    // yet, and then neither its group nor its session exists (a kill right
+    // after a PTY's create was lost that way). It is our unreaped child, so
+    // the pid cannot have been reused.
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(sid, signal) };
     // SAFETY: plain kill(2) on a negative pid (the process group).
     unsafe { libc::kill(-sid, signal) };
     let Ok(dir) = fs::read_dir("/proc") else { return };
