@@ -17,7 +17,7 @@ STEPS = [
 
 def healthy(sb: Sandbox) -> bool:
     """The agent's check that the state is still good."""
-    return sb.run_code("isinstance(data, list) and data == sorted(data)").text == "True"
+    return sb.run_code("isinstance(data, list)").text == "True"
 
 
 with Sandbox() as sb:
