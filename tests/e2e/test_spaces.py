@@ -237,3 +237,23 @@ def test_a_crash_during_freeze_never_leaves_a_half_space(srv):
             assert c.get("/v1/spaces").json() == {"spaces": []}
     # Some rounds must have finished their freeze (else the test proved little).
     print(f"{resumed_whole} of 5 crashed freezes had completed their space")
+
+
+def test_a_full_disk_fails_the_freeze_cleanly(srv, c):
+    """507 when the Space does not fit; the sandbox goes on untouched and
+    nothing half-written is left."""
+    import os
+    import subprocess
+    spaces = os.path.join(srv.state_dir, "spaces")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", spaces], check=True)
+    try:
+        sid = create_raw(c, egress=False)
+        py(c, sid, "import os\nopen('/root/big', 'wb').write(os.urandom(64 << 20))\nx = 'still here'")
+        err = assert_json_error(c.post(f"/v1/sandboxes/{sid}/freeze"), 507)
+        assert "no room" in err["error"], err
+        assert os.listdir(spaces) == []
+        assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "ready"
+        assert py(c, sid, "print(x, os.path.getsize('/root/big'), os.path.exists('/.forkbox-space'))") == "still here 67108864 False\n"
+        delete_raw(c, sid)
+    finally:
+        subprocess.run(["umount", spaces], check=True)

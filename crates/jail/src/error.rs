@@ -31,4 +31,23 @@ impl Error {
     pub fn sys(what: &'static str, source: nix::Error) -> Error {
         Error::Sys { what, source }
     }
+
+    /// The errno behind this error, if it came from the kernel.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error(),
+            Error::Sys { source, .. } => Some(*source as i32),
+            _ => None,
+        }
+    }
+}
+
+/// Keep the errno when an engine error travels as an `io::Error`.
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> std::io::Error {
+        match e.errno() {
+            Some(code) => std::io::Error::from_raw_os_error(code),
+            None => std::io::Error::other(e),
+        }
+    }
 }

@@ -329,7 +329,7 @@ impl AppState {
             let mut meta = meta;
             std::fs::create_dir_all(&dir)?;
             std::fs::create_dir(&partial)?;
-            let copied = engine.export_upper(&partial.join("upper")).map_err(std::io::Error::other);
+            let copied = engine.export_upper(&partial.join("upper")).map_err(std::io::Error::from);
             let done = copied.and_then(|c| {
                 meta.info.bytes = c.bytes;
                 commit(&partial, &home, &meta)
