@@ -97,7 +97,7 @@ def test_rate_limited_beyond_eight_watches(sb):
             assert next(s)["type"] == "ready"
         with pytest.raises(forkbox.RateLimited) as info:
             next(sb.watch("/root"))
-        assert info.value.status == 429 and info.value.retry_after is None
+        assert info.value.status == 429 and info.value.retry_after == 1.0  # the server's Retry-After
     finally:
         for s in streams:
             s.close()
