@@ -81,7 +81,9 @@ impl AppState {
         }
         let parent = self.get(id).await?;
         let _reserved = CreateSlot::take_n(self, n)?;
+        let started = std::time::Instant::now();
         let children = self.fork_entries(&parent, n).await?;
+        self.inner.metrics.fork_seconds.observe(started.elapsed().as_secs_f64());
         let ids: Vec<String> = children.iter().map(|c| c.id.clone()).collect();
         {
             let mut all = self.inner.sandboxes.write().await;

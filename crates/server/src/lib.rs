@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod files;
 pub mod fork;
+pub mod metrics;
 pub mod openapi;
 pub mod pause;
 pub mod pool;
@@ -39,6 +40,7 @@ pub use templates::Templates;
 pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/healthz", get(routes::healthz))
+        .route("/metrics", get(metrics::scrape))
         .route("/v1/openapi.json", get(openapi::openapi_json))
         .route("/v1/templates", get(routes::templates))
         .route("/v1/pool", get(routes::pool))
@@ -73,6 +75,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/ports/{port}", any(ports::proxy))
         .route("/v1/sandboxes/{id}/ports/{port}/", any(ports::proxy))
         .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), routes::auth))

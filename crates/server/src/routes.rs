@@ -145,6 +145,7 @@ pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(re
     let is_python = language == "python";
     entry.busy.fetch_add(1, Ordering::SeqCst);
     entry.touch();
+    let started = std::time::Instant::now();
     // The exec runs in its own task: a client that disconnects does not
     // cancel it halfway (the REPL stays consistent); it just stops listening.
     tokio::spawn(async move {
@@ -172,6 +173,7 @@ pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(re
         entry.execs.fetch_add(1, Ordering::Relaxed);
         entry.touch();
         entry.busy.fetch_sub(1, Ordering::SeqCst);
+        state.inner.metrics.observe_exec(if is_python { "python" } else { "bash" }, started);
     });
     Ok(ndjson_stream(rx))
 }

@@ -39,6 +39,8 @@ pub struct Inner {
     pub pool: crate::pool::Pool,
     /// Sandboxes frozen to disk (src/spaces.rs).
     pub spaces: crate::spaces::SpaceStore,
+    /// `GET /metrics` (src/metrics.rs).
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Sandbox ids: `sb-` and 20 lowercase base-32 characters (also the hostname).
@@ -66,6 +68,7 @@ impl AppState {
                 merged: Default::default(),
                 pool: Default::default(),
                 spaces: crate::spaces::SpaceStore::new(&config.state_dir),
+                metrics: Default::default(),
                 config,
             }),
         }
@@ -84,6 +87,7 @@ impl AppState {
             merged: Default::default(),
             pool: Default::default(),
             spaces: crate::spaces::SpaceStore::new(&config.state_dir),
+            metrics: Default::default(),
             config,
         }) }
     }
@@ -177,6 +181,7 @@ impl AppState {
         let rootfs = self.inner.templates.rootfs(&settings.template)?;
         let _slot = CreateSlot::take(self)?;
         let started = std::time::Instant::now();
+        let from_space = initial_upper.is_some();
         let pooled = match initial_upper {
             None => self.create_from_pool(&settings).await,
             Some(_) => Ok(None),
@@ -187,6 +192,7 @@ impl AppState {
                 self.inner.live.fetch_add(1, Ordering::SeqCst);
                 tracing::info!(sandbox = %entry.id, template = %entry.settings.template, pool = true,
                     total_ms = started.elapsed().as_millis() as u64, "created");
+                self.inner.metrics.observe_create("pool", started);
                 crate::egress::apply_soon(&entry, entry.settings.egress.clone()).await;
                 return Ok(entry);
             }
@@ -215,6 +221,7 @@ impl AppState {
         self.inner.live.fetch_add(1, Ordering::SeqCst);
         tracing::info!(sandbox = %entry.id, template = %entry.settings.template, jail_ms = jailed.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64, "created");
+        self.inner.metrics.observe_create(if from_space { "space" } else { "cold" }, started);
         crate::egress::apply_soon(&entry, entry.settings.egress.clone()).await;
         Ok(entry)
     }
@@ -243,6 +250,7 @@ impl AppState {
 
     pub(crate) async fn teardown(&self, entry: &SandboxEntry) {
         entry.destroyed.store(true, Ordering::Relaxed);
+        self.inner.metrics.forget(entry);
         crate::egress::teardown(entry).await;
         if let Err(e) = self.inner.jail.destroy(&entry.engine).await {
             tracing::error!(sandbox = %entry.id, err = %e, "destroy failed");

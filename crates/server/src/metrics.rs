@@ -1,0 +1,190 @@
+//! Prometheus metrics at `GET /metrics` (docs/operations.md#metrics), in
+//! the OpenMetrics text format, behind the API's auth like every route.
+//!
+//! Request counts and latencies are recorded by a route layer (labelled
+//! with the route's template, never the raw path, so ids do not explode
+//! the series). State that lives elsewhere (sandboxes by state, Spaces,
+//! checkpoints, memory) is read at scrape time rather than mirrored.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::state::AppState;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub method: String,
+    pub route: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteOnly {
+    pub method: String,
+    pub route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Kind {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: String,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// 1 ms .. ~65 s, doubling.
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RouteLabels, Counter>,
+    request_seconds: Histograms<RouteOnly>,
+    /// Whole execs, first byte in to `exit` out, by language.
+    pub exec_seconds: Histograms<Kind>,
+    /// Creates by how they were made (`pool` or `cold`).
+    pub create_seconds: Histograms<Kind>,
+    pub fork_seconds: Histogram,
+    sandboxes: Family<StateLabel, Gauge>,
+    spaces: Gauge,
+    checkpoints: Gauge,
+    memory_bytes: Gauge,
+    repl_restarts: Counter,
+    oom_kills: Counter,
+    /// REPL restarts and OOM kills of sandboxes already destroyed (the
+    /// live ones' are added at scrape time).
+    pub gone_repl_restarts: AtomicU64,
+    pub gone_oom_kills: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("forkbox");
+        let requests = Family::<RouteLabels, Counter>::default();
+        let request_seconds: Histograms<RouteOnly> = Family::new_with_constructor(latency);
+        let exec_seconds: Histograms<Kind> = Family::new_with_constructor(latency);
+        let create_seconds: Histograms<Kind> = Family::new_with_constructor(latency);
+        let fork_seconds = latency();
+        let sandboxes = Family::<StateLabel, Gauge>::default();
+        let (spaces, checkpoints, memory_bytes) = (Gauge::default(), Gauge::default(), Gauge::default());
+        let (repl_restarts, oom_kills) = (Counter::default(), Counter::default());
+        registry.register("http_requests", "HTTP requests by route template and status", requests.clone());
+        registry.register("http_request_seconds", "Time to the response's headers, by route template", request_seconds.clone());
+        registry.register("exec_seconds", "Whole execs, by language", exec_seconds.clone());
+        registry.register("create_seconds", "Sandbox creates, by how they were made (pool, cold, space)", create_seconds.clone());
+        registry.register("fork_seconds", "Forks (all children)", fork_seconds.clone());
+        registry.register("sandboxes", "Live sandboxes by state", sandboxes.clone());
+        registry.register("spaces", "Spaces on disk", spaces.clone());
+        registry.register("checkpoints", "Checkpoints held", checkpoints.clone());
+        registry.register("memory_bytes", "Memory the live sandboxes' cgroups use", memory_bytes.clone());
+        registry.register("repl_restarts", "REPLs replaced after dying (state lost)", repl_restarts.clone());
+        registry.register("oom_kills", "Processes killed by a sandbox's memory limit", oom_kills.clone());
+        Metrics {
+            registry,
+            requests,
+            request_seconds,
+            exec_seconds,
+            create_seconds,
+            fork_seconds,
+            sandboxes,
+            spaces,
+            checkpoints,
+            memory_bytes,
+            repl_restarts,
+            oom_kills,
+            gone_repl_restarts: AtomicU64::new(0),
+            gone_oom_kills: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn observe_exec(&self, language: &str, started: Instant) {
+        self.exec_seconds.get_or_create(&Kind { kind: language.to_string() }).observe(started.elapsed().as_secs_f64());
+    }
+
+    pub fn observe_create(&self, how: &str, started: Instant) {
+        self.create_seconds.get_or_create(&Kind { kind: how.to_string() }).observe(started.elapsed().as_secs_f64());
+    }
+
+    /// A sandbox is going away: keep its counts in the totals.
+    pub fn forget(&self, entry: &crate::sandbox::SandboxEntry) {
+        self.gone_repl_restarts.fetch_add(entry.repl_restarts.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.gone_oom_kills.fetch_add(entry.engine.cgroup().oom_kills(), Ordering::Relaxed);
+    }
+}
+
+/// Count and time every routed request.
+pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().to_string();
+    let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string()).unwrap_or_else(|| "unmatched".into());
+    let response = next.run(req).await;
+    let m = &state.inner.metrics;
+    m.request_seconds.get_or_create(&RouteOnly { method: method.clone(), route: route.clone() }).observe(started.elapsed().as_secs_f64());
+    m.requests.get_or_create(&RouteLabels { method, route, status: response.status().as_u16() }).inc();
+    response
+}
+
+/// `GET /metrics`.
+pub async fn scrape(State(state): State<AppState>) -> Response {
+    let m = &state.inner.metrics;
+    let (mut by_state, mut checkpoints, mut restarts, mut ooms) = (std::collections::HashMap::<&str, i64>::new(), 0i64, 0u64, 0u64);
+    for s in ["ready", "running", "paused"] {
+        by_state.insert(s, 0);
+    }
+    {
+        let all = state.inner.sandboxes.read().await;
+        for e in all.values() {
+            let info_state = if e.engine.is_paused() {
+                "paused"
+            } else if e.busy.load(Ordering::Relaxed) > 0 {
+                "running"
+            } else {
+                "ready"
+            };
+            *by_state.entry(info_state).or_default() += 1;
+            checkpoints += e.checkpoints.lock().map(|c| c.len() as i64).unwrap_or(0);
+            restarts += e.repl_restarts.load(Ordering::Relaxed);
+            ooms += e.engine.cgroup().oom_kills();
+        }
+    }
+    for (s, n) in by_state {
+        m.sandboxes.get_or_create(&StateLabel { state: s.to_string() }).set(n);
+    }
+    m.checkpoints.set(checkpoints);
+    m.memory_bytes.set((state.memory_in_use_mib() << 20) as i64);
+    let st = state.clone();
+    let spaces = tokio::task::spawn_blocking(move || st.inner.spaces.list().len()).await.unwrap_or(0);
+    m.spaces.set(spaces as i64);
+    // Counters only go up: raise them to the current totals.
+    let raise = |c: &Counter, total: u64| {
+        let now = c.get();
+        if total > now {
+            c.inc_by(total - now);
+        }
+    };
+    raise(&m.repl_restarts, restarts + m.gone_repl_restarts.load(Ordering::Relaxed));
+    raise(&m.oom_kills, ooms + m.gone_oom_kills.load(Ordering::Relaxed));
+    let mut body = String::new();
+    if prometheus_client::encoding::text::encode(&mut body, &m.registry).is_err() {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
+}
