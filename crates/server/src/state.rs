@@ -288,7 +288,7 @@ impl AppState {
         loop {
             tick.tick().await;
             let now = now_ms();
-            let expired: Vec<(String, bool)> = self
+            let expired: Vec<(Arc<SandboxEntry>, bool)> = self
                 .inner
                 .sandboxes
                 .read()
@@ -301,18 +301,25 @@ impl AppState {
                     // A persistent sandbox freezes at its idle timeout; its
                     // lifetime's end destroys it like any other.
                     if now >= e.expires_at() {
-                        Some((e.id.clone(), false))
+                        Some((Arc::clone(e), false))
                     } else {
-                        idle_out.then(|| (e.id.clone(), e.settings.persistent))
+                        idle_out.then(|| (Arc::clone(e), e.settings.persistent))
                     }
                 })
                 .collect();
-            for (id, persistent) in expired {
+            for (entry, persistent) in expired {
                 if persistent {
-                    self.freeze_idle(&id).await;
+                    // A big freeze takes a while: the timers go on meanwhile,
+                    // and the sandbox counts as busy so it is not picked again.
+                    entry.busy.fetch_add(1, Ordering::SeqCst);
+                    let state = self.clone();
+                    tokio::spawn(async move {
+                        state.freeze_idle(&entry.id).await;
+                        entry.busy.fetch_sub(1, Ordering::SeqCst);
+                    });
                 } else {
-                    tracing::info!(sandbox = %id, "timed out");
-                    let _ = self.destroy(&id).await;
+                    tracing::info!(sandbox = %entry.id, "timed out");
+                    let _ = self.destroy(&entry.id).await;
                 }
             }
             if let Some(after) = self.inner.config.idle_pause {
