@@ -12,6 +12,10 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "forkbox", version, about = "Self-hosted sandboxes for AI agents, with a persistent Python REPL you can fork")]
 struct Cli {
+    /// Log format on stderr: `text`, or `json` (one object per line, with
+    /// each request's id and trace id; docs/operations.md#logs).
+    #[arg(long, global = true, env = "FORKBOX_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -195,10 +199,14 @@ fn main() {
         // Single-threaded on purpose: the shim forks.
         jail::shim::main(config);
     }
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if cli.log_format == "json" {
+        logs.json().with_current_span(true).with_span_list(false).init();
+    } else {
+        logs.init();
+    }
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -24,6 +24,7 @@ pub mod sandbox;
 pub mod spaces;
 pub mod state;
 pub mod templates;
+pub mod trace;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -76,6 +77,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/ports/{port}/", any(ports::proxy))
         .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+        .route_layer(axum::middleware::from_fn(trace::layer))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), routes::auth))

@@ -148,7 +148,9 @@ pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(re
     let started = std::time::Instant::now();
     // The exec runs in its own task: a client that disconnects does not
     // cancel it halfway (the REPL stays consistent); it just stops listening.
-    tokio::spawn(async move {
+    // It logs under the request's span.
+    let span = tracing::Span::current();
+    tokio::spawn(tracing::Instrument::instrument(async move {
         // A sandbox's network may still be coming up (src/egress.rs).
         let network_failed = entry.network.lock().await.failed.take();
         let mut slot = entry.slot.lock().await;
@@ -174,7 +176,7 @@ pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(re
         entry.touch();
         entry.busy.fetch_sub(1, Ordering::SeqCst);
         state.inner.metrics.observe_exec(if is_python { "python" } else { "bash" }, started);
-    });
+    }, span));
     Ok(ndjson_stream(rx))
 }
 
