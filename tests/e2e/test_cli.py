@@ -42,6 +42,29 @@ def test_run_ls_and_rm_on_an_existing_sandbox(server, http):
     assert again.returncode == 1 and "404" in again.stderr, again
 
 
+def test_top_shows_cpu_and_memory_busiest_first(server, http):
+    hog = http.post("/v1/sandboxes", json={"egress": False}).json()["id"]
+    quiet = http.post("/v1/sandboxes", json={"egress": False, "ram_mib": 256}).json()["id"]
+    try:
+        # A spinning process and 64 MiB written in the hog.
+        r = cli(server, "run", "-s", hog, "-l", "bash",
+                "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 & head -c 64M /dev/zero > /dev/shm/blob")
+        assert r.returncode == 0, r
+        info = http.get(f"/v1/sandboxes/{hog}").json()
+        assert info["memory_bytes"] >= 64 << 20 and info["cpu_seconds"] >= 0, info
+        top = cli(server, "top", "--once", "--interval", "1")
+        assert top.returncode == 0, top
+        rows = {line.split()[0]: line.split() for line in top.stdout.splitlines()[2:]}
+        assert list(rows)[0] == hog, top.stdout           # busiest first
+        assert float(rows[hog][3]) > 30, top.stdout        # CPU%: one spinning core
+        assert float(rows[quiet][3]) < 10, top.stdout
+        assert int(rows[hog][4].split("/")[0]) >= 64 and rows[quiet][4].endswith("/256"), top.stdout
+        assert cli(server, "top", "--once", "--interval", "0").returncode != 0
+    finally:
+        http.delete(f"/v1/sandboxes/{hog}")
+        http.delete(f"/v1/sandboxes/{quiet}")
+
+
 def test_errors_and_help(server):
     r = cli(server, "run", "-t", "no-such-template", "1")
     assert r.returncode == 1 and "unknown template" in r.stderr, r

@@ -118,6 +118,47 @@ pub async fn ls(args: ClientArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// `forkbox top`: live sandboxes with their CPU (from two readings
+/// `interval` apart) and memory, busiest first; redrawn until ^C, or
+/// printed once with `once`.
+pub async fn top(args: ClientArgs, interval: std::time::Duration, once: bool) -> anyhow::Result<i32> {
+    let api = Api::new(&args);
+    let list = || async {
+        let r = Api::check(api.req(reqwest::Method::GET, "/v1/sandboxes").send().await?).await?;
+        anyhow::Ok((std::time::Instant::now(), r.json::<SandboxList>().await?.sandboxes))
+    };
+    let mut before = list().await?;
+    loop {
+        tokio::time::sleep(interval).await;
+        let now = list().await?;
+        let secs = now.0.duration_since(before.0).as_secs_f64().max(1e-3);
+        let earlier: std::collections::HashMap<&str, f64> = before.1.iter().map(|s| (s.id.as_str(), s.cpu_seconds)).collect();
+        let mut rows: Vec<(f64, &protocol::SandboxInfo)> = now
+            .1
+            .iter()
+            .map(|s| {
+                let used = s.cpu_seconds - earlier.get(s.id.as_str()).copied().unwrap_or(s.cpu_seconds);
+                (100.0 * used.max(0.0) / secs, s)
+            })
+            .collect();
+        rows.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.memory_bytes.cmp(&a.1.memory_bytes)));
+        if !once {
+            print!("\x1b[H\x1b[2J");
+        }
+        let mem: u64 = rows.iter().map(|(_, s)| s.memory_bytes).sum();
+        println!("{} sandboxes, {:.0} MiB in use", rows.len(), mem as f64 / 1048576.0);
+        println!("{:<26} {:<8} {:<16} {:>6} {:>14} {:>6}", "ID", "STATE", "TEMPLATE", "CPU%", "MEM_MIB/LIMIT", "EXECS");
+        for (cpu, s) in &rows {
+            let mem = format!("{:.0}/{}", s.memory_bytes as f64 / 1048576.0, s.ram_mib);
+            println!("{:<26} {:<8} {:<16} {:>6.1} {:>14} {:>6}", s.id, s.state, s.template, cpu, mem, s.execs);
+        }
+        if once {
+            return Ok(0);
+        }
+        before = now;
+    }
+}
+
 pub async fn rm(args: ClientArgs, ids: Vec<String>) -> anyhow::Result<i32> {
     let api = Api::new(&args);
     let mut code = 0;

@@ -33,6 +33,17 @@ enum Command {
     Run(RunArgs),
     /// List live sandboxes.
     Ls(ClientArgs),
+    /// Live sandboxes with their CPU and memory, busiest first, redrawn.
+    Top {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Seconds between readings.
+        #[arg(long, default_value_t = 2.0)]
+        interval: f64,
+        /// Print one table (after one interval) and exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Destroy sandboxes.
     Rm {
         #[command(flatten)]
@@ -247,6 +258,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Run(args) => tokio::runtime::Runtime::new()?.block_on(client::run(args)),
         Command::Ls(args) => tokio::runtime::Runtime::new()?.block_on(client::ls(args)),
+        Command::Top { client, interval, once } => {
+            let interval = Duration::try_from_secs_f64(interval).ok().filter(|d| !d.is_zero()).context("--interval must be a positive number of seconds")?;
+            tokio::runtime::Runtime::new()?.block_on(client::top(client, interval, once))
+        }
         Command::Rm { client, ids } => tokio::runtime::Runtime::new()?.block_on(client::rm(client, ids)),
         Command::Mcp(args) => {
             let config = mcp::Config { url: args.client.url, api_key: args.client.api_key, template: args.template };

@@ -233,6 +233,25 @@ impl Cgroup {
         fs::read_to_string(file).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
     }
 
+    /// CPU time its processes have used, in nanoseconds. v2 counts every
+    /// process that ever ran in it; v1 (whose cpu hierarchy has no usage
+    /// counter without cpuacct) sums the live processes' user and system
+    /// time, which is what a `top` needs.
+    pub fn cpu_usage_ns(&self) -> u64 {
+        match self.version {
+            Version::V2 => fs::read_to_string(self.dirs[0].join("cpu.stat"))
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| l.strip_prefix("usage_usec ").and_then(|v| v.trim().parse::<u64>().ok()))
+                .map_or(0, |us| us * 1000),
+            Version::V1 => {
+                let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100).max(1) as u64;
+                let ticks: u64 = self.pids().iter().filter_map(|pid| proc_cpu_ticks(*pid)).sum();
+                ticks * (1_000_000_000 / tick)
+            }
+        }
+    }
+
     /// Stop every process of the cgroup and wait until they all are.
     pub fn freeze(&self) -> Result<()> {
         self.set_frozen(true)
@@ -330,4 +349,12 @@ impl Cgroup {
 
 fn write(path: &Path, value: &str) -> Result<()> {
     fs::write(path, value).map_err(|e| Error::Io { what: "write cgroup file", source: std::io::Error::new(e.kind(), format!("{}: {e}", path.display())) })
+}
+
+/// utime + stime of a process (all its threads), in clock ticks.
+fn proc_cpu_ticks(pid: i32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
 }

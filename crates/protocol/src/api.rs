@@ -73,6 +73,13 @@ pub struct SandboxInfo {
     pub execs: u64,
     /// How many times the REPL was replaced after dying (state was lost each time).
     pub repl_restarts: u64,
+    /// Memory its processes use now, in bytes (its cgroup's usage).
+    #[serde(default)]
+    pub memory_bytes: u64,
+    /// CPU time its processes have used, in seconds (`forkbox top` turns
+    /// two readings into a percentage).
+    #[serde(default)]
+    pub cpu_seconds: f64,
 }
 
 /// `GET /v1/sandboxes`.

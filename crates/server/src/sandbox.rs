@@ -144,6 +144,8 @@ impl SandboxEntry {
             idle_timeout_seconds: self.settings.idle_timeout.as_secs(),
             execs: self.execs.load(Ordering::Relaxed),
             repl_restarts: self.repl_restarts.load(Ordering::Relaxed),
+            memory_bytes: self.engine.cgroup().memory_usage(),
+            cpu_seconds: self.engine.cgroup().cpu_usage_ns() as f64 / 1e9,
         }
     }
 
