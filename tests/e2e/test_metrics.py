@@ -45,7 +45,11 @@ def test_counts_latencies_and_live_state(http):
         http.post(f"/v1/sandboxes/{sid}/checkpoints")
         http.post(f"/v1/sandboxes/{child}/pause")
         http.get("/v1/sandboxes/sb-nosuchsandbox")
+        assert http.put(f"/v1/sandboxes/{sid}/files", params={"path": "/root/m.bin"}, content=b"x" * 5000).status_code == 200
+        assert len(http.get(f"/v1/sandboxes/{sid}/files", params={"path": "/root/m.bin"}, headers={"range": "bytes=0-999"}).content) == 1000
         after = scrape(http)
+        for direction, n in (("in", 5000), ("out", 1000)):
+            assert get(after, "forkbox_file_bytes_total", direction=direction) - get(before, "forkbox_file_bytes_total", direction=direction) == n
         # Route templates, not raw paths, label the requests.
         route = "/v1/sandboxes/{id}/exec"
         assert get(after, "forkbox_http_requests_total", method="POST", route=route, status=200) \

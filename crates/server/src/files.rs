@@ -115,7 +115,8 @@ pub async fn get(State(state): State<AppState>, Path(id): Path<String>, q: FileQ
         return Ok(json(&info));
     }
     let (file, info) = with_fs(&entry, move |fs| fs.open_read(&path)).await?;
-    download(file, info.size, headers.get(header::RANGE).and_then(|v| v.to_str().ok())).await
+    let sent = state.inner.metrics.file_bytes("out");
+    download(file, info.size, headers.get(header::RANGE).and_then(|v| v.to_str().ok()), sent).await
 }
 
 /// Which bytes a `Range` header asks for.
@@ -162,7 +163,8 @@ pub fn parse_range(header: Option<&str>, size: u64) -> ByteRange {
     ByteRange::Part(start, end.min(size - 1))
 }
 
-async fn download(mut file: std::fs::File, size: u64, range: Option<&str>) -> Result<Response, ApiError> {
+/// `sent` counts the bytes as they go out (metrics).
+async fn download(mut file: std::fs::File, size: u64, range: Option<&str>, sent: prometheus_client::metrics::counter::Counter) -> Result<Response, ApiError> {
     let (status, start, len) = match parse_range(range, size) {
         ByteRange::Whole => (StatusCode::OK, 0, size),
         ByteRange::Part(s, e) => (StatusCode::PARTIAL_CONTENT, s, e - s + 1),
@@ -178,7 +180,12 @@ async fn download(mut file: std::fs::File, size: u64, range: Option<&str>) -> Re
         file.seek(SeekFrom::Start(start)).map_err(|e| ApiError::engine("seek", e))?;
     }
     let reader = tokio::fs::File::from_std(file).take(len);
-    let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(reader, DOWNLOAD_CHUNK));
+    let chunks = tokio_util::io::ReaderStream::with_capacity(reader, DOWNLOAD_CHUNK).inspect(move |chunk| {
+        if let Ok(c) = chunk {
+            sent.inc_by(c.len() as u64);
+        }
+    });
+    let body = Body::from_stream(chunks);
     let mut builder = Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/octet-stream")
@@ -263,6 +270,7 @@ pub async fn put(State(state): State<AppState>, Path(id): Path<String>, q: FileQ
     }
     tokio::task::spawn_blocking(move || pending.commit()).await.map_err(|e| ApiError::engine("commit upload", e))??;
     entry.touch();
+    state.inner.metrics.file_bytes("in").inc_by(bytes);
     Ok(json(&Written { path: shown, bytes }))
 }
 

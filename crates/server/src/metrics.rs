@@ -41,6 +41,11 @@ pub struct Kind {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Direction {
+    pub direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
     pub state: String,
 }
@@ -67,6 +72,9 @@ pub struct Metrics {
     memory_bytes: Gauge,
     repl_restarts: Counter,
     oom_kills: Counter,
+    /// Bytes through the files API, by `direction` (`in`: uploads,
+    /// `out`: downloads, counted as they are sent).
+    pub file_bytes: Family<Direction, Counter>,
     /// REPL restarts and OOM kills of sandboxes already destroyed (the
     /// live ones' are added at scrape time).
     pub gone_repl_restarts: AtomicU64,
@@ -84,6 +92,7 @@ impl Default for Metrics {
         let sandboxes = Family::<StateLabel, Gauge>::default();
         let (spaces, checkpoints, memory_bytes) = (Gauge::default(), Gauge::default(), Gauge::default());
         let (repl_restarts, oom_kills) = (Counter::default(), Counter::default());
+        let file_bytes = Family::<Direction, Counter>::default();
         registry.register("http_requests", "HTTP requests by route template and status", requests.clone());
         registry.register("http_request_seconds", "Time to the response's headers, by route template", request_seconds.clone());
         registry.register("exec_seconds", "Whole execs, by language", exec_seconds.clone());
@@ -95,6 +104,7 @@ impl Default for Metrics {
         registry.register("memory_bytes", "Memory the live sandboxes' cgroups use", memory_bytes.clone());
         registry.register("repl_restarts", "REPLs replaced after dying (state lost)", repl_restarts.clone());
         registry.register("oom_kills", "Processes killed by a sandbox's memory limit", oom_kills.clone());
+        registry.register("file_bytes", "Bytes through the files API, by direction (in: uploads, out: downloads)", file_bytes.clone());
         Metrics {
             registry,
             requests,
@@ -108,6 +118,7 @@ impl Default for Metrics {
             memory_bytes,
             repl_restarts,
             oom_kills,
+            file_bytes,
             gone_repl_restarts: AtomicU64::new(0),
             gone_oom_kills: AtomicU64::new(0),
         }
@@ -121,6 +132,11 @@ impl Metrics {
 
     pub fn observe_create(&self, how: &str, started: Instant) {
         self.create_seconds.get_or_create(&Kind { kind: how.to_string() }).observe(started.elapsed().as_secs_f64());
+    }
+
+    /// The counter of files-API bytes going `direction` (`in` or `out`).
+    pub fn file_bytes(&self, direction: &str) -> Counter {
+        self.file_bytes.get_or_create(&Direction { direction: direction.to_string() }).clone()
     }
 
     /// A sandbox is going away: keep its counts in the totals.
