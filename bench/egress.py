@@ -10,7 +10,6 @@ Results go to docs/benchmarks.md between the `bench:egress` markers.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -24,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from run import DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Server, log, run_header, write_section  # noqa: E402
+from run import Forkbox, Server, bench_args, log, run_header, write_section  # noqa: E402
 
 SECTION = "egress"
 DEFAULT_STATE_DIR = "/var/lib/forkbox-bench-egress"
@@ -68,13 +67,9 @@ class TestNet:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bin", default=DEFAULT_BIN)
-    ap.add_argument("--templates-dir", default=DEFAULT_TEMPLATES_DIR)
-    ap.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    ap = bench_args(__doc__, DEFAULT_STATE_DIR)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--mib", type=int, default=100)
-    ap.add_argument("--docs", default=DOCS)
     args = ap.parse_args()
     net = TestNet(args.mib)
     url = f"http://{net.ip}:8080/payload.bin"

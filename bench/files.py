@@ -10,7 +10,6 @@ Results go to docs/benchmarks.md between the `bench:files` markers.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import shutil
@@ -21,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from run import DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, Server, check, log, run_header, write_section  # noqa: E402
+from run import Forkbox, Server, bench_args, check, log, run_header, write_section  # noqa: E402
 
 SECTION = "files"
 DEFAULT_STATE_DIR = "/var/lib/forkbox-bench-files"
@@ -34,13 +33,9 @@ def timed(cmd: list[str]) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bin", default=DEFAULT_BIN)
-    ap.add_argument("--templates-dir", default=DEFAULT_TEMPLATES_DIR)
-    ap.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    ap = bench_args(__doc__, DEFAULT_STATE_DIR)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--mib", type=int, default=1024)
-    ap.add_argument("--docs", default=DOCS)
     args = ap.parse_args()
     if not shutil.which("curl"):
         raise SystemExit("bench/files.py needs curl (apt-get install curl)")

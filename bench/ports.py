@@ -16,7 +16,6 @@ between the `bench:ports` markers.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import shutil
@@ -27,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from run import (DEFAULT_BIN, DEFAULT_TEMPLATES_DIR, DOCS, Forkbox, NoDelayConnection, Series, Server,  # noqa: E402
+from run import (Forkbox, NoDelayConnection, Series, Server, bench_args,  # noqa: E402
                  fmt_ms, free_port, log, run_header, write_section)
 
 SECTION = "ports"
@@ -93,16 +92,12 @@ def download(url: str, size: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bin", default=DEFAULT_BIN)
-    ap.add_argument("--templates-dir", default=DEFAULT_TEMPLATES_DIR)
-    ap.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
+    ap = bench_args(__doc__, DEFAULT_STATE_DIR)
     ap.add_argument("--requests", type=int, default=500)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mib", type=int, default=100)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--docs", default=DOCS)
     args = ap.parse_args()
     if not shutil.which("curl"):
         raise SystemExit("bench/ports.py needs curl (apt-get install curl)")

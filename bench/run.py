@@ -657,6 +657,18 @@ of this file is left alone.
 """
 
 
+def bench_args(doc: str, state_dir: str) -> "argparse.ArgumentParser":
+    """The options every bench script takes (server binary, templates, its
+    own state dir, the results file); scripts add their own."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--bin", default=DEFAULT_BIN)
+    ap.add_argument("--templates-dir", default=DEFAULT_TEMPLATES_DIR)
+    ap.add_argument("--state-dir", default=state_dir)
+    ap.add_argument("--docs", default=DOCS)
+    return ap
+
+
 def run_header() -> str:
     """`DATE UTC, CPU, N cores`: how a results section says when and where it ran."""
     m = machine()

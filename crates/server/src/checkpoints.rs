@@ -146,7 +146,10 @@ impl AppState {
         slot.session = None;
         drop(slot);
         let egress = entry.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        self.teardown(&entry).await;
+        // The replaced state is freed after the answer: nothing can reach
+        // it any more, and the caller wants the restored sandbox now.
+        let state = self.clone();
+        tokio::spawn(async move { state.teardown(&entry).await });
         crate::egress::apply_soon(&restored, egress).await;
         tracing::info!(sandbox = %id, checkpoint, "restored");
         Ok(restored)

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""state benchmark: checkpoint and restore, freeze and resume of a sandbox,
+each beside the nearest thing without forkbox, in the same run.
+
+    python3 bench/state.py [--bin target/release/forkbox] [--reps 10] [--mib 100]
+
+The sandbox holds a --mib MiB file and a list of a million ints in its REPL.
+
+- checkpoint (`POST .../checkpoints`) and restore (`POST .../restore`),
+  HTTP round trips, beside a bare `os.fork()` of a host python3 holding the
+  same list (until the child has written a byte to a pipe);
+- freeze (`POST .../freeze`) and resume (`POST /v1/spaces/{id}/resume`
+  until the sandbox answers an exec with the state back), beside what a
+  freeze has to do at least: `cp` of the same file plus `pickle.dump` of
+  the same list, synced (and `cp` + `pickle.load` back for resume).
+
+Outputs are checked (a wrong answer aborts the run), timings never are.
+Results go to docs/benchmarks.md between the `bench:state` markers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from run import Forkbox, Server, bench_args, log, run_header, write_section  # noqa: E402
+
+SECTION = "state"
+DEFAULT_STATE_DIR = "/var/lib/forkbox-bench-state"
+SETUP = ("import os\nnums = list(range(1_000_000))\n"
+         "with open('/root/data.bin', 'wb') as f:\n    f.write(os.urandom({mib} << 20))\nprint(sum(nums))")
+CHECK = "import os\nprint(sum(nums), os.path.getsize('/root/data.bin'))"
+
+
+def expect_out(got: tuple[str, int], want: str, what: str) -> None:
+    out, code = got
+    if code != 0 or out.strip() != want:
+        raise SystemExit(f"{what}: expected {want!r} and exit 0, got {out!r} exit {code}")
+
+
+def post(fb: Forkbox, path: str, body: dict | None = None) -> dict:
+    st, b = fb.request("POST", path, body if body is not None else {})
+    if st != 200:
+        raise SystemExit(f"POST {path}: HTTP {st}: {b[:300]!r}")
+    return json.loads(b)
+
+
+def timed(fn) -> tuple[float, object]:
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def bare_fork_s() -> float:
+    """A host python3 holding the same list forks once, until the child wrote."""
+    code = ("import os, time\nnums = list(range(1_000_000))\nr, w = os.pipe()\nt = time.perf_counter()\n"
+            "pid = os.fork()\nif pid == 0:\n    os.write(w, b'x'); os._exit(0)\nos.read(r, 1)\n"
+            "print(time.perf_counter() - t)\nos.waitpid(pid, 0)")
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def bare_save_load_s(work: str, src: str) -> tuple[float, float]:
+    """cp + pickle.dump + sync, then cp + pickle.load back."""
+    nums = list(range(1_000_000))
+    dst, pkl = os.path.join(work, "copy.bin"), os.path.join(work, "nums.pkl")
+    os.sync()
+    t = time.perf_counter()
+    shutil.copyfile(src, dst)
+    with open(pkl, "wb") as f:
+        pickle.dump(nums, f, protocol=5)
+        f.flush()
+        os.fsync(f.fileno())
+    os.sync()
+    save = time.perf_counter() - t
+    back = os.path.join(work, "back.bin")
+    t = time.perf_counter()
+    shutil.copyfile(dst, back)
+    with open(pkl, "rb") as f:
+        loaded = pickle.load(f)
+    load = time.perf_counter() - t
+    if sum(loaded) != sum(nums):
+        raise SystemExit("the baseline's pickle came back wrong")
+    for p in (dst, pkl, back):
+        os.remove(p)
+    return save, load
+
+
+def main() -> int:
+    ap = bench_args(__doc__, DEFAULT_STATE_DIR)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--mib", type=int, default=100)
+    args = ap.parse_args()
+    work = args.state_dir.rstrip("/") + "-data"
+    os.makedirs(work, exist_ok=True)
+    src = os.path.join(work, "src.bin")
+    with open(src, "wb") as f:
+        f.write(os.urandom(args.mib << 20))
+    expect = f"{sum(range(1_000_000))} {args.mib << 20}"
+    srv = Server(args.bin, args.state_dir, args.templates_dir, ready_timeout=1800)
+    srv.start()
+    fb = Forkbox(srv.url)
+    cps, restores, forks, freezes, resumes, saves, loads = [], [], [], [], [], [], []
+    try:
+        sid = fb.create()
+        expect_out(fb.exec(sid, SETUP.format(mib=args.mib)), str(sum(range(1_000_000))), "setup")
+        for rep in range(args.reps):
+            t, cp = timed(lambda: post(fb, f"/v1/sandboxes/{sid}/checkpoints")["checkpoint"])
+            cps.append(t)
+            fb.exec(sid, "nums = None")
+            t, _ = timed(lambda: post(fb, f"/v1/sandboxes/{sid}/restore", {"checkpoint": cp}))
+            restores.append(t)
+            expect_out(fb.exec(sid, CHECK), expect, "restored state")
+            fb.request("DELETE", f"/v1/sandboxes/{sid}/checkpoints/{cp}")
+            forks.append(bare_fork_s())
+        for rep in range(max(3, args.reps // 3)):
+            t, space = timed(lambda: post(fb, f"/v1/sandboxes/{sid}/freeze")["space_id"])
+            freezes.append(t)
+            t, sid = timed(lambda: post(fb, f"/v1/spaces/{space}/resume")["id"])
+            t2, got = timed(lambda: fb.exec(sid, CHECK))
+            resumes.append(t + t2)
+            expect_out(got, expect, "resumed state")
+            s, l_ = bare_save_load_s(work, src)
+            saves.append(s)
+            loads.append(l_)
+            log(f"freeze {freezes[-1]:.2f} s (bare {s:.2f} s), resume {resumes[-1]:.2f} s (bare {l_:.2f} s)")
+        fb.destroy(sid)
+    finally:
+        fb.close()
+        srv.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    med = statistics.median
+
+    def ms(x: float) -> str:
+        return f"{x * 1000:,.1f} ms"
+
+    rows = [
+        ("checkpoint", med(cps), "bare `os.fork()`", med(forks)),
+        ("restore", med(restores), "bare `os.fork()`", med(forks)),
+        ("freeze", med(freezes), "`cp` + `pickle.dump` + sync", med(saves)),
+        ("resume, to the first exec's answer", med(resumes), "`cp` + `pickle.load`", med(loads)),
+    ]
+    lines = [
+        f"{run_header()}; a sandbox holding a {args.mib} MiB file and a list of a million ints. Checkpoint and restore: "
+        f"medians of {len(cps)}; freeze and resume: medians of {len(freezes)}. Every restore and resume is checked "
+        "(the list's sum and the file's size come back).",
+        "",
+        "| operation | forkbox | baseline | baseline time | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for name, ours, base_name, base in rows:
+        lines.append(f"| {name} | {ms(ours)} | {base_name} | {ms(base)} | {ours / base:,.1f}× |")
+    lines += [
+        "",
+        "A checkpoint is a fork of the sandbox that is paused at once; a restore forks it again "
+        "and hands the fork the id (docs/state.md). A freeze pickles the REPL's globals and copies "
+        "the sandbox's changed files to disk, synced; a resume builds a sandbox from them "
+        "(not from the warm pool) and loads the globals back.",
+    ]
+    body = "\n".join(lines)
+    print(body)
+    write_section(args.docs, SECTION, "Checkpoints and Spaces", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
