@@ -59,6 +59,11 @@ def _thaw(user, path):
     import importlib
     import pickle
     failed = []
+    if not _os.path.exists(path):
+        # Frozen while it had no REPL (one that died and could not be
+        # restarted): the files are back, the globals were never saved.
+        return {'restored': [], 'unsaved': [], 'failed': [
+            {'name': '(globals)', 'type': 'dict', 'reason': 'the sandbox had no running REPL when it was frozen'}]}
     with open(path, 'rb') as f:
         meta = pickle.load(f)
         _sys.path[:] = meta['sys_path']
