@@ -295,6 +295,14 @@ def exec_raw(client: httpx.Client, sandbox_id: str, code: str, language: str | N
     return Exec(events=events, status=200, arrivals=arrivals)
 
 
+def exec_ok(client: httpx.Client, sandbox_id: str, code: str, language: str = "python",
+            timeout_ms: int | None = None) -> str:
+    """Run `code`, assert it exited 0 (showing its events if not), return its stdout."""
+    ex = exec_raw(client, sandbox_id, code, language, timeout_ms)
+    assert ex.exit_code == 0, (code, ex.events)
+    return ex.stdout
+
+
 def create_raw(client: httpx.Client, **body) -> str:
     r = client.post("/v1/sandboxes", json=body)
     assert r.status_code == 200, (r.status_code, r.text)

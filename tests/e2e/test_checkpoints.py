@@ -5,19 +5,14 @@ from __future__ import annotations
 import pytest
 
 from conftest import start_server, stop_and_assert_clean
-from helpers import assert_json_error, create_raw, delete_raw, exec_raw, wait_no_leaks
+from helpers import assert_json_error, create_raw, delete_raw, exec_ok, wait_no_leaks
 
 
-def py(http, sid, code) -> str:
-    ex = exec_raw(http, sid, code)
-    assert ex.exit_code == 0, (code, ex.events)
-    return ex.stdout
+py = exec_ok
 
 
 def sh(http, sid, code) -> str:
-    ex = exec_raw(http, sid, code, language="bash")
-    assert ex.exit_code == 0, (code, ex.events)
-    return ex.stdout
+    return exec_ok(http, sid, code, language="bash")
 
 
 def checkpoint(http, sid) -> str:

@@ -17,13 +17,11 @@ import time
 
 import pytest
 
-from helpers import assert_json_error, create_raw, delete_raw, exec_raw
+from helpers import assert_json_error, create_raw, delete_raw, exec_ok, exec_raw
 
 
 def py(http, sid, code, timeout_ms=120_000) -> str:
-    ex = exec_raw(http, sid, code, timeout_ms=timeout_ms)
-    assert ex.exit_code == 0, (code, ex.stdout, ex.stderr)
-    return ex.stdout
+    return exec_ok(http, sid, code, timeout_ms=timeout_ms)
 
 
 def egress(http, sid):

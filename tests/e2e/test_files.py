@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from helpers import assert_json_error, create_raw, delete_raw, exec_raw
+from helpers import assert_json_error, create_raw, delete_raw, exec_ok, exec_raw
 
 
 def files(sid: str) -> str:
@@ -27,10 +27,7 @@ def get(http, sid, path, **params):
     return http.get(files(sid), params={"path": path, **params})
 
 
-def py(http, sid, code) -> str:
-    ex = exec_raw(http, sid, code)
-    assert ex.exit_code == 0, (code, ex.stdout, ex.stderr)
-    return ex.stdout
+py = exec_ok
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from helpers import assert_json_error, create_raw, delete_raw, exec_raw
+from helpers import assert_json_error, create_raw, delete_raw, exec_ok
 
 SECRET = b"host secret, never to be read"
 
@@ -40,10 +40,7 @@ def files(sid):
     return f"/v1/sandboxes/{sid}/files"
 
 
-def py(http, sid, code):
-    ex = exec_raw(http, sid, code)
-    assert ex.exit_code == 0, (code, ex.stdout, ex.stderr)
-    return ex.stdout
+py = exec_ok
 
 
 def assert_host_untouched(host_dir):

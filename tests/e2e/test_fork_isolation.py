@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from helpers import create_raw, delete_raw, exec_raw
+from helpers import create_raw, delete_raw, exec_ok, exec_raw
 
 
 def fork(http, sid: str, n: int) -> list[str]:
@@ -18,10 +18,7 @@ def fork(http, sid: str, n: int) -> list[str]:
     return r.json()["children"]
 
 
-def py(http, sid: str, code: str) -> str:
-    r = exec_raw(http, sid, code)
-    assert r.exit_code == 0, r
-    return r.stdout
+py = exec_ok
 
 
 @pytest.fixture

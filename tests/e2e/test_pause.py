@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from helpers import assert_json_error, create_raw, delete_raw, exec_raw, sandbox_host_pids
+from helpers import assert_json_error, create_raw, delete_raw, exec_ok, exec_raw, sandbox_host_pids
 
 
 def cpu_ns(sid: str) -> int:
@@ -30,10 +30,7 @@ def state(http, sid) -> str:
     return http.get(f"/v1/sandboxes/{sid}").json()["state"]
 
 
-def py(http, sid, code) -> str:
-    ex = exec_raw(http, sid, code)
-    assert ex.exit_code == 0, (code, ex)
-    return ex.stdout
+py = exec_ok
 
 
 @pytest.fixture

@@ -13,13 +13,10 @@ import pytest
 from podflare import Client, Sandbox
 
 from conftest import start_server, stop_and_assert_clean
-from helpers import assert_json_error, create_raw, delete_raw, exec_raw
+from helpers import assert_json_error, create_raw, delete_raw, exec_ok, exec_raw
 
 
-def py(http, sid, code) -> str:
-    ex = exec_raw(http, sid, code)
-    assert ex.exit_code == 0, (code, ex.events)
-    return ex.stdout
+py = exec_ok
 
 
 def freeze(http, sid) -> dict:
