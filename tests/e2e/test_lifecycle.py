@@ -209,3 +209,43 @@ def test_server_leak_helper_sees_a_live_sandbox(server, http):
         assert wait_no_leaks(server, expect_volume_mounted=True, live_ids=live, check_run_dir=False) == []
     finally:
         delete_raw(http, sid)
+
+
+def hang_up(server: ForkboxServer, method: str, path: str, body: bytes = b"", until=None) -> None:
+    """Send a request and close the connection without reading the answer:
+    at once, or as soon as `until()` holds (the server is mid-way)."""
+    import socket
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(head.encode() + body)
+        deadline = time.monotonic() + 10
+        while until is not None and not until():
+            assert time.monotonic() < deadline, f"{method} {path} did not start"
+            time.sleep(0.002)
+
+
+def test_a_client_hanging_up_cancels_nothing_half_way(server, http):
+    """hyper drops a handler when its client goes away; work it started
+    must still finish (a DELETE cut between unregistering a sandbox and
+    freeing it used to leak its files and cgroups), and work it never
+    started must leave nothing behind."""
+    def listed() -> set[str]:
+        return {s["id"] for s in http.get("/v1/sandboxes").json()["sandboxes"]}
+    before = listed()
+    for _ in range(3):
+        parent = create_raw(http)
+        assert exec_raw(http, parent, "x = 1").exit_code == 0
+        kids = http.post(f"/v1/sandboxes/{parent}/fork", json={"n": 2}).json()["children"]
+        hang_up(server, "POST", f"/v1/sandboxes/{parent}/fork", b'{"n": 2}')
+        hang_up(server, "POST", "/v1/sandboxes", b"{}")
+        hang_up(server, "POST", f"/v1/sandboxes/{parent}/checkpoints")
+        for sid in [*kids, parent]:
+            # Hang up once the sandbox is unregistered, while it is freed.
+            hang_up(server, "DELETE", f"/v1/sandboxes/{sid}", until=lambda: sid not in listed())
+    # What the hung-up creates and forks made is whole: it runs, and goes.
+    time.sleep(0.5)
+    for sid in listed() - before:
+        assert exec_raw(http, sid, "print(2)").stdout == "2\n"
+        assert delete_raw(http, sid) == 204
+    problems = wait_no_leaks(server, expect_volume_mounted=True, live_ids=listed())
+    assert problems == [], problems

@@ -78,6 +78,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .route_layer(axum::middleware::from_fn(trace::layer))
+        .route_layer(axum::middleware::from_fn(routes::detach))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), routes::auth))

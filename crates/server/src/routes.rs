@@ -265,6 +265,18 @@ pub async fn method_not_allowed() -> Response {
     (StatusCode::METHOD_NOT_ALLOWED, axum::Json(protocol::ErrorBody { error: "method not allowed".into(), progress: None })).into_response()
 }
 
+/// Run each request's handler as its own task, so a client that hangs up
+/// cannot cancel it half-way: hyper drops the handler's future when the
+/// connection closes, and a DELETE dropped between unregistering a sandbox
+/// and freeing it leaked the sandbox's files. The work finishes (and is
+/// logged and counted); only the answer is lost.
+pub async fn detach(req: Request, next: Next) -> Response {
+    match tokio::spawn(next.run(req)).await {
+        Ok(response) => response,
+        Err(e) => ApiError::Internal(format!("the request's handler failed: {e}")).into_response(),
+    }
+}
+
 /// Bearer-key auth for every route but the health check.
 pub async fn auth(State(state): State<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
     let keys = &state.inner.config.api_keys;
