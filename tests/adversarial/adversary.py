@@ -5,8 +5,8 @@ container capability set, the sandbox's leaf pid namespace), and the
 host-side checks that an attack changed nothing.
 
 Attack code gets PRELUDE first: `sc(nr, *args)` makes a raw x86_64 system
-call and answers "ok" or the errno's name, `attempt(f, ...)` does the same
-for a Python call, `report(x)` prints JSON for the test to read.
+call and answers "ok" or the errno's name, `lc(name, *args)` and
+`attempt(f, ...)` do the same for a libc function and for a Python call, `report(x)` prints JSON for the test to read.
 """
 from __future__ import annotations
 
@@ -31,6 +31,10 @@ def sc(nr, *args):
     _ct.set_errno(0)
     r = _libc.syscall(_ct.c_long(nr), *[_ct.c_long(a) if isinstance(a, int) else a for a in args])
     return "ok" if r >= 0 else _ename(_ct.get_errno())
+def lc(name, *args):
+    """A libc function that fails with -1 and errno: "ok", or the errno's name."""
+    _ct.set_errno(0)
+    return "ok" if getattr(_libc, name)(*args) != -1 else _ename(_ct.get_errno())
 def attempt(f, *args, **kwargs):
     """f(*args): "ok", or the name of the errno of the OSError it raised."""
     try:
