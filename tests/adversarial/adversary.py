@@ -49,15 +49,20 @@ def report(x):
 HEREDOC = "FORKBOX_ADVERSARY_EOF"
 
 
+def _report(http: httpx.Client, sid: str, code: str, language: str, timeout_ms: int | None):
+    ex = exec_raw(http, sid, code, language, timeout_ms)
+    assert ex.exit_code == 0, f"the attack code itself failed ({language}, exit {ex.exit_code}):\n{ex.stderr[-3000:]}"
+    return json.loads(ex.stdout)
+
+
 def repl(http: httpx.Client, sid: str, code: str, timeout_ms: int | None = None):
     """Run attack code in the sandbox's REPL; its report (JSON on stdout)."""
-    return json.loads(exec_ok(http, sid, PRELUDE + code, timeout_ms=timeout_ms))
+    return _report(http, sid, PRELUDE + code, "python", timeout_ms)
 
 
 def bash_python(http: httpx.Client, sid: str, code: str, timeout_ms: int | None = None):
     """Run attack code in a python3 that bash starts; its report."""
-    script = f"python3 - <<'{HEREDOC}'\n{PRELUDE}{code}\n{HEREDOC}\n"
-    return json.loads(exec_ok(http, sid, script, language="bash", timeout_ms=timeout_ms))
+    return _report(http, sid, f"python3 - <<'{HEREDOC}'\n{PRELUDE}{code}\n{HEREDOC}\n", "bash", timeout_ms)
 
 
 def both(http: httpx.Client, sid: str, code: str) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 
 import pytest
 
@@ -45,8 +46,18 @@ small_http = e2e.small_http
 pytest_runtest_makereport = e2e.pytest_runtest_makereport
 
 
+@pytest.fixture(scope="session")
+def warm_pool(http):
+    """Wait until the `default` template's warm pool is up, so creates are
+    forks of its zygote: warm-pool siblings share a family, as in use."""
+    deadline = time.monotonic() + 300
+    while not (http.get("/v1/pool").json()["templates"].get("default") or {}).get("spares"):
+        assert time.monotonic() < deadline, http.get("/v1/pool").text
+        time.sleep(0.1)
+
+
 @pytest.fixture
-def new_sandbox(http):
+def new_sandbox(http, warm_pool):
     """Factory: new_sandbox(**create_body) → sandbox id, destroyed at the end."""
     made = []
 
