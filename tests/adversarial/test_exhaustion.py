@@ -1,0 +1,203 @@
+"""Exhausting the host from inside a sandbox: processes (a fork bomb),
+memory (from the REPL and from bash), disk (the upper layer, against the
+sandbox's `rootfs_gb`), inodes and the small tmpfs mounts, and CPU. Each
+must stop at the sandbox's own limits while the host, the server and other
+sandboxes go on. Limits are kept small so the bombs are short."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+
+from adversary import healthy, sh
+from helpers import create_raw, delete_raw, exec_ok, exec_raw, sandbox_cgroup_dirs
+
+
+def cgroup_value(sid: str, name: str) -> int:
+    """A v1 (or v2) cgroup file of the sandbox, as an integer."""
+    for d in sandbox_cgroup_dirs(sid):
+        path = os.path.join(d, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                return int(f.read().split()[0])
+    raise AssertionError(f"no {name} for {sid}")
+
+
+def oom_kills(sid: str) -> int:
+    """How many processes the OOM killer killed in the sandbox's memory cgroup."""
+    for d in sandbox_cgroup_dirs(sid):
+        for name in ("memory.oom_control", "memory.events"):   # v1, v2
+            path = os.path.join(d, name)
+            if os.path.exists(path):
+                with open(path) as f:
+                    return int(dict(line.split() for line in f.read().splitlines())["oom_kill"])
+    raise AssertionError(f"no OOM counter for {sid}")
+
+
+class Watch:
+    """While a bomb goes off: every 0.1 s, the host forks a process and the
+    server answers healthz; the worst latency of each, and what the
+    sandbox's cgroup file `name` showed at most."""
+
+    def __init__(self, server, sid: str, name: str):
+        self.server, self.sid, self.name = server, sid, name
+        self.peak, self.worst_fork, self.worst_health, self.failures = 0, 0.0, 0.0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self):
+        with self.server.http(timeout=10) as c:
+            while not self._stop.is_set():
+                try:
+                    self.peak = max(self.peak, cgroup_value(self.sid, self.name))
+                    t = time.monotonic()
+                    subprocess.run(["true"], check=True)
+                    self.worst_fork = max(self.worst_fork, time.monotonic() - t)
+                    t = time.monotonic()
+                    assert c.get("/v1/healthz").text == "ok"
+                    self.worst_health = max(self.worst_health, time.monotonic() - t)
+                except Exception as e:  # reported by the test, not lost in the thread
+                    self.failures.append(repr(e))
+                time.sleep(0.1)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def test_fork_bomb_is_capped_by_the_pids_cgroup_and_the_host_keeps_working(small_server, small_http):
+    """The small server allows 128 processes per sandbox."""
+    sid = create_raw(small_http)
+    try:
+        exec_ok(small_http, sid, "state = 'kept'")
+        with Watch(small_server, sid, "pids.current") as w:
+            e = exec_raw(small_http, sid, ":(){ :|:& };:; sleep 10", language="bash", timeout_ms=3000)
+        assert e.exit_code == 124, e
+        assert not w.failures, w.failures
+        assert 64 < w.peak <= 128, w.peak
+        assert w.worst_fork < 2 and w.worst_health < 2, (w.worst_fork, w.worst_health)
+        assert exec_ok(small_http, sid, "print(state)") == "kept\n"
+    finally:
+        t = time.monotonic()
+        assert delete_raw(small_http, sid) == 204
+        assert time.monotonic() - t < 15 and sandbox_cgroup_dirs(sid) == []
+
+
+def test_memory_bomb_in_the_repl_is_killed_inside_the_sandbox(http, server, new_sandbox):
+    """Pages touched one by one through mmap (no MemoryError to catch): the
+    kernel's OOM killer, inside the sandbox's memory cgroup, kills the REPL;
+    the server, the host and another sandbox are untouched."""
+    keeper, sid = new_sandbox(), new_sandbox(ram_mib=128)
+    exec_ok(http, keeper, "state = 'kept'")
+    with Watch(server, sid, "memory.max_usage_in_bytes") as w:
+        e = exec_raw(http, sid, "import mmap\nm = mmap.mmap(-1, 1 << 30)\nfor i in range(0, 1 << 30, 4096):\n    m[i] = 1",
+                     timeout_ms=60_000)
+    assert e.exit_code == 137 and "killed for using more than the sandbox's 128 MiB" in e.errors[0]["data"], e
+    assert not w.failures and w.peak <= 128 << 20, (w.failures, w.peak)
+    assert oom_kills(sid) >= 1
+    assert server.proc.poll() is None and healthy(http)
+    assert exec_ok(http, keeper, "print(state)") == "kept\n"
+    again = exec_raw(http, sid, "print('fresh')")
+    assert again.exit_code == 0 and again.stdout == "fresh\n" and again.warnings, again
+
+
+def test_memory_bomb_in_bash_is_killed_and_the_repl_survives(http, new_sandbox):
+    sid = new_sandbox(ram_mib=128)
+    exec_ok(http, sid, "state = 'kept'")
+    e = sh(http, sid, "python3 -c 'hog = b\"x\" * (1 << 30)'; echo status $?", timeout_ms=60_000)
+    assert e.stdout.strip() in ("status 137", "status 1"), e   # OOM-killed, or MemoryError
+    assert exec_ok(http, sid, "print(state)") == "kept\n"
+
+
+def test_disk_fill_stops_at_the_sandboxs_rootfs_quota(http, new_sandbox):
+    """A sandbox created with rootfs_gb=1 writes until the kernel says no:
+    it must be told ENOSPC (or EDQUOT) near 1 GiB, and not fill the volume
+    every sandbox shares. Another sandbox can still write."""
+    sid = new_sandbox(rootfs_gb=1)
+    other = new_sandbox()
+    code = """
+import os, errno, json
+block = os.urandom(1 << 20)
+written, err = 0, None
+fd = os.open('/root/fill', os.O_WRONLY | os.O_CREAT, 0o600)
+try:
+    while written < (1536 << 20):
+        written += os.write(fd, block)
+    os.fsync(fd)
+except OSError as e:
+    err = errno.errorcode.get(e.errno, str(e.errno))
+print(json.dumps([written >> 20, err]))
+"""
+    try:
+        written_mib, err = json.loads(exec_ok(http, sid, code, timeout_ms=120_000))
+        assert err in ("ENOSPC", "EDQUOT"), f"wrote {written_mib} MiB into a 1 GiB rootfs without an error"
+        assert written_mib <= 1024 + 64, written_mib
+        assert exec_ok(http, other, "head -c 10M /dev/urandom > /root/ten && stat -c %s /root/ten", language="bash") == "10485760\n"
+    finally:
+        sh(http, sid, "rm -f /root/fill")
+
+
+def test_inodes_and_small_mounts_fill_only_the_sandbox(http, new_sandbox):
+    """Empty files without end in /dev/shm (a tmpfs: its inodes are kernel
+    memory, charged to the sandbox's memory cgroup), and /dev (a 1 MiB
+    tmpfs) filled to the brim: the attacker stops, by an error or the OOM
+    killer, within its own limits; another sandbox and the host go on
+    creating files."""
+    sid, other = new_sandbox(ram_mib=64), new_sandbox()
+    r = sh(http, sid, "head -c 2M /dev/zero > /dev/fill; echo $?; stat -c %s /dev/fill")
+    assert r.stdout.split()[0] != "0" and int(r.stdout.split()[1]) <= 1 << 20 and "No space left" in r.stderr, r
+    code = """python3 - <<'EOF'
+import os, time, errno
+t, n, err = time.monotonic(), 0, None
+os.makedirs('/dev/shm/flood', exist_ok=True)
+try:
+    while n < 2_000_000 and time.monotonic() - t < 30:
+        os.close(os.open('/dev/shm/flood/%d' % n, os.O_CREAT | os.O_WRONLY, 0o600))
+        n += 1
+        if n % 5000 == 0:
+            open('/tmp/progress', 'w').write(str(n))
+except OSError as e:
+    err = errno.errorcode.get(e.errno)
+print(n, err)
+EOF
+echo status $?; cat /tmp/progress"""
+    e = sh(http, sid, code, timeout_ms=60_000)
+    out = e.stdout.split()
+    # Killed by the OOM killer (137, the progress file tells how far), or an error.
+    assert "status 137" in e.stdout or out[1] in ("ENOSPC", "ENOMEM"), e
+    assert int(out[-1]) < 2_000_000, e
+    assert cgroup_value(sid, "memory.max_usage_in_bytes") <= 64 << 20
+    assert exec_ok(http, other, "mkdir /dev/shm/d /tmp/d && for i in $(seq 1000); do : > /dev/shm/d/$i; : > /tmp/d/$i; done; "
+                                "ls /dev/shm/d | wc -l; ls /tmp/d | wc -l", language="bash") == "1000\n1000\n"
+    with open(f"/tmp/forkbox-adv-inode-{os.getpid()}", "w"):
+        pass
+    os.unlink(f"/tmp/forkbox-adv-inode-{os.getpid()}")
+
+
+def test_cpu_hog_does_not_starve_another_sandbox(http, server, new_sandbox):
+    """Eight busy loops in one sandbox (the host has 2 CPUs; CPU is shared
+    by weight, the loops' group weighs as much as any other sandbox): the
+    next sandbox's calls and the server still answer at once."""
+    hog, sid = new_sandbox(), new_sandbox()
+    exec_ok(http, sid, "x = 1")
+    r = sh(http, hog, "for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; echo started")
+    assert r.stdout == "started\n", r
+    try:
+        time.sleep(1)
+        assert int(sh(http, hog, "ps -e --no-headers | wc -l").stdout) >= 9
+        worst = 0.0
+        for code, language in [("print(x)", "python"), ("echo 1", "bash")] * 3:
+            t = time.monotonic()
+            exec_ok(http, sid, code, language=language)
+            worst = max(worst, time.monotonic() - t)
+        assert worst < 2, f"an exec took {worst:.2f} s beside the hog"
+        t = time.monotonic()
+        assert healthy(http) and time.monotonic() - t < 1
+    finally:
+        delete_raw(http, hog)
