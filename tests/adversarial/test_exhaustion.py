@@ -201,3 +201,31 @@ def test_cpu_hog_does_not_starve_another_sandbox(http, server, new_sandbox):
         assert healthy(http) and time.monotonic() - t < 1
     finally:
         delete_raw(http, hog)
+
+
+def allocated_bytes(top: str) -> int:
+    """Disk blocks in use below `top`, links not followed."""
+    total = 0
+    for root, _dirs, files in os.walk(top):
+        for name in files:
+            total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def test_freezing_a_sparse_file_does_not_fill_the_hosts_disk(http, server, new_sandbox):
+    """A sparse file costs its sandbox nothing (no block is written, no
+    quota is used). Freezing the sandbox copies its files to the host's own
+    disk, outside the sandbox volume: the copy must stay sparse, or a
+    sandbox could fill the host's disk with one `truncate` (here 2 GiB;
+    the attack would ask for terabytes)."""
+    sid = new_sandbox()
+    exec_ok(http, sid, "truncate -s 2G /root/sparse && stat -c '%s %b' /root/sparse", language="bash")
+    r = http.post(f"/v1/sandboxes/{sid}/freeze", timeout=300)
+    assert r.status_code in (200, 507), r.text
+    if r.status_code == 200:
+        space = r.json()["space_id"]
+        try:
+            used = allocated_bytes(os.path.join(server.state_dir, "spaces", space))
+            assert used < 64 << 20, f"the Space of a sandbox holding a 2 GiB sparse file takes {used >> 20} MiB of the host's disk"
+        finally:
+            assert http.delete(f"/v1/spaces/{space}").status_code == 204

@@ -5,6 +5,7 @@ holds is held in the family's user namespace only, none in the host's."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
 from adversary import bash_python, host_pids_running, sh, uid_base
@@ -114,3 +115,27 @@ report({{'root': run('/tmp/capy'), 'nobody': run('/tmp/capy', user=65534, group=
 """)
     # [capabilities among SYS_ADMIN, NET_RAW, SYS_PTRACE in effect, errno of a raw socket]
     assert seen == {"root": "EPERM", "nobody": "EPERM", "root +ip": [0, 1], "nobody +ip": [0, 1]}, seen
+
+
+def test_a_frozen_setuid_program_grants_nothing_on_the_host(http, server, sid):
+    """Freezing a sandbox copies its files to the host's disk (a Space,
+    under the server's state directory), owners shifted so that the
+    sandbox's root is uid 0. A setuid-root program planted inside must not
+    become one on the host: an unprivileged host user (nobody) who runs
+    the copy stays nobody."""
+    exec_ok(http, sid, "cp /usr/bin/python3 /tmp/supy && chown 0:0 /tmp/supy && chmod 6755 /tmp/supy", language="bash")
+    r = http.post(f"/v1/sandboxes/{sid}/freeze")
+    assert r.status_code == 200, r.text
+    space = r.json()["space_id"]
+    try:
+        planted = os.path.join(server.state_dir, "spaces", space, "upper", "tmp", "supy")
+        assert os.path.exists(planted), os.listdir(os.path.join(server.state_dir, "spaces", space))
+        run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", planted, "-c",
+                              "import os; print(os.geteuid(), os.getegid())"], capture_output=True, text=True)
+        st = os.stat(planted)
+        # Refused (not reachable, not executable), or run as nobody.
+        assert run.returncode != 0 or run.stdout.split() == ["65534", "65534"], (
+            f"host user nobody ran the frozen copy with euid, egid {run.stdout.split()} "
+            f"(mode {st.st_mode:o}, owner {st.st_uid}:{st.st_gid})")
+    finally:
+        assert http.delete(f"/v1/spaces/{space}").status_code == 204
