@@ -11,7 +11,9 @@ import subprocess
 import threading
 import time
 
-from adversary import healthy, sh
+import pytest
+
+from adversary import healthy, repl, sh, uid_base
 from helpers import create_raw, delete_raw, exec_ok, exec_raw, sandbox_cgroup_dirs
 
 
@@ -229,3 +231,37 @@ def test_freezing_a_sparse_file_does_not_fill_the_hosts_disk(http, server, new_s
             assert used < 64 << 20, f"the Space of a sandbox holding a 2 GiB sparse file takes {used >> 20} MiB of the host's disk"
         finally:
             assert http.delete(f"/v1/spaces/{space}").status_code == 204
+
+
+# Kernel limits counted per user (per uid of a user namespace): the members
+# of a family share one. Each: what the attacker exhausts, and the call a
+# victim makes, both answering "ok" or an errno's name.
+PER_USER = {
+    # fs.inotify.max_user_instances (file watchers: watchdog, tail -f, dev servers)
+    "inotify-instances": ("while lc('inotify_init1', 0) == 'ok':\n    pass",
+                          "report(lc('inotify_init1', 0))"),
+    # RLIMIT_MSGQUEUE: bytes of POSIX message queues
+    "mqueue-bytes": ("""
+rt = _ct.CDLL('librt.so.1', use_errno=True)
+attr = (_ct.c_long * 8)(0, 10, 8192, 0)
+n = 0
+while rt.mq_open(b'/hog%d' % n, 0o100 | 0o2, 0o600, attr) >= 0:
+    n += 1""", """
+rt = _ct.CDLL('librt.so.1', use_errno=True)
+name = b'/mine-%d' % int.from_bytes(_os.urandom(6), 'little')
+report('ok' if rt.mq_open(name, 0o100 | 0o200 | 0o2, 0o600, (_ct.c_long * 8)(0, 10, 8192, 0)) >= 0 else _ename(_ct.get_errno()))"""),
+}
+
+
+@pytest.mark.parametrize("limit", list(PER_USER))
+def test_a_pool_sibling_cannot_use_up_the_others_per_user_limits(http, new_sandbox, limit):
+    """Sandboxes made from one warm-pool zygote belong to different users
+    but to one family: one host uid. A sandbox that uses up what the kernel
+    allows per user must not leave its siblings without any."""
+    attacker, victim = new_sandbox(), new_sandbox()
+    assert uid_base(http, attacker) == uid_base(http, victim), "not one family"
+    hog, use = PER_USER[limit]
+    assert repl(http, victim, use) == "ok"    # before: the victim has its share
+    repl(http, attacker, hog + "\nreport('exhausted')")
+    assert repl(http, attacker, use) != "ok", "the attacker did not reach the limit"
+    assert repl(http, victim, use) == "ok", f"{limit}: a sibling's use left the victim none"
