@@ -118,7 +118,7 @@ SYSCTLS = {
     "drop_caches": ("vm/drop_caches", "3"),
     "randomize_va_space": ("kernel/randomize_va_space", "0"),
     "panic_on_oops": ("kernel/panic_on_oops", "1"),
-    "ip_forward (namespaced)": ("net/ipv4/ip_forward", "1"),
+    "ip_forward-namespaced": ("net/ipv4/ip_forward", "1"),
 }
 
 

@@ -72,13 +72,15 @@ report({'io_uring_setup': sc(425, 8, params), 'io_uring_register': sc(427, 0, 0,
         assert seen == {"io_uring_setup": "EPERM", "io_uring_register": "EPERM", "io_uring_enter": "EPERM"}, (where, seen)
 
 
-@pytest.mark.parametrize("family", ["raw-ip", "packet"])
-def test_raw_and_packet_sockets_are_refused(http, sid, family):
+@pytest.mark.parametrize("family", ["raw-ip", "packet", "vsock"])
+def test_raw_packet_and_vsock_sockets_are_refused(http, sid, family):
     """Raw IP sockets (forge packets to the host through the sandbox's way
     out) and packet sockets (sniff, or inject frames on the interface): no
-    CAP_NET_RAW."""
+    CAP_NET_RAW. vsock (the hypervisor's channel to this VM's host, where
+    there is one): refused by seccomp."""
     kinds = {"raw-ip": "[(2, 3, 1), (2, 3, 255), (2, 3, 6), (10, 3, 58)]",
-             "packet": "[(17, 3, 0x0300), (17, 2, 0x0300), (17, 10, 0x0300)]"}[family]   # AF_PACKET: RAW, DGRAM, SOCK_PACKET
+             "packet": "[(17, 3, 0x0300), (17, 2, 0x0300), (17, 10, 0x0300)]",   # AF_PACKET: RAW, DGRAM, SOCK_PACKET
+             "vsock": "[(40, 1, 0), (40, 2, 0), (40, 5, 0)]"}[family]            # AF_VSOCK: STREAM, DGRAM, SEQPACKET
     code = f"""
 import socket
 report([attempt(lambda: socket.socket(f, t, p).close()) for f, t, p in {kinds}])

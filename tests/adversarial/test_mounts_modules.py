@@ -59,8 +59,8 @@ report({
 
 
 def test_masks_cannot_be_unmounted_and_root_cannot_be_pivoted(http, sid):
-    """The masks over /proc and /sys stay; pivot_root and chroot-less root
-    changes are refused."""
+    """The masks over /proc and /sys stay (unmounting one would uncover the
+    host's file under it), and pivot_root is refused."""
     code = """
 out = {p: sc(166, p.encode(), 2) for p in ('/proc/timer_list', '/proc/keys', '/proc/acpi', '/sys/firmware', '/sys', '/proc')}
 out['pivot_root'] = sc(155, b'/tmp', b'/tmp')
