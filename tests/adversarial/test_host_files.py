@@ -97,7 +97,7 @@ report({{
     r = http.post(f"/v1/sandboxes/{sid}/freeze")
     assert r.status_code == 200, r.text
     space = r.json()["space_id"]
-    for root, _dirs, names in os.walk(os.path.join(server.state_dir, "spaces")):   # links not followed
+    for root, _dirs, names in os.walk(os.path.join(server.state_dir, "spaces", space)):   # links not followed
         for path in (os.path.join(root, n) for n in names):
             if not os.path.islink(path):
                 with open(path, "rb") as f:

@@ -8,6 +8,8 @@ them must not help."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 
@@ -16,7 +18,7 @@ import pytest
 from adversary import alive, bash_python, both, healthy, host_pids_running, host_repl_pid, repl, sh, uid_base
 from helpers import exec_ok, exec_raw, proc_cmdline, proc_status, sandbox_host_pids
 
-# Every call that acts on one pid, with the pid as {pid}.
+# In the sandbox: per_pid(pid) makes every call that acts on one pid.
 PER_PID = """
 import signal
 def per_pid(pid):
@@ -70,10 +72,13 @@ def test_host_processes_are_out_of_reach(http, sid):
 
 def test_the_server_is_out_of_reach(http, server, sid):
     pid = server.proc.pid
-    assert_not_reached(attack_pids(http, sid, [pid]))
-    sh(http, sid, f"kill -STOP {pid}; kill -9 {pid}; kill -9 -1")
-    assert server.proc.poll() is None and proc_status(pid).get("State", "").startswith(("S", "R")), proc_status(pid)
-    assert healthy(http)
+    try:
+        assert_not_reached(attack_pids(http, sid, [pid]))
+        sh(http, sid, f"kill -STOP {pid}; kill -9 {pid}; kill -9 -1")
+        assert server.proc.poll() is None and proc_status(pid).get("State", "").startswith(("S", "R")), proc_status(pid)
+        assert healthy(http)
+    finally:
+        os.kill(pid, signal.SIGCONT)   # had a stop got through, the rest of the suite still has its server
 
 
 def supervisors(sid: str) -> dict[str, int]:
@@ -126,8 +131,7 @@ def another_family(http, new_sandbox) -> str:
     assert r.status_code == 200, r.text
     r = http.post(f"/v1/spaces/{r.json()['space_id']}/resume", json={})
     assert r.status_code == 200, r.text
-    sid = r.json()["id"]
-    return sid
+    return r.json()["id"]
 
 
 def test_another_family_is_out_of_reach(http, new_sandbox):
