@@ -63,6 +63,58 @@ pub fn copy_tree(src: &Path, dst: &Path, ids: &dyn IdMap) -> Result<Copied> {
     Ok(copier.copied)
 }
 
+/// Copy a regular file's contents, holes kept as holes: a sandbox's sparse
+/// file (free inside it) must not become one written out in full on the
+/// host's disk. Data ranges are found with `SEEK_DATA`/`SEEK_HOLE` and
+/// copied by the kernel.
+fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
+    use rustix::fs::SeekFrom;
+    let src = fs::File::open(from)?;
+    let dst = fs::OpenOptions::new().write(true).create_new(true).open(to)?;
+    let len = src.metadata()?.len();
+    let mut at = 0u64;
+    while at < len {
+        let data = match rustix::fs::seek(&src, SeekFrom::Data(at)) {
+            Ok(d) => d,
+            Err(rustix::io::Errno::NXIO) => break, // only a hole is left
+            Err(e) => return Err(e.into()),
+        };
+        let hole = rustix::fs::seek(&src, SeekFrom::Hole(data))?.min(len);
+        let (mut off_in, mut off_out) = (data, data);
+        while off_in < hole {
+            let want = (hole - off_in) as usize;
+            match rustix::fs::copy_file_range(&src, Some(&mut off_in), &dst, Some(&mut off_out), want) {
+                Ok(0) => break, // the file shrank meanwhile
+                Ok(_) => {}
+                // Across file systems (the volume to the state dir's disk)
+                // some kernels refuse: copy through a buffer.
+                Err(rustix::io::Errno::XDEV | rustix::io::Errno::INVAL | rustix::io::Errno::NOSYS | rustix::io::Errno::OPNOTSUPP) => {
+                    copy_range(&src, &dst, off_in, hole)?;
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        at = hole;
+    }
+    dst.set_len(len)
+}
+
+fn copy_range(src: &fs::File, dst: &fs::File, from: u64, to: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = from;
+    while at < to {
+        let n = src.read_at(&mut buf[..((to - at) as usize).min(1 << 20)], at)?;
+        if n == 0 {
+            break;
+        }
+        dst.write_all_at(&buf[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
 struct Copier<'a> {
     ids: &'a dyn IdMap,
     /// (dev, inode) of files with more than one link → their first copy.
@@ -91,7 +143,7 @@ impl Copier<'_> {
                     }
                     self.links.insert((meta.dev(), meta.ino()), to.clone());
                 }
-                fs::copy(&from, &to).map_err(|e| Error::io("copy a file", e))?;
+                copy_sparse(&from, &to).map_err(|e| Error::io("copy a file", e))?;
                 self.copied.bytes += meta.len();
             } else if ft.is_symlink() {
                 let target = fs::read_link(&from).map_err(|e| Error::io("read a symlink", e))?;
@@ -199,6 +251,28 @@ mod tests {
         let mut v = [0u8; 4];
         assert_eq!(rustix::fs::lgetxattr(dst.join("d"), c"trusted.overlay.opaque", &mut v).unwrap(), 1);
         assert_eq!(fs::symlink_metadata(dst.join("d")).unwrap().mtime(), fs::symlink_metadata(src.join("d")).unwrap().mtime());
+    }
+
+    #[test]
+    fn sparse_files_stay_sparse() {
+        use std::os::unix::fs::FileExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+        fs::create_dir(&src).unwrap();
+        let f = fs::File::create(src.join("sparse")).unwrap();
+        f.set_len(8 << 30).unwrap();
+        f.write_all_at(b"middle", 3 << 30).unwrap();
+        f.write_all_at(b"end", (8 << 30) - 3).unwrap();
+        copy_tree(&src, &dst, &Plus1000).unwrap();
+        let copy = fs::File::open(dst.join("sparse")).unwrap();
+        let meta = copy.metadata().unwrap();
+        assert_eq!(meta.len(), 8 << 30);
+        assert!(meta.blocks() * 512 < 16 << 20, "{} bytes allocated", meta.blocks() * 512);
+        let mut buf = [0u8; 6];
+        copy.read_exact_at(&mut buf, 3 << 30).unwrap();
+        assert_eq!(&buf, b"middle");
+        copy.read_exact_at(&mut buf[..3], (8 << 30) - 3).unwrap();
+        assert_eq!(&buf[..3], b"end");
     }
 
     #[test]
