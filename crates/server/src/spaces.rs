@@ -87,6 +87,9 @@ impl SpaceStore {
     /// claimed ones, finish deletions.
     pub fn recover(&self) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.dir)?;
+        // Root's alone: a Space holds a sandbox's files with their owners
+        // and modes (setuid programs included), which no host user may reach.
+        std::fs::set_permissions(&self.dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         for entry in std::fs::read_dir(&self.dir)?.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let path = entry.path();
