@@ -117,6 +117,7 @@ def test_memory_bomb_in_bash_is_killed_and_the_repl_survives(http, new_sandbox):
     assert exec_ok(http, sid, "print(state)") == "kept\n"
 
 
+@pytest.mark.xfail(strict=True, reason="open hole: rootfs_gb is not enforced (docs/security.md#open-holes)")
 def test_disk_fill_stops_at_the_sandboxs_rootfs_quota(http, new_sandbox):
     """A sandbox created with rootfs_gb=1 writes until the kernel says no:
     it must be told ENOSPC (or EDQUOT) near 1 GiB, and not fill the volume
@@ -253,6 +254,7 @@ report('ok' if rt.mq_open(name, 0o100 | 0o200 | 0o2, 0o600, (_ct.c_long * 8)(0, 
 }
 
 
+@pytest.mark.xfail(strict=True, reason="open hole: warm-pool siblings share per-user kernel limits (docs/security.md#open-holes)")
 @pytest.mark.parametrize("limit", list(PER_USER))
 def test_a_pool_sibling_cannot_use_up_the_others_per_user_limits(http, new_sandbox, limit):
     """Sandboxes made from one warm-pool zygote belong to different users
