@@ -146,6 +146,11 @@ struct ServeArgs {
     /// Most checkpoints kept per sandbox (then 429; docs/state.md).
     #[arg(long, default_value_t = 16)]
     max_checkpoints: usize,
+    /// How long sandboxes outlive a server that dies (or exits with
+    /// SIGUSR2 for an upgrade), waiting for the next server on the same
+    /// state directory to adopt them (seconds; 0: they end with it).
+    #[arg(long, env = "FORKBOX_ORPHAN_GRACE_SECONDS", default_value_t = 300)]
+    orphan_grace_seconds: u64,
     /// Create every sandbox the slow way instead of forking a warm,
     /// pre-imported zygote of its template (docs/fork.md).
     #[arg(long)]
@@ -307,5 +312,6 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         warm_pool: !a.no_warm_pool,
         default_egress: a.default_egress,
         idle_pause: (a.idle_pause_seconds > 0).then(|| Duration::from_secs(a.idle_pause_seconds)),
+        orphan_grace: Duration::from_secs(a.orphan_grace_seconds),
     })
 }

@@ -45,8 +45,9 @@ fn fixture() -> &'static Fixture {
             warm_pool: false,
             default_egress: false,
             idle_pause: None,
+            orphan_grace: std::time::Duration::ZERO,
         };
-        let jail = jail::Jail::open(jail::JailConfig { state_dir, shim_exe: config.shim_exe.clone(), volume_gib: 16 }).expect("engine");
+        let jail = jail::Jail::open_clean(jail::JailConfig::new(state_dir, config.shim_exe.clone(), 16)).expect("engine");
         let templates = server::Templates::new(templates_dir);
         templates.scan();
         assert!(templates.is_ready("default"), "build the default template first: forkbox template build default");

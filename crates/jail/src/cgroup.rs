@@ -18,7 +18,7 @@ const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "freezer"];
 
 /// Resource limits of one sandbox.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct Limits {
     pub memory_bytes: u64,
     pub pids: u64,
@@ -250,6 +250,20 @@ impl Cgroup {
                 ticks * (1_000_000_000 / tick)
             }
         }
+    }
+
+    /// Whether the cgroup is frozen (a paused sandbox, as a restarted
+    /// server finds it).
+    pub fn is_frozen(&self) -> bool {
+        match self.version {
+            Version::V1 => fs::read_to_string(self.dir("freezer").join("freezer.state")).map(|s| s.trim() == "FROZEN").unwrap_or(false),
+            Version::V2 => fs::read_to_string(self.dirs[0].join("cgroup.freeze")).map(|s| s.trim() == "1").unwrap_or(false),
+        }
+    }
+
+    /// Whether the cgroup exists (in every hierarchy it uses).
+    pub fn exists(&self) -> bool {
+        self.dirs.iter().all(|d| d.is_dir())
     }
 
     /// Stop every process of the cgroup and wait until they all are.

@@ -28,6 +28,43 @@ pub fn pair() -> Result<(OwnedFd, OwnedFd)> {
         .map_err(|e| Error::sys("socketpair", e))
 }
 
+/// A seqpacket socket listening at `path` (close-on-exec, non-blocking,
+/// mode 0600: only root on the host reaches it).
+pub fn listen(path: &std::path::Path) -> Result<OwnedFd> {
+    use nix::sys::socket::{bind, listen as listen_on, socket, Backlog, UnixAddr};
+    let sock = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)
+        .map_err(|e| Error::sys("socket", e))?;
+    let _ = std::fs::remove_file(path);
+    let addr = UnixAddr::new(path).map_err(|e| Error::sys("socket path", e))?;
+    bind(sock.as_raw_fd(), &addr).map_err(|e| Error::sys("bind", e))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|e| Error::io("chmod socket", e))?;
+    listen_on(&sock, Backlog::new(4).map_err(|e| Error::sys("backlog", e))?).map_err(|e| Error::sys("listen", e))?;
+    Ok(sock)
+}
+
+/// Accept one connection on a `listen` socket (blocking, close-on-exec).
+pub fn accept(listener: BorrowedFd<'_>) -> Result<OwnedFd> {
+    let fd = nix::sys::socket::accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC).map_err(|e| Error::sys("accept", e))?;
+    // SAFETY: accept4 returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Connect to a `listen` socket (close-on-exec, non-blocking).
+pub fn connect(path: &std::path::Path) -> Result<OwnedFd> {
+    use nix::sys::socket::{connect as connect_to, socket, UnixAddr};
+    let sock = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None).map_err(|e| Error::sys("socket", e))?;
+    let addr = UnixAddr::new(path).map_err(|e| Error::sys("socket path", e))?;
+    connect_to(sock.as_raw_fd(), &addr).map_err(|e| Error::sys("connect", e))?;
+    nix::fcntl::fcntl(&sock, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).map_err(|e| Error::sys("nonblocking", e))?;
+    Ok(sock)
+}
+
+/// Host pid of the peer of a connected unix socket.
+pub fn peer_pid(sock: BorrowedFd<'_>) -> Option<i32> {
+    nix::sys::socket::getsockopt(&sock, sockopt::PeerCredentials).ok().map(|c| c.pid())
+}
+
 /// Ask the kernel to attach the sender's credentials to what we receive.
 pub fn pass_credentials(sock: BorrowedFd<'_>) -> Result<()> {
     setsockopt(&sock, sockopt::PassCred, &true).map_err(|e| Error::sys("SO_PASSCRED", e))

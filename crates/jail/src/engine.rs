@@ -17,6 +17,9 @@ use crate::shim::messages::*;
 use crate::supervisor::ShimHandle;
 use crate::volume::Volume;
 
+mod adopt;
+pub use adopt::{Adopted, Kept, MemberRecord};
+
 /// Settings of the engine.
 #[derive(Debug, Clone)]
 pub struct JailConfig {
@@ -25,6 +28,15 @@ pub struct JailConfig {
     pub shim_exe: PathBuf,
     /// Size of a new sparse volume image, in GiB.
     pub volume_gib: u64,
+    /// How long a family outlives a server that died (or exited for an
+    /// upgrade) waiting for the next one to adopt it; zero: not at all.
+    pub orphan_grace: Duration,
+}
+
+impl JailConfig {
+    pub fn new(state_dir: PathBuf, shim_exe: PathBuf, volume_gib: u64) -> JailConfig {
+        JailConfig { state_dir, shim_exe, volume_gib, orphan_grace: Duration::ZERO }
+    }
 }
 
 /// What a new sandbox is made of.
@@ -48,6 +60,9 @@ pub struct Jail {
     /// Held (shared) by every refill in flight; `stop_refills` takes it
     /// exclusively so none is cut off half-way at shutdown.
     refills: tokio::sync::RwLock<bool>,
+    /// Set when the server exits leaving its sandboxes for the next one:
+    /// the volume stays mounted.
+    left_running: std::sync::atomic::AtomicBool,
     _lock: std::fs::File,
 }
 
@@ -211,9 +226,21 @@ impl Jail {
         let lock = lock_state_dir(&config.state_dir)?;
         let volume = Volume::open(&config.state_dir, config.volume_gib)?;
         let cgroups = Cgroups::detect(&instance_name(&config.state_dir))?;
-        let ids = IdAllocator::claim(Path::new(crate::ids::SLOT_LOCK_DIR))?;
-        let jail = Jail { config, volume, cgroups, ids: StdMutex::new(ids), hollow_ids: Default::default(), refills: tokio::sync::RwLock::new(true), _lock: lock };
-        jail.clean_stale()?;
+        // The slot our predecessor used, so the families it left are ours.
+        let slot_file = config.state_dir.join("id-slot");
+        let preferred = std::fs::read_to_string(&slot_file).ok().and_then(|s| s.trim().parse().ok());
+        let ids = IdAllocator::claim_preferring(Path::new(crate::ids::SLOT_LOCK_DIR), preferred)?;
+        std::fs::write(&slot_file, ids.slot().to_string()).map_err(|e| Error::io("record the id slot", e))?;
+        let jail = Jail { config, volume, cgroups, ids: StdMutex::new(ids), hollow_ids: Default::default(), refills: tokio::sync::RwLock::new(true), left_running: Default::default(), _lock: lock };
+        Ok(jail)
+    }
+
+    /// `open`, then clean up everything a predecessor left (nothing is
+    /// adopted).
+    pub fn open_clean(config: JailConfig) -> Result<Jail> {
+        let jail = Self::open(config)?;
+        jail.kill_stale_pastas();
+        jail.clean_stale(&Default::default())?;
         Ok(jail)
     }
 
@@ -225,22 +252,37 @@ impl Jail {
         self.cgroups.version()
     }
 
-    /// Kill leftover sandbox processes, remove their cgroups, subvolumes and
-    /// run directories. Called at start, before anything is created.
-    pub fn clean_stale(&self) -> Result<()> {
+    /// End the families, and kill the sandbox processes, remove the cgroups,
+    /// subvolumes and run directories a predecessor left, but for the
+    /// `kept` members and families (adopted). Called at start, after
+    /// adoption and before anything is created.
+    pub fn clean_stale(&self, kept: &Kept) -> Result<()> {
+        let run = self.config.state_dir.join("run");
+        if let Ok(entries) = std::fs::read_dir(&run) {
+            for e in entries.flatten() {
+                let family = e.file_name().to_string_lossy().into_owned();
+                if !kept.families.contains(&family) {
+                    end_orphan(&e.path());
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
         for name in self.cgroups.existing() {
+            if kept.members.contains(&name) {
+                continue;
+            }
             let cg = self.cgroups.open(&name);
             cg.kill_all(DESTROY_DEADLINE)?;
             cg.remove()?;
             tracing::info!(sandbox = %name, "removed a stale sandbox cgroup");
         }
-        let run = self.config.state_dir.join("run");
-        crate::net::kill_stale(&run);
-        let _ = std::fs::remove_dir_all(&run);
         let dir = self.volume.root().join(SANDBOXES_DIR);
         if let Ok(entries) = std::fs::read_dir(&dir) {
             for e in entries.flatten() {
                 let path = e.path();
+                if kept.members.contains(&*e.file_name().to_string_lossy()) {
+                    continue;
+                }
                 if let Err(err) = self.volume.delete_subvolume(&path) {
                     tracing::warn!(path = %path.display(), %err, "could not delete a stale sandbox volume");
                 }
@@ -248,6 +290,12 @@ impl Jail {
         }
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create sandboxes dir", e))?;
         Ok(())
+    }
+
+    /// Kill every pasta a predecessor started (the adopted sandboxes get
+    /// new ones: a pasta's parent was the server that died).
+    pub fn kill_stale_pastas(&self) {
+        crate::net::kill_stale(&self.config.state_dir.join("run"));
     }
 
     /// Create a sandbox: subvolume, cgroup, family shim, member.
@@ -604,6 +652,7 @@ impl Jail {
             id_count: range.count,
             template_rootfs: spec.template_rootfs.clone(),
             run_dir: self.run_dir(&spec.id),
+            orphan_grace_ms: self.config.orphan_grace.as_millis() as u64,
         };
         let shim = ShimHandle::start(&self.config.shim_exe, &config, range).await?;
         match shim.call(create_member_request(&spec.id, cgroup, subvolume), &[]).await {
@@ -662,11 +711,37 @@ impl Jail {
         Ok(())
     }
 
+    /// The server exits leaving its sandboxes running (for the next server
+    /// to adopt): keep the volume mounted and the cgroups in place.
+    pub fn leave_running(&self) {
+        self.left_running.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_left_running(&self) -> bool {
+        self.left_running.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Unmount the volume and remove this server's parent cgroups (at
     /// server shutdown, after every sandbox is gone).
     pub fn close(&self) -> Result<()> {
+        if self.is_left_running() {
+            return Ok(());
+        }
         self.cgroups.remove_parent();
         self.volume.close()
+    }
+}
+
+/// Tell an orphaned family's shim (waiting in `run_dir` for a server) to
+/// end; it takes its family's processes with it.
+fn end_orphan(run_dir: &Path) {
+    let socket = run_dir.join(SHIM_SOCKET_NAME);
+    if let Ok(sock) = crate::channel::connect(&socket) {
+        let bye = Envelope { req: 0, request: Request::Shutdown };
+        let _ = crate::channel::send(sock.as_fd(), &bye, &[]);
+        // Wait (briefly) for it to go: it closes its end as it exits.
+        let mut fds = [nix::poll::PollFd::new(sock.as_fd(), nix::poll::PollFlags::POLLIN)];
+        let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(2000u16));
     }
 }
 

@@ -40,20 +40,61 @@ impl IdAllocator {
     pub fn claim(lock_dir: &Path) -> Result<IdAllocator> {
         std::fs::create_dir_all(lock_dir).map_err(|e| Error::io("create id slot dir", e))?;
         for slot in 0..SLOTS {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(lock_dir.join(format!("{slot}.lock")))
-                .map_err(|e| Error::io("open id slot lock", e))?;
-            // SAFETY: flock on a descriptor we own.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                let mut a = IdAllocator::in_slot(slot);
-                a._slot_lock = Some(file);
+            if let Some(a) = Self::try_claim(lock_dir, slot)? {
                 return Ok(a);
             }
         }
         Err(Error::NoUidRange)
+    }
+
+    /// Claim `slot` if no other server holds it.
+    fn try_claim(lock_dir: &Path, slot: u32) -> Result<Option<IdAllocator>> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(lock_dir.join(format!("{slot}.lock")))
+            .map_err(|e| Error::io("open id slot lock", e))?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Ok(None);
+        }
+        let mut a = IdAllocator::in_slot(slot);
+        a._slot_lock = Some(file);
+        Ok(Some(a))
+    }
+
+    /// Claim `preferred` if it is free (the slot a crashed predecessor on
+    /// the same state directory used, whose families may be adopted), else
+    /// the first free slot.
+    pub fn claim_preferring(lock_dir: &Path, preferred: Option<u32>) -> Result<IdAllocator> {
+        if let Some(slot) = preferred.filter(|s| *s < SLOTS) {
+            std::fs::create_dir_all(lock_dir).map_err(|e| Error::io("create id slot dir", e))?;
+            if let Some(a) = Self::try_claim(lock_dir, slot)? {
+                return Ok(a);
+            }
+        }
+        Self::claim(lock_dir)
+    }
+
+    /// The slot this allocator hands out from.
+    pub fn slot(&self) -> u32 {
+        (self.first - FIRST_ID) / (SLOT_BLOCKS * BLOCK)
+    }
+
+    /// Mark `range` used (an adopted family's); false if it is not a whole
+    /// block of this slot, or is taken.
+    pub fn take(&mut self, range: IdRange) -> bool {
+        if range.count != BLOCK || range.base < self.first || !(range.base - self.first).is_multiple_of(BLOCK) {
+            return false;
+        }
+        match self.used.get_mut(((range.base - self.first) / BLOCK) as usize) {
+            Some(used) if !*used => {
+                *used = true;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The allocator of `slot`, without claiming it (for tests).
@@ -98,6 +139,18 @@ mod tests {
         a.release(r1);
         // The freed block is not handed out again right away.
         assert_ne!(a.allocate().unwrap(), r1);
+    }
+
+    #[test]
+    fn adopted_ranges_are_taken_once_and_only_from_the_slot() {
+        let mut a = IdAllocator::in_slot(2);
+        let r = a.allocate().unwrap();
+        a.release(r);
+        assert!(a.take(r));
+        assert!(!a.take(r));
+        assert!(!a.take(IdRange { base: r.base + 1, count: BLOCK }));
+        assert!(!a.take(IdRange { base: IdAllocator::in_slot(3).first, count: BLOCK }));
+        assert_eq!(a.slot(), 2);
     }
 
     #[test]

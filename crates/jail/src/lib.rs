@@ -28,6 +28,6 @@ pub mod tools;
 pub mod volume;
 
 pub use cgroup::Limits;
-pub use engine::{CommandControl, CommandProcess, ForkChild, TerminalProcess, Jail, JailConfig, ReplProcess, Sandbox, SandboxSpec};
+pub use engine::{Adopted, Kept, CommandControl, CommandProcess, ForkChild, Jail, JailConfig, MemberRecord, ReplProcess, Sandbox, SandboxSpec, TerminalProcess};
 pub use error::{Error, Result};
 pub use shim::messages::ExitStatus;

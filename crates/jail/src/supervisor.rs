@@ -35,9 +35,26 @@ pub(crate) struct ShimHandle {
     pub(crate) commands: Mutex<HashMap<(String, u64), CommandWaiters>>,
     closed: std::sync::atomic::AtomicBool,
     pub(crate) range: crate::ids::IdRange,
+    /// Host pid of a shim we did not start (adopted after a restart).
+    adopted_pid: Option<i32>,
 }
 
 impl ShimHandle {
+    fn new(sock: AsyncFd<OwnedFd>, child: Option<std::process::Child>, range: crate::ids::IdRange, adopted_pid: Option<i32>) -> Arc<ShimHandle> {
+        Arc::new(ShimHandle {
+            sock,
+            child: StdMutex::new(child),
+            send_lock: Mutex::new(()),
+            next_req: std::sync::atomic::AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            repl_exits: Mutex::new(HashMap::new()),
+            commands: Mutex::new(HashMap::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            range,
+            adopted_pid,
+        })
+    }
+
     pub(crate) async fn start(exe: &Path, config: &ShimConfig, range: crate::ids::IdRange) -> Result<Arc<ShimHandle>> {
         use std::os::unix::process::CommandExt;
         let (ours, theirs) = channel::pair()?;
@@ -58,17 +75,7 @@ impl ShimHandle {
         // SAFETY: the AsyncFd owns `ours`, so the descriptor stays open and
         // the same for the AsyncFd's whole life.
         let sock = unsafe { AsyncFd::register(ours) }.map_err(|e| Error::io("register shim socket", e.into_parts().1))?;
-        let handle = Arc::new(ShimHandle {
-            sock,
-            child: StdMutex::new(Some(child)),
-            send_lock: Mutex::new(()),
-            next_req: std::sync::atomic::AtomicU64::new(1),
-            pending: Mutex::new(HashMap::new()),
-            repl_exits: Mutex::new(HashMap::new()),
-            commands: Mutex::new(HashMap::new()),
-            closed: std::sync::atomic::AtomicBool::new(false),
-            range,
-        });
+        let handle = Self::new(sock, Some(child), range, None);
         // The first message says whether the family came up.
         let first = tokio::time::timeout(Duration::from_secs(30), handle.recv()).await;
         match first {
@@ -90,6 +97,18 @@ impl ShimHandle {
                 return Err(Error::Shim("supervisor did not start within 30 s".into()));
             }
         }
+        tokio::spawn(Arc::clone(&handle).read_loop());
+        Ok(handle)
+    }
+
+    /// Connect to the shim of a family a previous server left (waiting on
+    /// its adoption socket, see `ShimConfig::orphan_grace_ms`).
+    pub(crate) async fn connect(socket: &Path, range: crate::ids::IdRange) -> Result<Arc<ShimHandle>> {
+        let fd = channel::connect(socket)?;
+        let pid = channel::peer_pid(fd.as_fd());
+        // SAFETY: the AsyncFd owns `fd` for its whole life.
+        let sock = unsafe { AsyncFd::register(fd) }.map_err(|e| Error::io("register shim socket", e.into_parts().1))?;
+        let handle = Self::new(sock, None, range, pid);
         tokio::spawn(Arc::clone(&handle).read_loop());
         Ok(handle)
     }
@@ -187,11 +206,26 @@ impl ShimHandle {
         }
     }
 
-    /// Stop the shim: closing our socket tells it to exit; its reaper dies
-    /// with it and takes the family's processes along.
+    /// Stop the shim: `Shutdown` tells it to exit (closing the socket
+    /// without it would leave the family waiting for a new server); its
+    /// reaper dies with it and takes the family's processes along.
     pub(crate) async fn shutdown(&self) {
-        self.closed.store(true, std::sync::atomic::Ordering::Relaxed);
+        if !self.closed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            let _g = self.send_lock.lock().await;
+            let bye = Envelope { req: 0, request: Request::Shutdown };
+            let _ = channel::send(self.sock.get_ref().as_fd(), &bye, &[]);
+        }
         let _ = nix::sys::socket::shutdown(self.sock.get_ref().as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        if let Some(pid) = self.adopted_pid {
+            // Not our child: wait (briefly) for it to be gone, so its id
+            // range is free when we release it.
+            for _ in 0..500 {
+                if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
         let child = self.child.lock().ok().and_then(|mut c| c.take());
         if let Some(mut child) = child {
             let _ = tokio::task::spawn_blocking(move || {

@@ -13,7 +13,7 @@ const STATE: &str = "/var/lib/forkbox-test-recovery";
 const CHILD_ENV: &str = "FORKBOX_TEST_CRASHING_SERVER";
 
 fn open(state: &Path) -> forkbox_jail::Result<Jail> {
-    Jail::open(JailConfig { state_dir: state.to_path_buf(), shim_exe: PathBuf::from(env!("CARGO_BIN_EXE_forkbox-jail-shim")), volume_gib: 16 })
+    Jail::open_clean(JailConfig::new(state.to_path_buf(), PathBuf::from(env!("CARGO_BIN_EXE_forkbox-jail-shim")), 16))
 }
 
 /// Run in a child process: create a sandbox, start a process in it, print

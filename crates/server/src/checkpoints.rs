@@ -151,6 +151,7 @@ impl AppState {
         let state = self.clone();
         tokio::spawn(async move { state.teardown(&entry).await });
         crate::egress::apply_soon(&restored, egress).await;
+        self.inner.records.save(&restored);
         tracing::info!(sandbox = %id, checkpoint, "restored");
         Ok(restored)
     }

@@ -26,6 +26,9 @@ pub struct ServerConfig {
     pub default_egress: bool,
     /// Pause sandboxes idle this long (docs/state.md); None: never.
     pub idle_pause: Option<std::time::Duration>,
+    /// How long sandboxes outlive a server that died, for the next one to
+    /// adopt them (docs/state.md#restarts); zero: they end with it.
+    pub orphan_grace: Duration,
 }
 
 /// Defaults and caps for sandboxes.

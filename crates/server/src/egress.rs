@@ -244,6 +244,7 @@ pub async fn patch(State(state): State<AppState>, Path(id): Path<String>, Json(b
     plan(&body.egress)?;
     let mut net = entry.network.lock().await;
     apply(&entry, &mut net, &body.egress).await?;
+    state.inner.records.save(&entry);
     Ok((StatusCode::OK, axum::Json(EgressBody { egress: body.egress })).into_response())
 }
 

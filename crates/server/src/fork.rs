@@ -103,6 +103,7 @@ impl AppState {
         let egress = parent.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for c in &children {
             crate::egress::apply_soon(c, egress.clone()).await;
+            self.inner.records.save(c);
         }
         tracing::info!(sandbox = %id, children = ?ids, "forked");
         Ok(ids)
@@ -230,8 +231,9 @@ impl AppState {
             }
             let members: Vec<&jail::Sandbox> = children.iter().map(|s| s.as_ref()).collect();
             let adopted = jail.adopt_forks(parent, parent_repl, &members).await.map_err(|e| e.to_string())?;
-            for (session, (host_pid, pidfd)) in sessions.iter_mut().zip(adopted) {
+            for ((session, (host_pid, pidfd)), child) in sessions.iter_mut().zip(adopted).zip(&children) {
                 session.adopted(host_pid, pidfd);
+                crate::sandbox::keep_repl_ends(child, session).await;
             }
             Ok(sessions)
         }
@@ -276,6 +278,8 @@ impl AppState {
         crate::checkpoints::adopt(&merged.checkpoints, &winner.checkpoints);
         winner.destroyed.store(true, Ordering::SeqCst);
         all.remove(winner_id);
+        self.inner.records.remove(winner_id);
+        self.inner.records.save(&merged);
         all.insert(parent_id.to_string(), merged);
         // The winner's descendants now descend from the parent's id.
         for e in all.values() {

@@ -4,6 +4,7 @@
 //! (registry, lifecycle) → `sandbox::SandboxEntry` (exec queue) → `repl`
 //! (the REPL's frames) → `events::EventSink` → NDJSON response.
 
+pub mod adopt;
 pub mod checkpoints;
 pub mod config;
 pub mod dns;
@@ -18,6 +19,7 @@ pub mod pause;
 pub mod pool;
 pub mod ports;
 pub mod pty;
+pub mod records;
 pub mod repl;
 pub mod routes;
 pub mod sandbox;
@@ -111,9 +113,8 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         }
     }
     let jail = jail::Jail::open(jail::JailConfig {
-        state_dir: config.state_dir.clone(),
-        shim_exe: config.shim_exe.clone(),
-        volume_gib: config.volume_gib,
+        orphan_grace: config.orphan_grace,
+        ..jail::JailConfig::new(config.state_dir.clone(), config.shim_exe.clone(), config.volume_gib)
     })?;
     let templates = Templates::new(config.templates_dir.clone());
     templates.scan();
@@ -122,6 +123,10 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     }
     let state = AppState::new(config.clone(), jail, templates.clone());
     state.inner.spaces.recover().map_err(|e| anyhow::anyhow!("recover the spaces in {}: {e}", config.state_dir.display()))?;
+    let (adopted, lost) = state.adopt_survivors().await?;
+    if adopted + lost > 0 {
+        tracing::info!(adopted, lost, "took back the sandboxes a previous server left running");
+    }
     if config.build_templates {
         std::thread::Builder::new().name("template-builder".into()).spawn(move || templates.build_all())?;
     }
@@ -138,24 +143,43 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     // Connect info: the port proxy's X-Forwarded-For.
     axum::serve(listener, app(state.clone()).into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            tracing::info!("shutting down: destroying all sandboxes");
-            shutdown_state.destroy_all().await;
+            match shutdown_signal().await {
+                Exit::DestroyAll => {
+                    tracing::info!("shutting down: destroying all sandboxes");
+                    shutdown_state.destroy_all().await;
+                }
+                Exit::LeaveRunning => {
+                    tracing::info!("exiting for an upgrade: the sandboxes keep running for the next server");
+                    shutdown_state.leave_running().await;
+                }
+            }
         })
         .await?;
+    if state.inner.jail.is_left_running() {
+        return Ok(());
+    }
     state.destroy_all().await;
     state.inner.jail.close()?;
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// How the server ends.
+enum Exit {
+    /// SIGTERM, SIGINT: every sandbox goes with the server.
+    DestroyAll,
+    /// SIGUSR2 (an upgrade): the sandboxes keep running, for the next
+    /// server on this state directory to adopt (docs/state.md#restarts).
+    LeaveRunning,
+}
+
+async fn shutdown_signal() -> Exit {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
+    let (Ok(mut term), Ok(mut usr2)) = (signal(SignalKind::terminate()), signal(SignalKind::user_defined2())) else {
+        return std::future::pending().await;
     };
     tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => Exit::DestroyAll,
+        _ = tokio::signal::ctrl_c() => Exit::DestroyAll,
+        _ = usr2.recv() => Exit::LeaveRunning,
     }
 }

@@ -75,7 +75,8 @@ pub struct Ready {
 }
 
 pub struct ReplSession {
-    control: tokio::net::unix::OwnedWriteHalf,
+    /// Always Some but in `drop` (see there).
+    control: Option<tokio::net::unix::OwnedWriteHalf>,
     items: mpsc::Receiver<ReplItem>,
     /// Items read while waiting for something else (a fork's answer),
     /// handed out first.
@@ -85,7 +86,34 @@ pub struct ReplSession {
     pub host_pid: i32,
     next_id: u64,
     pub ready: Ready,
+    /// Duplicates of the server's ends ([control, stdout, stderr]) until
+    /// they are handed to the family's shim (`take_ends`), which keeps them
+    /// across a server restart.
+    ends: Option<[OwnedFd; 3]>,
 }
+
+/// Dropping tokio's write half would `shutdown(2)` the socket — for every
+/// copy of it, the one the family's shim keeps too — and the REPL would
+/// read EOF and exit: a server leaving its sandboxes to the next one (an
+/// upgrade) must only close its descriptor. A REPL the server is done with
+/// is killed with its sandbox, not by this.
+impl Drop for ReplSession {
+    fn drop(&mut self) {
+        if let Some(w) = self.control.take() {
+            w.forget();
+        }
+    }
+}
+
+/// What `ReplSession::resume` found.
+pub struct Resumed {
+    pub session: ReplSession,
+    /// Code was running when the server went away (it was interrupted).
+    pub interrupted: bool,
+}
+
+/// How long an adopted REPL may take to answer the first call.
+const RESUME_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl ReplSession {
     /// Take over a freshly spawned REPL and wait until it is ready.
@@ -111,6 +139,56 @@ impl ReplSession {
         Self::begin(control, stdout, stderr, exited).await.map_err(|said| format!("the forked Python REPL did not start: {said}"))
     }
 
+    /// Take over a REPL a previous server left running (after a restart):
+    /// interrupt whatever it was running for that server, then find our
+    /// place in its control stream again. The old server may have died
+    /// half-way through reading a frame, so the stream is scanned for the
+    /// answer to a probe with an id nothing else can carry; everything
+    /// before it was meant for the dead server and is dropped.
+    pub async fn resume(process: ReplProcess) -> Result<Resumed, String> {
+        let probe = (1u64 << 52) + rand::random::<u32>() as u64;
+        let marker = format!("D{{\"id\":{probe},").into_bytes();
+        let (control, pidfd, host_pid) = (process.control, process.pidfd, process.host_pid);
+        let _ = jail::sys::pidfd_send_signal(pidfd.as_fd(), nix::sys::signal::Signal::SIGINT);
+        let (read, write) = control.into_split();
+        let (tx, rx) = mpsc::channel(256);
+        let (ready_tx, _) = oneshot::channel();
+        tokio::spawn(pump(read, process.stdout, process.stderr, process.exited, tx, ready_tx, Some(marker)));
+        let ready = Ready { pid: 0, python: String::new(), pidns: true, forked: false };
+        let mut session = ReplSession { control: Some(write), items: rx, held: Default::default(), pidfd: Some(pidfd), host_pid, next_id: probe, ready, ends: None };
+        let id = session.send_exec("pass").await.map_err(|e| format!("the Python process cannot be reached: {e}"))?;
+        let mut interrupted = false;
+        let found = tokio::time::timeout(RESUME_TIMEOUT, async {
+            loop {
+                match session.items.recv().await {
+                    Some(ReplItem::Done(d)) if d.id == id => return Ok(()),
+                    Some(ReplItem::Done(_)) => interrupted = true,
+                    Some(ReplItem::Died(_)) | None => return Err("the Python process died".to_string()),
+                    Some(_) => {}
+                }
+            }
+        })
+        .await;
+        match found {
+            Ok(Ok(())) => Ok(Resumed { session, interrupted }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                session.signal(nix::sys::signal::Signal::SIGKILL);
+                Err("the Python process did not answer after the restart".into())
+            }
+        }
+    }
+
+    fn control(&mut self) -> std::io::Result<&mut tokio::net::unix::OwnedWriteHalf> {
+        self.control.as_mut().ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotConnected))
+    }
+
+    /// The duplicates of the server's ends, for the family's shim to keep
+    /// (once: later calls get None).
+    pub fn take_ends(&mut self) -> Option<[OwnedFd; 3]> {
+        self.ends.take()
+    }
+
     pub fn adopted(&mut self, host_pid: i32, pidfd: OwnedFd) {
         self.host_pid = host_pid;
         self.pidfd = Some(pidfd);
@@ -123,10 +201,15 @@ impl ReplSession {
         stderr: pipe::Receiver,
         exited: oneshot::Receiver<ExitStatus>,
     ) -> Result<ReplSession, String> {
+        let ends = [control.as_fd(), stdout.as_fd(), stderr.as_fd()].map(|fd| fd.try_clone_to_owned());
+        let ends = match ends {
+            [Ok(a), Ok(b), Ok(c)] => Some([a, b, c]),
+            _ => None,
+        };
         let (read, write) = control.into_split();
         let (tx, mut rx) = mpsc::channel(256);
         let (ready_tx, ready_rx) = oneshot::channel();
-        tokio::spawn(pump(read, stdout, stderr, exited, tx, ready_tx));
+        tokio::spawn(pump(read, stdout, stderr, exited, tx, ready_tx, None));
         let ready = match tokio::time::timeout(START_TIMEOUT, ready_rx).await {
             Ok(Ok(r)) => r,
             _ => {
@@ -145,7 +228,7 @@ impl ReplSession {
                 return Err(String::from_utf8_lossy(&said).trim().to_string());
             }
         };
-        Ok(ReplSession { control: write, items: rx, held: Default::default(), pidfd: None, host_pid: 0, next_id: 1, ready })
+        Ok(ReplSession { control: Some(write), items: rx, held: Default::default(), pidfd: None, host_pid: 0, next_id: 1, ready, ends })
     }
 
     /// Send code to run; returns the exec id the matching `Done` carries.
@@ -157,7 +240,7 @@ impl ReplSession {
         frame.extend_from_slice(&((body.len() + 1) as u32).to_be_bytes());
         frame.push(b'X');
         frame.extend_from_slice(&body);
-        self.control.write_all(&frame).await?;
+        self.control()?.write_all(&frame).await?;
         Ok(id)
     }
 
@@ -182,7 +265,7 @@ impl ReplSession {
     /// A frame that does nothing but let the REPL reap its dead fork
     /// children (it does between frames; a zygote gets one now and then).
     pub async fn nudge(&mut self) -> std::io::Result<()> {
-        self.control.write_all(&[0, 0, 0, 1, b'Z']).await
+        self.control()?.write_all(&[0, 0, 0, 1, b'Z']).await
     }
 
     /// Ask the REPL to fork itself once per child: one `F` frame per child,
@@ -202,7 +285,8 @@ impl ReplSession {
             frame.extend_from_slice(&((body.len() + 1) as u32).to_be_bytes());
             frame.push(b'F');
             frame.extend_from_slice(&body);
-            let stream: &tokio::net::UnixStream = self.control.as_ref();
+            let half = self.control()?;
+            let stream: &tokio::net::UnixStream = half.as_ref();
             let raw = stream.as_raw_fd();
             // The descriptors ride on the frame's first byte; the rest of a
             // large frame follows as plain bytes.
@@ -220,7 +304,7 @@ impl ReplSession {
                 }
             }
             if sent < frame.len() {
-                self.control.write_all(&frame[sent..]).await?;
+                self.control()?.write_all(&frame[sent..]).await?;
             }
         }
         Ok(id)
@@ -250,6 +334,7 @@ async fn pump(
     exited: oneshot::Receiver<ExitStatus>,
     tx: mpsc::Sender<ReplItem>,
     ready_tx: oneshot::Sender<Ready>,
+    mut resync: Option<Vec<u8>>,
 ) {
     let mut ready_tx = Some(ready_tx);
     let mut buf = BytesMut::with_capacity(64 * 1024);
@@ -262,6 +347,18 @@ async fn pump(
                 match n {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
+                        if let Some(marker) = &resync {
+                            let (found, saw_done) = skip_to(&mut buf, marker);
+                            if saw_done {
+                                // An exec's end, meant for the dead server:
+                                // code was running (`resume` says so).
+                                let _ = tx.send(ReplItem::Done(Done { id: 0, exit_code: 130, error: None })).await;
+                            }
+                            if !found {
+                                continue;
+                            }
+                            resync = None;
+                        }
                         while let Some((kind, payload)) = take_frame(&mut buf) {
                             if drain(&mut stdout, &mut stderr, &tx).await.is_err() {
                                 return;
@@ -338,6 +435,23 @@ async fn drain(stdout: &mut pipe::Receiver, stderr: &mut pipe::Receiver, tx: &mp
     Ok(())
 }
 
+/// Drop what comes before the frame that starts with `marker` (after its
+/// 4-byte length); false while it has not arrived yet (only a tail that
+/// may be its beginning is kept).
+/// Also says whether what it dropped held the end of another exec.
+fn skip_to(buf: &mut BytesMut, marker: &[u8]) -> (bool, bool) {
+    const ANY_DONE: &[u8] = b"D{\"id\":";
+    let found = buf.windows(marker.len()).position(|w| w == marker).filter(|at| *at >= 4);
+    let dropped = match found {
+        Some(at) => at - 4,
+        None => buf.len().saturating_sub(marker.len() + 4),
+    };
+    // Ends that start in what is dropped (they may reach into what is kept).
+    let saw_done = buf.windows(ANY_DONE.len()).take(dropped).any(|w| w == ANY_DONE);
+    buf.advance(dropped);
+    (found.is_some(), saw_done)
+}
+
 fn take_frame(buf: &mut BytesMut) -> Option<(u8, Vec<u8>)> {
     if buf.len() < 4 {
         return None;
@@ -356,4 +470,51 @@ fn take_frame(buf: &mut BytesMut) -> Option<(u8, Vec<u8>)> {
     let payload = buf[1..len].to_vec();
     buf.advance(len);
     Some((kind, payload))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+        let mut f = ((payload.len() + 1) as u32).to_be_bytes().to_vec();
+        f.push(kind);
+        f.extend_from_slice(payload);
+        f
+    }
+
+    #[test]
+    fn resync_finds_the_probe_after_a_torn_frame() {
+        let marker = b"D{\"id\":4503599627370497,".to_vec();
+        // The tail of a frame the dead server half read, an old exec's end,
+        // then the probe's answer and a frame after it.
+        let mut stream = b"tail of a torn frame".to_vec();
+        stream.extend(frame(b'D', br#"{"id":3,"exit_code":130,"error":null}"#));
+        stream.extend(frame(b'D', br#"{"id":4503599627370497,"exit_code":0,"error":null}"#));
+        stream.extend(frame(b'O', b"after"));
+        // Fed in small pieces, as reads may come.
+        let mut buf = BytesMut::new();
+        let (mut found, mut saw_done) = (false, false);
+        for piece in stream.chunks(7) {
+            buf.extend_from_slice(piece);
+            if !found {
+                let (f, d) = skip_to(&mut buf, &marker);
+                found = f;
+                saw_done |= d;
+            }
+        }
+        assert!(found && saw_done);
+        let (kind, payload) = take_frame(&mut buf).unwrap();
+        assert_eq!(kind, b'D');
+        assert!(payload.starts_with(br#"{"id":4503599627370497,"#));
+        assert_eq!(take_frame(&mut buf), Some((b'O', b"after".to_vec())));
+    }
+
+    #[test]
+    fn resync_without_an_old_exec_says_nothing_ran() {
+        let marker = b"D{\"id\":77,".to_vec();
+        let mut buf = BytesMut::from(&frame(b'D', br#"{"id":77,"exit_code":0,"error":null}"#)[..]);
+        assert_eq!(skip_to(&mut buf, &marker), (true, false));
+        assert_eq!(take_frame(&mut buf).map(|f| f.0), Some(b'D'));
+    }
 }

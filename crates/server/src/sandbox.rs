@@ -105,11 +105,22 @@ pub async fn start_repl(engine: &jail::Sandbox) -> Result<ReplSession, String> {
         .start_repl(argv, sandbox_env(&engine.id), "/root", REPL_SOURCE.as_bytes())
         .await
         .map_err(|e| format!("start the Python REPL: {e}"))?;
-    let session = ReplSession::start(process).await?;
+    let mut session = ReplSession::start(process).await?;
+    keep_repl_ends(engine, &mut session).await;
     if !session.ready.pidns {
         tracing::warn!(sandbox = %engine.id, "the REPL could not switch pid namespaces: its subprocesses will not show in the sandbox's ps");
     }
     Ok(session)
+}
+
+/// Have the family's shim keep the server's ends of a new REPL, so it
+/// survives a server restart (docs/state.md#restarts).
+pub async fn keep_repl_ends(engine: &jail::Sandbox, session: &mut ReplSession) {
+    if let Some(ends) = session.take_ends() {
+        if let Err(e) = engine.keep_repl_ends(ends).await {
+            tracing::warn!(sandbox = %engine.id, error = %e, "the REPL will not survive a server restart");
+        }
+    }
 }
 
 impl SandboxEntry {
@@ -496,19 +507,24 @@ async fn tell_rebuilt(slot: &mut ReplSlot, sink: &mut EventSink) {
 }
 
 pub fn new_entry(id: String, settings: Settings, engine: Arc<jail::Sandbox>, session: ReplSession, lineage: Vec<String>) -> Arc<SandboxEntry> {
-    let now = now_ms();
-    Arc::new(SandboxEntry {
+    let slot = ReplSlot { session: Some(session), lost_state: None, rebuilt: false, notice: None, oom_seen: 0 };
+    Arc::new(entry_with(id, settings, engine, lineage, now_ms(), slot))
+}
+
+/// A sandbox entry with nothing run yet, created at `created_at`.
+pub fn entry_with(id: String, settings: Settings, engine: Arc<jail::Sandbox>, lineage: Vec<String>, created_at: u64, slot: ReplSlot) -> SandboxEntry {
+    SandboxEntry {
         id,
         settings,
         engine,
         lineage: std::sync::Mutex::new(lineage),
-        created_at: now,
-        last_active: AtomicU64::new(now),
+        created_at,
+        last_active: AtomicU64::new(now_ms()),
         execs: AtomicU64::new(0),
         repl_restarts: AtomicU64::new(0),
         replay: Default::default(),
         destroyed: AtomicBool::new(false),
-        slot: Mutex::new(ReplSlot { session: Some(session), lost_state: None, rebuilt: false, notice: None, oom_seen: 0 }),
+        slot: Mutex::new(slot),
         busy: AtomicU64::new(0),
         port_connections: Default::default(),
         watches: Default::default(),
@@ -516,7 +532,7 @@ pub fn new_entry(id: String, settings: Settings, engine: Arc<jail::Sandbox>, ses
         egress: std::sync::Mutex::new(protocol::Egress::On(false)),
         network: Default::default(),
         checkpoints: Default::default(),
-    })
+    }
 }
 
 /// The entry that takes over `old`'s id, settings, lifetime and

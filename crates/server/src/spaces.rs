@@ -265,6 +265,7 @@ impl AppState {
         };
         if let Some(e) = removed {
             self.inner.live.fetch_sub(1, Ordering::SeqCst);
+            self.inner.records.remove(id);
             self.drop_checkpoints(&e).await;
             self.teardown(&e).await;
         }

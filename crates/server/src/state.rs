@@ -41,6 +41,10 @@ pub struct Inner {
     pub spaces: crate::spaces::SpaceStore,
     /// `GET /metrics` (src/metrics.rs).
     pub metrics: crate::metrics::Metrics,
+    /// What a restarted server needs to adopt each live sandbox (src/records.rs).
+    pub records: crate::records::Records,
+    /// Ids that did not survive a server restart → why (src/adopt.rs).
+    pub lost: std::sync::Mutex<HashMap<String, String>>,
 }
 
 /// Sandbox ids: `sb-` and 20 lowercase base-32 characters (also the hostname).
@@ -69,6 +73,8 @@ impl AppState {
                 pool: Default::default(),
                 spaces: crate::spaces::SpaceStore::new(&config.state_dir),
                 metrics: Default::default(),
+                records: crate::records::Records::new(&config.state_dir),
+                lost: Default::default(),
                 config,
             }),
         }
@@ -88,6 +94,8 @@ impl AppState {
             pool: Default::default(),
             spaces: crate::spaces::SpaceStore::new(&config.state_dir),
             metrics: Default::default(),
+            records: crate::records::Records::new(&config.state_dir),
+            lost: Default::default(),
             config,
         }) }
     }
@@ -101,6 +109,9 @@ impl AppState {
         }
         if let Some(into) = self.inner.merged.lock().ok().and_then(|m| m.get(id).cloned()) {
             return Err(ApiError::NotFound(format!("sandbox `{id}` was merged into `{into}`; use that id")));
+        }
+        if let Some(why) = self.inner.lost.lock().ok().and_then(|m| m.get(id).cloned()) {
+            return Err(ApiError::NotFound(format!("sandbox `{id}` was lost when the server restarted: {why}")));
         }
         match self.frozen(id).await {
             Some(Frozen::Space(space)) => Err(ApiError::Conflict(format!(
@@ -194,6 +205,7 @@ impl AppState {
                     total_ms = started.elapsed().as_millis() as u64, "created");
                 self.inner.metrics.observe_create("pool", started);
                 crate::egress::apply_soon(&entry, entry.settings.egress.clone()).await;
+                self.inner.records.save(&entry);
                 return Ok(entry);
             }
             Ok(None) => {}
@@ -223,6 +235,7 @@ impl AppState {
             total_ms = started.elapsed().as_millis() as u64, "created");
         self.inner.metrics.observe_create(if from_space { "space" } else { "cold" }, started);
         crate::egress::apply_soon(&entry, entry.settings.egress.clone()).await;
+        self.inner.records.save(&entry);
         Ok(entry)
     }
 
@@ -243,6 +256,7 @@ impl AppState {
             return Err(ApiError::NotFound(format!("no sandbox `{id}`")));
         };
         self.inner.live.fetch_sub(1, Ordering::SeqCst);
+        self.inner.records.remove(id);
         self.drop_checkpoints(&entry).await;
         self.teardown(&entry).await;
         Ok(())
@@ -276,6 +290,7 @@ impl AppState {
         let all: Vec<Arc<SandboxEntry>> = self.inner.sandboxes.write().await.drain().map(|(_, e)| e).collect();
         self.inner.live.store(0, Ordering::SeqCst);
         let jobs = all.iter().map(|e| async move {
+            self.inner.records.remove(&e.id);
             self.drop_checkpoints(e).await;
             self.teardown(e).await
         });

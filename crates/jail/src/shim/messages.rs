@@ -15,7 +15,15 @@ pub struct ShimConfig {
     pub template_rootfs: PathBuf,
     /// A directory of the shim's own for mount points.
     pub run_dir: PathBuf,
+    /// How long the family outlives a server that went away without saying
+    /// `Shutdown` (a crash, an upgrade), waiting on `run_dir/shim.sock` for
+    /// a new server to adopt it. Zero: it ends with the server.
+    #[serde(default)]
+    pub orphan_grace_ms: u64,
 }
+
+/// The socket in a family's run directory where an orphaned shim waits.
+pub const SHIM_SOCKET_NAME: &str = "shim.sock";
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,6 +87,31 @@ pub enum Request {
     /// it entered), move it into its member's cgroup and watch it.
     /// Reply: `Adopted`, fds: [pidfd of each child, in order].
     AdoptForks { parent_repl: i32, children: Vec<ForkedChild> },
+    /// Keep duplicates of the server's ends of a member's REPL (fds:
+    /// [control socket, stdout read end, stderr read end]) so the REPL
+    /// never sees them close if the server dies; replaces earlier ones.
+    Deposit { member: String },
+    /// (A new server, adopting the family.) Reply: `Members`.
+    ListMembers,
+    /// (A new server) take a member back. Reply: `Reattached`, fds: [pidfd
+    /// of init], then, when it has a live REPL with deposited ends, [pidfd
+    /// of the REPL, control socket, stdout, stderr].
+    Reattach { member: String },
+    /// (A new server) every waiter is registered: send the events that
+    /// happened while no server was there, and from now on as they come.
+    Attached,
+    /// The server is done with the family: end it (closing the socket
+    /// without this leaves the family waiting for a new server).
+    Shutdown,
+}
+
+/// A member as `ListMembers` reports it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberState {
+    pub member: String,
+    pub init_alive: bool,
+    /// Host pid of its REPL, if one runs.
+    pub repl: Option<i32>,
 }
 
 /// One child of a REPL fork, as `AdoptForks` names it.
@@ -110,6 +143,12 @@ pub enum Reply {
     /// Host pids of the adopted fork children, in request order.
     Adopted {
         host_pids: Vec<i32>,
+    },
+    Members {
+        members: Vec<MemberState>,
+    },
+    Reattached {
+        repl_host_pid: Option<i32>,
     },
     Failed {
         error: String,

@@ -42,7 +42,22 @@ pub const LEAF_PID_MAX: i32 = 1 << 21;
 
 struct Shim {
     config: ShimConfig,
-    sock: OwnedFd,
+    /// The server's socket; None while the server is gone (orphaned).
+    sock: Option<OwnedFd>,
+    /// Where a new server connects to adopt an orphaned family
+    /// (`run_dir/shim.sock`); None when the family ends with its server.
+    listener: Option<OwnedFd>,
+    /// False from a new server's connect until it says `Attached`: events
+    /// wait in `queued` until its waiters are registered.
+    attached: bool,
+    /// Events that happened while no server was attached, oldest first.
+    queued: std::collections::VecDeque<ShimMessage>,
+    /// When the server went away (the grace period runs from here).
+    orphaned_at: Option<std::time::Instant>,
+    /// Duplicates of the server's ends of each member's REPL: member →
+    /// (REPL host pid, [control, stdout, stderr]). They keep the REPL's
+    /// peers open across a server restart.
+    deposits: HashMap<String, (i32, Vec<OwnedFd>)>,
     family: Family,
     members: HashMap<String, Member>,
     /// REPL host pid → member. The shim is a child subreaper, so REPLs
@@ -129,10 +144,24 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
             return Err(e);
         }
     };
+    let listener = match orphan_listener(&config) {
+        Ok(l) => l,
+        Err(e) => {
+            family.terminate();
+            let failed = ShimMessage::Reply { req: 0, reply: Reply::Failed { error: e.to_string() } };
+            let _ = channel::send(sock.as_fd(), &failed, &[]);
+            return Err(e);
+        }
+    };
     channel::send(sock.as_fd(), &ShimMessage::Ready, &[])?;
     let mut shim = Shim {
         config,
-        sock,
+        sock: Some(sock),
+        listener,
+        attached: true,
+        queued: Default::default(),
+        orphaned_at: None,
+        deposits: HashMap::new(),
         family,
         members: HashMap::new(),
         repls: HashMap::new(),
@@ -153,6 +182,18 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
     let _ = fs::remove_dir_all(&shim.config.run_dir);
     result
 }
+
+/// The socket an orphaned family waits on for a new server (only the
+/// host's root can reach the run directory; sandboxes never see it).
+fn orphan_listener(config: &ShimConfig) -> Result<Option<OwnedFd>> {
+    if config.orphan_grace_ms == 0 {
+        return Ok(None);
+    }
+    channel::listen(&config.run_dir.join(SHIM_SOCKET_NAME)).map(Some)
+}
+
+/// Most events kept for a server that has not come back yet.
+const MAX_QUEUED_EVENTS: usize = 65536;
 
 fn open_own_mnt() -> Result<OwnedFd> {
     fs::File::open("/proc/self/ns/mnt").map(OwnedFd::from).map_err(|e| Error::io("open own mount namespace", e))
@@ -188,15 +229,31 @@ fn fcntl_cloexec(fd: i32) -> nix::Result<()> {
 impl Shim {
     fn serve(&mut self) -> Result<()> {
         loop {
+            if self.sock.is_none() && self.listener.is_none() {
+                return Ok(()); // the server is gone and nobody may adopt us
+            }
+            let timeout = match self.orphaned_at {
+                None => PollTimeout::NONE,
+                Some(since) => {
+                    let left = std::time::Duration::from_millis(self.config.orphan_grace_ms).saturating_sub(since.elapsed());
+                    if left.is_zero() {
+                        return Ok(()); // no server came back in time: the family ends
+                    }
+                    PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1).unwrap_or(PollTimeout::MAX)
+                }
+            };
             let names: Vec<String> = self.members.keys().cloned().collect();
             let forked: Vec<i32> = self.forked.keys().copied().collect();
             let listeners = self.listeners.len();
             let creating = self.creating.len();
             let ready: Vec<bool> = {
-                let mut fds = vec![
-                    PollFd::new(self.sock.as_fd(), PollFlags::POLLIN),
-                    PollFd::new(self.sigchld.as_fd(), PollFlags::POLLIN),
-                ];
+                // The server's socket, or while orphaned the adoption socket.
+                let first = match (&self.sock, &self.listener) {
+                    (Some(sock), _) => sock.as_fd(),
+                    (None, Some(listener)) => listener.as_fd(),
+                    (None, None) => return Ok(()),
+                };
+                let mut fds = vec![PollFd::new(first, PollFlags::POLLIN), PollFd::new(self.sigchld.as_fd(), PollFlags::POLLIN)];
                 for n in &names {
                     fds.push(PollFd::new(self.members[n].init.as_fd(), PollFlags::POLLIN));
                 }
@@ -209,7 +266,7 @@ impl Shim {
                 for c in &self.creating {
                     fds.push(PollFd::new(c.pending.sock.as_fd(), PollFlags::POLLIN));
                 }
-                match poll(&mut fds, PollTimeout::NONE) {
+                match poll(&mut fds, timeout) {
                     // POLLIN, or a hang-up (a listener whose filter nobody uses any more).
                     Ok(_) => fds.iter().map(|f| f.any().unwrap_or(false)).collect(),
                     Err(nix::errno::Errno::EINTR) => continue,
@@ -256,17 +313,75 @@ impl Shim {
                 }
             }
             if ready[0] {
-                match channel::recv::<Envelope>(self.sock.as_fd())? {
-                    Some(env) => self.on_request(env.msg, env.fds)?,
-                    // The server is gone: the family goes with us.
-                    None => return Ok(()),
+                let Some(sock) = &self.sock else {
+                    self.accept_server();
+                    continue;
+                };
+                match channel::recv::<Envelope>(sock.as_fd()) {
+                    Ok(Some(env)) if matches!(env.msg.request, Request::Shutdown) => return Ok(()),
+                    Ok(Some(env)) => self.on_request(env.msg, env.fds)?,
+                    Err(Error::Sys { source: nix::errno::Errno::EAGAIN, .. }) => {}
+                    // The server is gone without saying `Shutdown`: wait
+                    // for a new one (or end, when nobody may adopt us).
+                    Ok(None) | Err(_) => self.server_gone(),
                 }
             }
         }
     }
 
-    fn send(&self, msg: &ShimMessage, fds: &[i32]) -> Result<()> {
-        channel::send(self.sock.as_fd(), msg, fds)
+    fn server_gone(&mut self) {
+        self.sock = None;
+        self.attached = false;
+        self.orphaned_at = Some(std::time::Instant::now());
+    }
+
+    /// A new server connected to the adoption socket: it gets replies at
+    /// once, and the queued events once it says `Attached`.
+    fn accept_server(&mut self) {
+        let Some(listener) = &self.listener else { return };
+        if let Ok(conn) = channel::accept(listener.as_fd()) {
+            self.sock = Some(conn);
+            self.attached = false;
+            self.orphaned_at = None;
+        }
+    }
+
+    /// Send to the server; an event waits while no server is attached, and
+    /// a failed send means the server is gone (not a reason to end).
+    fn send(&mut self, msg: ShimMessage, fds: &[i32]) -> Result<()> {
+        let is_event = matches!(msg, ShimMessage::Event(_));
+        let sent = match &self.sock {
+            Some(sock) if self.attached || !is_event => channel::send(sock.as_fd(), &msg, fds).is_ok(),
+            _ => false,
+        };
+        if !sent {
+            if self.sock.is_some() && (self.attached || !is_event) {
+                self.server_gone();
+            }
+            // A reply is for the server that asked; an event waits for the next.
+            if is_event {
+                self.queue(msg);
+            }
+        }
+        Ok(())
+    }
+
+    fn queue(&mut self, msg: ShimMessage) {
+        if self.queued.len() >= MAX_QUEUED_EVENTS {
+            self.queued.pop_front();
+        }
+        self.queued.push_back(msg);
+    }
+
+    /// The new server registered its waiters: hand it what happened.
+    fn flush_queued(&mut self) {
+        self.attached = true;
+        while let Some(msg) = self.queued.pop_front() {
+            let _ = self.send(msg, &[]);
+            if !self.attached {
+                break;
+            }
+        }
     }
 
     /// Reap exited children; report REPLs. False when the reaper died.
@@ -283,8 +398,9 @@ impl Shim {
                 return Ok(false);
             }
             if let Some(member) = self.repls.remove(&pid.as_raw()) {
+                self.forget_deposit(&member, pid.as_raw());
                 self.send(
-                    &ShimMessage::Event(ShimEvent::ReplExited {
+                    ShimMessage::Event(ShimEvent::ReplExited {
                         member,
                         host_pid: pid.as_raw(),
                         status: Some(status),
@@ -301,8 +417,9 @@ impl Shim {
             return Ok(());
         };
         let status = zombie_status(pid);
+        self.forget_deposit(&member, pid);
         self.send(
-            &ShimMessage::Event(ShimEvent::ReplExited {
+            ShimMessage::Event(ShimEvent::ReplExited {
                 member,
                 host_pid: pid,
                 status,
@@ -355,17 +472,17 @@ impl Shim {
                     let (dead, _) = channel::pair()?;
                     m.init = dead;
                 }
-                return self.send(&ShimMessage::Event(ShimEvent::InitExited { member: name.to_string() }), &[]);
+                return self.send(ShimMessage::Event(ShimEvent::InitExited { member: name.to_string() }), &[]);
             }
         };
         let member = name.to_string();
         match got {
-            InitMessage::Started { id } => self.send(&ShimMessage::Event(ShimEvent::CommandStarted { member, id }), &[]),
-            InitMessage::Exited { id, status } => self.send(&ShimMessage::Event(ShimEvent::CommandExited { member, id, status }), &[]),
+            InitMessage::Started { id } => self.send(ShimMessage::Event(ShimEvent::CommandStarted { member, id }), &[]),
+            InitMessage::Exited { id, status } => self.send(ShimMessage::Event(ShimEvent::CommandExited { member, id, status }), &[]),
             InitMessage::SpawnFailed { id, error } => {
                 tracing::debug!(%error, "spawn failed");
                 self.send(
-                    &ShimMessage::Event(ShimEvent::CommandExited {
+                    ShimMessage::Event(ShimEvent::CommandExited {
                         member,
                         id,
                         status: ExitStatus::Code(127),
@@ -427,10 +544,35 @@ impl Shim {
         Ok(())
     }
 
-    fn reply(&self, req: u64, result: Result<(Reply, Vec<OwnedFd>)>) -> Result<()> {
+    fn reply(&mut self, req: u64, result: Result<(Reply, Vec<OwnedFd>)>) -> Result<()> {
         let (reply, out_fds) = result.unwrap_or_else(|e| (Reply::Failed { error: e.to_string() }, vec![]));
         let raw: Vec<i32> = out_fds.iter().map(|f| f.as_raw_fd()).collect();
-        self.send(&ShimMessage::Reply { req, reply }, &raw)
+        self.send(ShimMessage::Reply { req, reply }, &raw)
+    }
+
+    fn forget_deposit(&mut self, member: &str, repl: i32) {
+        if self.deposits.get(member).is_some_and(|(pid, _)| *pid == repl) {
+            self.deposits.remove(member);
+        }
+    }
+
+    /// The host pid of `member`'s live REPL, if it has one.
+    fn repl_of(&self, member: &str) -> Option<i32> {
+        self.repls.iter().find(|(_, m)| *m == member).map(|(pid, _)| *pid).or_else(|| self.forked.iter().find(|(_, (m, _))| m == member).map(|(pid, _)| *pid))
+    }
+
+    /// Hand a member back to a new server (`Reattach`).
+    fn reattach(&self, name: &str) -> Result<(Reply, Vec<OwnedFd>)> {
+        let m = self.members.get(name).ok_or_else(|| Error::Invalid(format!("no member {name}")))?;
+        let mut fds = vec![sys::pidfd_open(m.init_pid).map_err(|e| Error::sys("pidfd_open init", e))?];
+        let repl = self.repl_of(name).filter(|pid| self.deposits.get(name).is_some_and(|(p, _)| p == pid));
+        if let (Some(pid), Some((_, ends))) = (repl, self.deposits.get(name)) {
+            fds.push(sys::pidfd_open(Pid::from_raw(pid)).map_err(|e| Error::sys("pidfd_open REPL", e))?);
+            for end in ends {
+                fds.push(end.try_clone().map_err(|e| Error::io("dup a deposited descriptor", e))?);
+            }
+        }
+        Ok((Reply::Reattached { repl_host_pid: repl }, fds))
     }
 
     fn start_member(
@@ -521,7 +663,34 @@ impl Shim {
                 let (host_pids, pidfds) = self.adopt_forks(parent_repl, &children)?;
                 Ok((Reply::Adopted { host_pids }, pidfds))
             }
+            Request::Deposit { member } => {
+                let pid = self.repl_of(&member).ok_or_else(|| Error::Invalid(format!("member {member} has no REPL")))?;
+                if fds.len() != 3 {
+                    return Err(Error::Invalid("a deposit is [control, stdout, stderr]".into()));
+                }
+                self.deposits.insert(member, (pid, fds));
+                Ok((Reply::Done, vec![]))
+            }
+            Request::ListMembers => {
+                let members = self
+                    .members
+                    .iter()
+                    .map(|(name, m)| MemberState {
+                        member: name.clone(),
+                        init_alive: nix::sys::signal::kill(m.init_pid, None).is_ok(),
+                        repl: self.repl_of(name),
+                    })
+                    .collect();
+                Ok((Reply::Members { members }, vec![]))
+            }
+            Request::Reattach { member } => self.reattach(&member),
+            Request::Attached => {
+                self.flush_queued();
+                Ok((Reply::Done, vec![]))
+            }
+            Request::Shutdown => Ok((Reply::Done, vec![])),
             Request::DestroyMember { member: name } => {
+                self.deposits.remove(&name);
                 if let Some(m) = self.members.remove(&name) {
                     self.repls.retain(|_, mem| *mem != name);
                     self.forked.retain(|_, (mem, _)| *mem != name);
