@@ -194,6 +194,9 @@ def test_a_sandbox_whose_supervisor_died_is_reported_lost_and_freed(say, server)
             s.wait_ready()
             r = c.get(f"/v1/sandboxes/{doomed}")
             assert r.status_code == 404 and "lost when the server restarted" in r.json()["error"], r.text
+            metrics = c.get("/metrics").text
+            assert 'forkbox_restart_sandboxes_total{outcome="lost"} 1' in metrics, metrics
+            assert 'forkbox_restart_sandboxes_total{outcome="adopted"} 1' in metrics, metrics
             assert c.post(f"/v1/sandboxes/{doomed}/exec", json={"code": "1"}).status_code == 404
             assert exec_ok(c, fine, "print(v)") == "fine\n"
             assert delete_raw(c, fine) == 204

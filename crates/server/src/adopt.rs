@@ -64,6 +64,8 @@ impl AppState {
             let egress = entry.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
             crate::egress::apply_soon(&entry, egress).await;
         }
+        self.inner.metrics.restart_sandboxes("adopted", count);
+        self.inner.metrics.restart_sandboxes("lost", lost);
         Ok((count, lost))
     }
 

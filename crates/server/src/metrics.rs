@@ -46,6 +46,11 @@ pub struct Direction {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
     pub state: String,
 }
@@ -75,6 +80,8 @@ pub struct Metrics {
     /// Bytes through the files API, by `direction` (`in`: uploads,
     /// `out`: downloads, counted as they are sent).
     pub file_bytes: Family<Direction, Counter>,
+    /// Sandboxes found at start, by `outcome` (`adopted`, `lost`).
+    pub restart_sandboxes: Family<Outcome, Counter>,
     /// REPL restarts and OOM kills of sandboxes already destroyed (the
     /// live ones' are added at scrape time).
     pub gone_repl_restarts: AtomicU64,
@@ -93,6 +100,7 @@ impl Default for Metrics {
         let (spaces, checkpoints, memory_bytes) = (Gauge::default(), Gauge::default(), Gauge::default());
         let (repl_restarts, oom_kills) = (Counter::default(), Counter::default());
         let file_bytes = Family::<Direction, Counter>::default();
+        let restart_sandboxes = Family::<Outcome, Counter>::default();
         registry.register("http_requests", "HTTP requests by route template and status", requests.clone());
         registry.register("http_request_seconds", "Time to the response's headers, by route template", request_seconds.clone());
         registry.register("exec_seconds", "Whole execs, by language", exec_seconds.clone());
@@ -105,6 +113,7 @@ impl Default for Metrics {
         registry.register("repl_restarts", "REPLs replaced after dying (state lost)", repl_restarts.clone());
         registry.register("oom_kills", "Processes killed by a sandbox's memory limit", oom_kills.clone());
         registry.register("file_bytes", "Bytes through the files API, by direction (in: uploads, out: downloads)", file_bytes.clone());
+        registry.register("restart_sandboxes", "Sandboxes a previous server left, taken back at start (adopted) or not (lost)", restart_sandboxes.clone());
         Metrics {
             registry,
             requests,
@@ -119,6 +128,7 @@ impl Default for Metrics {
             repl_restarts,
             oom_kills,
             file_bytes,
+            restart_sandboxes,
             gone_repl_restarts: AtomicU64::new(0),
             gone_oom_kills: AtomicU64::new(0),
         }
@@ -132,6 +142,11 @@ impl Metrics {
 
     pub fn observe_create(&self, how: &str, started: Instant) {
         self.create_seconds.get_or_create(&Kind { kind: how.to_string() }).observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Count `n` sandboxes found at start with `outcome` (`adopted`, `lost`).
+    pub fn restart_sandboxes(&self, outcome: &str, n: usize) {
+        self.restart_sandboxes.get_or_create(&Outcome { outcome: outcome.to_string() }).inc_by(n as u64);
     }
 
     /// The counter of files-API bytes going `direction` (`in` or `out`).
