@@ -452,17 +452,23 @@ fn skip_to(buf: &mut BytesMut, marker: &[u8]) -> (bool, bool) {
     (found.is_some(), saw_done)
 }
 
+/// The next complete frame (kind, payload), if `buf` holds one. The length
+/// comes from the sandbox (its code can write to fd 3): an empty frame is
+/// skipped (not taken as the end of what `buf` holds), and room is made for
+/// at most `MAX_FRAME` (`pump` gives up on a longer one), not for the up to
+/// 4 GiB a length may claim.
 fn take_frame(buf: &mut BytesMut) -> Option<(u8, Vec<u8>)> {
-    if buf.len() < 4 {
-        return None;
-    }
-    let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    if len == 0 {
-        buf.advance(4);
-        return None;
-    }
+    let len = loop {
+        if buf.len() < 4 {
+            return None;
+        }
+        match u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize {
+            0 => buf.advance(4),
+            len => break len,
+        }
+    };
     if buf.len() < 4 + len {
-        buf.reserve(4 + len - buf.len());
+        buf.reserve((4 + len).min(MAX_FRAME + 5) - buf.len().min(MAX_FRAME + 5));
         return None;
     }
     buf.advance(4);
@@ -516,5 +522,126 @@ mod tests {
         let mut buf = BytesMut::from(&frame(b'D', br#"{"id":77,"exit_code":0,"error":null}"#)[..]);
         assert_eq!(skip_to(&mut buf, &marker), (true, false));
         assert_eq!(take_frame(&mut buf).map(|f| f.0), Some(b'D'));
+    }
+
+    // Properties of the framing (docs/reliability.md#fuzzing): the REPL's
+    // fd 3 is writable by the sandbox's code, so any bytes may arrive, cut
+    // anywhere by the reads.
+
+    use proptest::prelude::*;
+    use proptest::sample::Index;
+
+    /// `stream` cut at `cuts` (positions taken modulo its length), in order.
+    fn pieces(stream: &[u8], cuts: &[Index]) -> Vec<Vec<u8>> {
+        let mut at: Vec<usize> = cuts.iter().map(|c| c.index(stream.len() + 1)).collect();
+        at.push(0);
+        at.push(stream.len());
+        at.sort_unstable();
+        at.windows(2).map(|w| stream[w[0]..w[1]].to_vec()).collect()
+    }
+
+    /// Feed the pieces as `pump` does, taking every complete frame after each.
+    fn parse_pieces(pieces: &[Vec<u8>]) -> (Vec<(u8, Vec<u8>)>, BytesMut) {
+        let mut buf = BytesMut::new();
+        let mut frames = Vec::new();
+        for piece in pieces {
+            buf.extend_from_slice(piece);
+            while let Some(frame) = take_frame(&mut buf) {
+                frames.push(frame);
+            }
+            // A declared length never reserves more than a frame may be.
+            assert!(buf.capacity() <= 2 * (MAX_FRAME + 5) + 2 * pieces.iter().map(Vec::len).sum::<usize>());
+        }
+        (frames, buf)
+    }
+
+    /// The framing read in one go: what the pieces must parse to.
+    fn model(mut s: &[u8]) -> Vec<(u8, Vec<u8>)> {
+        let mut out = Vec::new();
+        while s.len() >= 4 {
+            let len = u32::from_be_bytes([s[0], s[1], s[2], s[3]]) as usize;
+            if s.len() - 4 < len {
+                break;
+            }
+            if len > 0 {
+                out.push((s[4], s[5..4 + len].to_vec()));
+            }
+            s = &s[4 + len..];
+        }
+        out
+    }
+
+    /// Small lengths often, so that random bytes hold complete frames.
+    fn noisy_stream() -> impl Strategy<Value = Vec<u8>> {
+        let chunk = prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..64),
+            (0u32..48).prop_map(|n| n.to_be_bytes().to_vec()),
+            (any::<u8>(), proptest::collection::vec(any::<u8>(), 0..48)).prop_map(|(k, p)| frame(k, &p)),
+        ];
+        proptest::collection::vec(chunk, 0..12).prop_map(|c| c.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_bytes_in_any_pieces_parse_as_in_one_go(stream in noisy_stream(), cuts in proptest::collection::vec(any::<Index>(), 0..8)) {
+            let (frames, rest) = parse_pieces(&pieces(&stream, &cuts));
+            prop_assert_eq!(&frames, &model(&stream));
+            let taken: usize = frames.iter().map(|(_, p)| 5 + p.len()).sum();
+            prop_assert!(taken + rest.len() <= stream.len());
+        }
+
+        #[test]
+        fn well_formed_frames_come_back_exactly(
+            sent in proptest::collection::vec((any::<u8>(), proptest::collection::vec(any::<u8>(), 0..300)), 0..16),
+            cuts in proptest::collection::vec(any::<Index>(), 0..16),
+        ) {
+            let stream: Vec<u8> = sent.iter().flat_map(|(k, p)| frame(*k, p)).collect();
+            let (frames, rest) = parse_pieces(&pieces(&stream, &cuts));
+            prop_assert_eq!(frames, sent);
+            prop_assert!(rest.is_empty());
+        }
+
+        #[test]
+        fn resync_finds_the_probe_anywhere(
+            garbage in proptest::collection::vec(prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..64),
+                Just(frame(b'D', br#"{"id":3,"exit_code":130,"error":null}"#)),
+                Just(br#"D{"id":4503599627370497"#.to_vec()),
+            ], 0..8).prop_map(|c| c.concat()),
+            cuts in proptest::collection::vec(any::<Index>(), 0..12),
+        ) {
+            let marker = b"D{\"id\":4503599627370497,".to_vec();
+            let probe = frame(b'D', br#"{"id":4503599627370497,"exit_code":0,"error":null}"#);
+            let mut stream = garbage.clone();
+            stream.extend(&probe);
+            stream.extend(frame(b'O', b"after"));
+            // The garbage holds no copy of the marker itself.
+            prop_assume!(stream.windows(marker.len()).position(|w| w == marker) == Some(garbage.len() + 4));
+            let expect_done = stream.windows(7).take(garbage.len()).any(|w| w == b"D{\"id\":");
+            let mut buf = BytesMut::new();
+            let (mut found, mut saw_done) = (false, false);
+            let mut frames = Vec::new();
+            for piece in pieces(&stream, &cuts) {
+                buf.extend_from_slice(&piece);
+                if !found {
+                    let (f, d) = skip_to(&mut buf, &marker);
+                    found = f;
+                    saw_done |= d;
+                    if !found {
+                        // Only a tail that may start the probe is kept.
+                        prop_assert!(buf.len() <= marker.len() + 4);
+                        continue;
+                    }
+                }
+                while let Some(f) = take_frame(&mut buf) {
+                    frames.push(f);
+                }
+            }
+            prop_assert!(found);
+            prop_assert_eq!(saw_done, expect_done);
+            prop_assert_eq!(frames, vec![(b'D', probe[5..].to_vec()), (b'O', b"after".to_vec())]);
+        }
     }
 }

@@ -297,3 +297,6 @@ pub async fn auth(State(state): State<AppState>, headers: HeaderMap, req: Reques
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
+
+#[cfg(test)]
+mod body_fuzz;
