@@ -265,7 +265,7 @@ class Server:
                 last = note
             if time.monotonic() > deadline:
                 raise SystemExit(f"forkbox not ready after {self.ready_timeout:.0f} s:\n{self.log_tail()}")
-            time.sleep(0.1 if note == "not listening yet" else 2)
+            time.sleep(0.005 if note == "not listening yet" else 2)
 
     def log_tail(self, n: int = 4000) -> str:
         """The last n bytes of the server's log."""
