@@ -27,7 +27,7 @@ use crate::{checkpoints, egress, spaces, files, pause, ports, pty, routes, watch
         protocol::CheckpointInfo, protocol::CheckpointList, protocol::RestoreRequest,
         protocol::SpaceInfo, protocol::SpaceList, protocol::ResumeSpace, protocol::Unsaved,
         crate::pool::PoolInfo, crate::pool::PoolTemplate)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &IdErrors),
     security(("bearer" = []))
 )]
 pub struct ApiDoc;
@@ -42,6 +42,65 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
+/// What every route taking a sandbox or space id may answer besides its own
+/// codes (`AppState::get`, `spaces::Spaces::get`): 400 for an id that cannot
+/// be one, and for a sandbox 409 while it is frozen in a space. Added here
+/// once rather than in each `#[utoipa::path]`; found by schemathesis
+/// (docs/reliability.md#fuzzing).
+struct IdErrors;
+
+impl utoipa::Modify for IdErrors {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::RefOr;
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let mut extra = vec![];
+            if path.starts_with("/v1/sandboxes/{id}") {
+                extra.push(("400", "invalid sandbox id"));
+                extra.push(("409", "the sandbox is frozen in a space"));
+            } else if path.starts_with("/v1/spaces/{id}") {
+                extra.push(("400", "invalid space id"));
+            }
+            let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.options, &mut item.head, &mut item.patch, &mut item.trace];
+            for op in ops.into_iter().flatten() {
+                // Each of them documents 404 with an `ErrorBody`: the same shape.
+                let Some(RefOr::T(not_found)) = op.responses.responses.get("404").cloned() else { continue };
+                for (code, why) in &extra {
+                    let mut r = not_found.clone();
+                    r.description = (*why).to_string();
+                    op.responses.responses.entry((*code).to_string()).or_insert(RefOr::T(r));
+                }
+            }
+        }
+    }
+}
+
 pub async fn openapi_json() -> impl IntoResponse {
     axum::Json(ApiDoc::openapi())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_routes_document_bad_ids_and_frozen_sandboxes() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).expect("serializable");
+        let mut seen = 0;
+        for (path, item) in doc["paths"].as_object().expect("paths") {
+            let codes: &[&str] = if path.starts_with("/v1/sandboxes/{id}") {
+                &["400", "404", "409"]
+            } else if path.starts_with("/v1/spaces/{id}") {
+                &["400", "404"]
+            } else {
+                continue;
+            };
+            for (method, op) in item.as_object().expect("path item") {
+                for code in codes {
+                    assert!(op["responses"].get(*code).is_some(), "{method} {path} does not document {code}");
+                }
+                seen += 1;
+            }
+        }
+        assert!(seen > 30, "{seen} operations");
+    }
 }
