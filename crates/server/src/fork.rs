@@ -231,10 +231,20 @@ impl AppState {
             }
             let members: Vec<&jail::Sandbox> = children.iter().map(|s| s.as_ref()).collect();
             let adopted = jail.adopt_forks(parent, parent_repl, &members).await.map_err(|e| e.to_string())?;
+            let mut deposits = Vec::with_capacity(n);
             for ((session, (host_pid, pidfd)), child) in sessions.iter_mut().zip(adopted).zip(&children) {
                 session.adopted(host_pid, pidfd);
-                crate::sandbox::keep_repl_ends(child, session).await;
+                deposits.extend(session.take_ends().map(|ends| (Arc::clone(child), host_pid, ends)));
             }
+            // Off the fork's path: the shim is busy with the new REPLs
+            // settling in, and the ends only matter if the server dies.
+            tokio::spawn(async move {
+                for (child, repl, ends) in deposits {
+                    if let Err(e) = child.keep_repl_ends(repl, ends).await {
+                        tracing::warn!(sandbox = %child.id, error = %e, "the REPL will not survive a server restart");
+                    }
+                }
+            });
             Ok(sessions)
         }
         .await;

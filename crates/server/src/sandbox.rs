@@ -117,7 +117,7 @@ pub async fn start_repl(engine: &jail::Sandbox) -> Result<ReplSession, String> {
 /// survives a server restart (docs/state.md#restarts).
 pub async fn keep_repl_ends(engine: &jail::Sandbox, session: &mut ReplSession) {
     if let Some(ends) = session.take_ends() {
-        if let Err(e) = engine.keep_repl_ends(ends).await {
+        if let Err(e) = engine.keep_repl_ends(session.host_pid, ends).await {
             tracing::warn!(sandbox = %engine.id, error = %e, "the REPL will not survive a server restart");
         }
     }

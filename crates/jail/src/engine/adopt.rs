@@ -62,12 +62,12 @@ impl Sandbox {
     /// member's REPL ([control, stdout, stderr]), so the REPL never sees
     /// them close when the server dies. Needed once per REPL; a no-op when
     /// families do not outlive the server.
-    pub async fn keep_repl_ends(&self, ends: [OwnedFd; 3]) -> Result<()> {
+    pub async fn keep_repl_ends(&self, repl_host_pid: i32, ends: [OwnedFd; 3]) -> Result<()> {
         if self.family.config.orphan_grace_ms == 0 {
             return Ok(());
         }
         let raw = ends.each_ref().map(|fd| fd.as_raw_fd());
-        self.shim().call(Request::Deposit { member: self.id.clone() }, &raw).await.map(|_| ())
+        self.shim().call(Request::Deposit { member: self.id.clone(), repl: repl_host_pid }, &raw).await.map(|_| ())
     }
 }
 

@@ -90,7 +90,8 @@ pub enum Request {
     /// Keep duplicates of the server's ends of a member's REPL (fds:
     /// [control socket, stdout read end, stderr read end]) so the REPL
     /// never sees them close if the server dies; replaces earlier ones.
-    Deposit { member: String },
+    /// `repl` is its host pid: ends of a REPL that is gone are refused.
+    Deposit { member: String, repl: i32 },
     /// (A new server, adopting the family.) Reply: `Members`.
     ListMembers,
     /// (A new server) take a member back. Reply: `Reattached`, fds: [pidfd

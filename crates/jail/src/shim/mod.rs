@@ -663,8 +663,8 @@ impl Shim {
                 let (host_pids, pidfds) = self.adopt_forks(parent_repl, &children)?;
                 Ok((Reply::Adopted { host_pids }, pidfds))
             }
-            Request::Deposit { member } => {
-                let pid = self.repl_of(&member).ok_or_else(|| Error::Invalid(format!("member {member} has no REPL")))?;
+            Request::Deposit { member, repl } => {
+                let pid = self.repl_of(&member).filter(|p| *p == repl).ok_or_else(|| Error::Invalid(format!("member {member} no longer runs REPL {repl}")))?;
                 if fds.len() != 3 {
                     return Err(Error::Invalid("a deposit is [control, stdout, stderr]".into()));
                 }
