@@ -1006,11 +1006,17 @@ mod tests {
         /// Asserts `diff` gives `expected`, and so does the real thing.
         fn check(&self, paths: &[&str], expected: Diff) {
             assert_eq!(self.diff(paths), expected, "diff of {paths:?}");
-            assert_eq!(
-                self.oracle_diff("lower", "lower", paths),
-                expected,
-                "find on real overlays, {paths:?}"
-            );
+            // The kernel's walk of a chain of exactly 40 links through a
+            // fresh overlay mount has been seen to fail with ELOOP once in
+            // a while under load: the reference gets a few tries, ours none.
+            let mut oracle = self.oracle_diff("lower", "lower", paths);
+            for _ in 0..3 {
+                if oracle == expected {
+                    break;
+                }
+                oracle = self.oracle_diff("lower", "lower", paths);
+            }
+            assert_eq!(oracle, expected, "find on real overlays, {paths:?}");
         }
     }
 

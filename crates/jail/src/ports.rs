@@ -85,8 +85,15 @@ mod tests {
         if !nix::unistd::geteuid().is_root() {
             panic!("this test needs root (setns)");
         }
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
+        // A port nothing else listens on, on ::1 either (connect tries both).
+        let (listener, port) = loop {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            match std::net::TcpListener::bind(("::1", port)) {
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                _ => break (l, port), // free there, or no IPv6 at all
+            }
+        };
         let (stream, addr) = connect(own_netns(), port, Duration::from_secs(5)).await.unwrap();
         assert_eq!(addr, SocketAddr::from(([127, 0, 0, 1], port)));
         assert_eq!(stream.peer_addr().unwrap(), addr);
