@@ -98,6 +98,7 @@ mod tests {
         assert_eq!(addr, SocketAddr::from(([127, 0, 0, 1], port)));
         assert_eq!(stream.peer_addr().unwrap(), addr);
         drop(listener);
-        assert!(matches!(connect(own_netns(), port, Duration::from_secs(5)).await, Err(PortError::Refused)));
+        let closed = connect(own_netns(), port, Duration::from_secs(5)).await;
+        assert!(matches!(closed, Err(PortError::Refused)), "{closed:?}");
     }
 }
