@@ -240,9 +240,7 @@ impl AppState {
             // settling in, and the ends only matter if the server dies.
             tokio::spawn(async move {
                 for (child, repl, ends) in deposits {
-                    if let Err(e) = child.keep_repl_ends(repl, ends).await {
-                        tracing::warn!(sandbox = %child.id, error = %e, "the REPL will not survive a server restart");
-                    }
+                    crate::sandbox::keep_repl_ends(&child, repl, ends).await;
                 }
             });
             Ok(sessions)

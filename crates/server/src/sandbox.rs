@@ -106,7 +106,9 @@ pub async fn start_repl(engine: &jail::Sandbox) -> Result<ReplSession, String> {
         .await
         .map_err(|e| format!("start the Python REPL: {e}"))?;
     let mut session = ReplSession::start(process).await?;
-    keep_repl_ends(engine, &mut session).await;
+    if let Some(ends) = session.take_ends() {
+        keep_repl_ends(engine, session.host_pid, ends).await;
+    }
     if !session.ready.pidns {
         tracing::warn!(sandbox = %engine.id, "the REPL could not switch pid namespaces: its subprocesses will not show in the sandbox's ps");
     }
@@ -115,11 +117,9 @@ pub async fn start_repl(engine: &jail::Sandbox) -> Result<ReplSession, String> {
 
 /// Have the family's shim keep the server's ends of a new REPL, so it
 /// survives a server restart (docs/state.md#restarts).
-pub async fn keep_repl_ends(engine: &jail::Sandbox, session: &mut ReplSession) {
-    if let Some(ends) = session.take_ends() {
-        if let Err(e) = engine.keep_repl_ends(session.host_pid, ends).await {
-            tracing::warn!(sandbox = %engine.id, error = %e, "the REPL will not survive a server restart");
-        }
+pub async fn keep_repl_ends(engine: &jail::Sandbox, repl_host_pid: i32, ends: [std::os::fd::OwnedFd; 3]) {
+    if let Err(e) = engine.keep_repl_ends(repl_host_pid, ends).await {
+        tracing::warn!(sandbox = %engine.id, error = %e, "the REPL will not survive a server restart");
     }
 }
 
