@@ -218,7 +218,8 @@ report({'visible': visible, 'killed': hit})
     assert intact(http, parent) and exec_ok(http, b, "print(bg.poll())") == "None\n"
 
 
-@pytest.mark.xfail(strict=True, reason="open hole: a fork parent's threads can dup the descriptors meant for its children (docs/security.md#open-holes)")
+# Not strict: the attack is a race the attacker wins most runs but not all.
+@pytest.mark.xfail(strict=False, reason="open hole: a fork parent's threads can dup the descriptors meant for its children (docs/security.md#open-holes)")
 def test_a_fork_parent_cannot_take_its_childrens_namespaces(http, new_sandbox):
     """While the server forks a sandbox, the parent's REPL receives each
     child's descriptors (its mount, network, UTS, IPC and pid namespaces,
