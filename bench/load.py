@@ -171,7 +171,11 @@ async def iteration(c: httpx.AsyncClient, rec: Record, execs: int, fork_n: int) 
     if body is None:
         await asyncio.sleep(0.5)  # do not spin on a failing create
         return
-    sid = json.loads(body)["id"]
+    try:
+        sid = json.loads(body)["id"]
+    except (ValueError, KeyError, TypeError):
+        rec.fail(CREATE, 200, f"no id in {body[:300]!r}")
+        return
     rec.ids.append(sid)
     children: list[str] = []
     try:
@@ -188,7 +192,11 @@ async def iteration(c: httpx.AsyncClient, rec: Record, execs: int, fork_n: int) 
         body = await request(c, rec, FORK, "POST", f"/v1/sandboxes/{sid}/fork", {"n": fork_n})
         if body is None:
             return
-        children = list(json.loads(body).get("children", []))
+        try:
+            children = [str(x) for x in json.loads(body)["children"]]
+        except (ValueError, KeyError, TypeError):
+            rec.fail(FORK, 200, f"no children in {body[:300]!r}")
+            return
         rec.ids += children
         if len(children) != fork_n:
             rec.fail(FORK, 200, f"asked for {fork_n} children, got {body[:300]!r}")
@@ -281,19 +289,20 @@ def snapshot(srv: LoadServer) -> dict:
     }
 
 
-def server_sample(pid: int) -> tuple[float, int, int, int]:
-    """(unix time, VmRSS KiB, threads, open fds) of the server."""
+def server_sample(pid: int) -> tuple[float, int, int, int, int]:
+    """(unix time, VmRSS KiB, threads, open fds, RssAnon KiB) of the server."""
     st = proc_status(pid)
     rss = int(st.get("VmRSS", "0 kB").split()[0]) if st else 0
+    anon = int(st.get("RssAnon", "0 kB").split()[0]) if st else 0
     threads = int(st.get("Threads", "0")) if st else 0
-    return time.time(), rss, threads, len(listdir(f"/proc/{pid}/fd"))
+    return time.time(), rss, threads, len(listdir(f"/proc/{pid}/fd")), anon
 
 
 class Sampler(threading.Thread):
     def __init__(self, pid: int, interval: float):
         super().__init__(daemon=True)
         self.pid, self.interval = pid, interval
-        self.samples: list[tuple[float, int, int, int]] = []
+        self.samples: list[tuple] = []
         self.marks: dict[str, float] = {}
         self.stop_ev = threading.Event()
 
@@ -306,7 +315,7 @@ class Sampler(threading.Thread):
         self.marks[name] = time.time()
         self.samples.append(server_sample(self.pid))
 
-    def between(self, a: str, b: str) -> list[tuple[float, int, int, int]]:
+    def between(self, a: str, b: str) -> list[tuple]:
         return [s for s in sorted(self.samples) if self.marks[a] <= s[0] <= self.marks[b]]
 
 
@@ -645,12 +654,12 @@ def render(args, m: dict, sampler: Sampler, facts: dict, problems: list[str], cm
         "|---|---:|---:|---:|---:|---:|---|",
         *rows,
         "",
-        "Server (`/proc/<pid>/status` VmRSS, open fds), sampled every "
+        "Server (`/proc/<pid>/status` VmRSS and RssAnon, threads, open fds), sampled every "
         f"{args.rss_interval:g} s:",
         "",
-        "| when | RSS (MiB) | threads | open fds |",
-        "|---|---:|---:|---:|",
-        *(f"| {label} | {marks[k][1] / 1024:.1f} | {marks[k][2]} | {marks[k][3]} |"
+        "| when | RSS (MiB) | of which anonymous | threads | open fds |",
+        "|---|---:|---:|---:|---:|",
+        *(f"| {label} | {marks[k][1] / 1024:.1f} | {marks[k][4] / 1024:.1f} | {marks[k][2]} | {marks[k][3]} |"
           for k, label in (("ready", "ready, empty"), ("live", f"{args.live} live sandboxes"),
                            ("loop start", "clients start"), ("loop end", "clients done"),
                            ("settled", "everything destroyed")) if k in marks),
