@@ -3,7 +3,7 @@
 //! a template still building answers 503 with its progress.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use protocol::TemplateInfo;
@@ -44,6 +44,7 @@ impl Templates {
         for name in &self.order {
             if let Some(recipe) = template::builtin(name) {
                 if let Ok(Some(built)) = self.store.lookup(&recipe) {
+                    seal(&built.rootfs);
                     self.set(name, State::Ready(built.rootfs));
                 }
             }
@@ -70,6 +71,7 @@ impl Templates {
 
     fn build_one(&self, name: &str, recipe: &Recipe) {
         if let Ok(Some(built)) = self.store.lookup(recipe) {
+            seal(&built.rootfs);
             self.set(name, State::Ready(built.rootfs));
             return;
         }
@@ -79,6 +81,7 @@ impl Templates {
         match self.store.build(recipe, &progress) {
             Ok(built) => {
                 tracing::info!(template = name, rootfs = %built.rootfs.display(), "template ready");
+                seal(&built.rootfs);
                 self.set(name, State::Ready(built.rootfs));
             }
             Err(e) => {
@@ -121,6 +124,27 @@ impl Templates {
                 TemplateInfo { name: name.clone(), state: state.into(), progress, error }
             })
             .collect()
+    }
+}
+
+/// Make a ready template's root filesystem read-only on the host, with a
+/// bind mount of it onto itself that stays after the server (one per
+/// template, however many servers share it). Every sandbox of the template
+/// uses it as its lower layer, so deleting or editing its files would pull
+/// them from under all of them at once; sealed, a `rm -rf` fails with
+/// EROFS/EBUSY and changes nothing (tests/e2e/test_faults.py).
+fn seal(rootfs: &Path) {
+    use nix::mount::{mount, MsFlags};
+    let sealed = rustix::fs::statx(rustix::fs::CWD, rootfs, rustix::fs::AtFlags::empty(), rustix::fs::StatxFlags::BASIC_STATS)
+        .map(|st| st.stx_attributes.contains(rustix::fs::StatxAttributes::MOUNT_ROOT));
+    if matches!(sealed, Ok(true)) {
+        return;
+    }
+    let done = mount(Some(rootfs), rootfs, None::<&str>, MsFlags::MS_BIND, None::<&str>).and_then(|()| {
+        mount(None::<&str>, rootfs, None::<&str>, MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY, None::<&str>)
+    });
+    if let Err(e) = done {
+        tracing::warn!(rootfs = %rootfs.display(), err = %e, "could not seal the template read-only");
     }
 }
 
