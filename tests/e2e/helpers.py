@@ -96,6 +96,9 @@ class ForkboxServer:
             cmd += ["--api-key", k]
         if not self.build_templates:
             cmd.append("--no-build-templates")
+        if not any(a.startswith("--volume-gib") for a in self.args):
+            # The volume image is allocated in full: keep test servers small.
+            cmd += ["--volume-gib", "4"]
         return cmd + self.args
 
     def start(self) -> "ForkboxServer":
@@ -518,6 +521,8 @@ def server_leaks(server: ForkboxServer, expect_volume_mounted: bool, live_ids=fr
         mp = m.split()[4]
         if mp == vol and expect_volume_mounted:
             continue
+        if mp == os.path.realpath(server.state_dir):
+            continue  # the state directory may be a filesystem of its own
         problems.append(f"mount left: {m}")
     if expect_volume_mounted:
         sandboxes = os.path.join(vol, "sandboxes")

@@ -149,7 +149,9 @@ def test_create_and_destroy_200_sandboxes_leaks_nothing(server, http):
 
 
 def test_sigterm_with_live_sandboxes_leaves_nothing(say):
-    srv = ForkboxServer("sigterm", build_templates=False, log=say).start()
+    # The busy exec below is interrupted after a 2 s drain (test_faults.py
+    # has the drain itself).
+    srv = ForkboxServer("sigterm", ["--drain-seconds", "2"], build_templates=False, log=say).start()
     try:
         srv.wait_ready()
         with srv.http() as c:

@@ -151,6 +151,10 @@ struct ServeArgs {
     /// state directory to adopt them (seconds; 0: they end with it).
     #[arg(long, env = "FORKBOX_ORPHAN_GRACE_SECONDS", default_value_t = 300)]
     orphan_grace_seconds: u64,
+    /// On SIGTERM: refuse new requests (503) and let running execs finish
+    /// for this long before interrupting them (seconds).
+    #[arg(long, env = "FORKBOX_DRAIN_SECONDS", default_value_t = 30)]
+    drain_seconds: u64,
     /// Create every sandbox the slow way instead of forking a warm,
     /// pre-imported zygote of its template (docs/fork.md).
     #[arg(long)]
@@ -313,5 +317,6 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         default_egress: a.default_egress,
         idle_pause: (a.idle_pause_seconds > 0).then(|| Duration::from_secs(a.idle_pause_seconds)),
         orphan_grace: Duration::from_secs(a.orphan_grace_seconds),
+        drain: Duration::from_secs(a.drain_seconds),
     })
 }

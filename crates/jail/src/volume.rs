@@ -2,9 +2,17 @@
 //!
 //! Each sandbox's upper layer is a btrfs subvolume, so the fork issue can take
 //! an O(1) snapshot of it. When the state directory is not on btrfs, the
-//! volume is a sparse image file formatted as btrfs and loop-mounted at
+//! volume is an image file formatted as btrfs and loop-mounted at
 //! `<state>/volume` (one loop device for the whole server, detached when the
 //! volume is unmounted because the mount sets `autoclear`).
+//!
+//! The image is allocated in full, not sparse: when the disk under a sparse
+//! image fills up, the loop device fails btrfs's writes with EIO and btrfs
+//! turns the whole volume read-only, breaking every sandbox at once (seen
+//! here). Allocated, the volume's own free space is all a sandbox can run
+//! out of, and btrfs answers that with a clean ENOSPC to the writer. For the
+//! same reason it is mounted `nodiscard`: discards would punch holes back
+//! into the image.
 
 use std::ffi::CString;
 use std::fs;
@@ -38,6 +46,48 @@ nix::ioctl_write_ptr!(btrfs_subvol_create, 0x94, 14, VolArgs);
 nix::ioctl_write_ptr!(btrfs_snap_destroy, 0x94, 15, VolArgs);
 nix::ioctl_write_ptr!(btrfs_snap_create_v2, 0x94, 23, VolArgsV2);
 
+/// Size of a new volume image: `gib`, or half the disk's free space when
+/// that is less (a server must not take a disk whole; it says so).
+fn image_bytes(state_dir: &Path, gib: u64) -> Result<u64> {
+    let st = nix::sys::statvfs::statvfs(state_dir).map_err(|e| Error::sys("statvfs state dir", e))?;
+    let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+    let wanted = gib << 30;
+    let half = (free / 2) & !((1 << 30) - 1);
+    if wanted <= half {
+        return Ok(wanted);
+    }
+    if half < 1 << 30 {
+        return Err(Error::io(
+            "allocate the volume image",
+            std::io::Error::other(format!("only {} MiB free under {}: the volume needs at least 2 GiB free", free >> 20, state_dir.display())),
+        ));
+    }
+    tracing::warn!(wanted_gib = gib, gib = half >> 30, "the disk has room for a smaller volume only (--volume-gib)");
+    Ok(half)
+}
+
+/// An image made sparse by an older forkbox: allocate its holes, so that a
+/// full disk cannot turn the volume read-only. Without room, go on as it
+/// was, but say what that risks.
+fn allocate_existing(image: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let allocated = fs::OpenOptions::new().write(true).open(image).and_then(|f| {
+        let meta = f.metadata()?;
+        let missing = meta.len().saturating_sub(meta.blocks() * 512);
+        let st = nix::sys::statvfs::statvfs(image).map_err(std::io::Error::from)?;
+        let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+        // A fallocate that fails half-way keeps what it allocated: never
+        // start one that would leave the disk (nearly) full.
+        if missing > free / 2 {
+            return Err(std::io::Error::other(format!("{} MiB are missing and only {} MiB are free", missing >> 20, free >> 20)));
+        }
+        rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::KEEP_SIZE, 0, meta.len()).map_err(std::io::Error::from)
+    });
+    if let Err(e) = allocated {
+        tracing::warn!(image = %image.display(), err = %e, "could not allocate the volume image: if the disk fills up, the volume turns read-only");
+    }
+}
+
 /// The mounted volume.
 #[derive(Debug, Clone)]
 pub struct Volume {
@@ -64,13 +114,19 @@ impl Volume {
         }
         if !image.exists() {
             require_tool("mkfs.btrfs", "btrfs-progs")?;
-            let file = fs::File::create(&image).map_err(|e| Error::io("create volume image", e))?;
-            file.set_len(image_gib << 30).map_err(|e| Error::io("size volume image", e))?;
+            let bytes = image_bytes(state_dir, image_gib)?;
+            let partial = state_dir.join("volume.img.partial");
+            let file = fs::File::create(&partial).map_err(|e| Error::io("create volume image", e))?;
+            rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, bytes)
+                .map_err(|e| Error::io("allocate the volume image", e.into()))?;
             drop(file);
-            run(Command::new("mkfs.btrfs").args(["-q", "-L", "forkbox", "-m", "single"]).arg(&image), "mkfs.btrfs")?;
+            run(Command::new("mkfs.btrfs").args(["-q", "-K", "-L", "forkbox", "-m", "single"]).arg(&partial), "mkfs.btrfs")?;
+            fs::rename(&partial, &image).map_err(|e| Error::io("name the volume image", e))?;
+        } else {
+            allocate_existing(&image);
         }
         run(
-            Command::new("mount").args(["-t", "btrfs", "-o", "loop,noatime,user_subvol_rm_allowed"]).arg(&image).arg(&root),
+            Command::new("mount").args(["-t", "btrfs", "-o", "loop,noatime,nodiscard,user_subvol_rm_allowed"]).arg(&image).arg(&root),
             "mount volume",
         )?;
         Ok(Volume { root, image: Some(image) })

@@ -162,7 +162,8 @@ fn no_checkpoint(id: &str, checkpoint: &str) -> ApiError {
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints", params(("id" = String, Path)),
-    responses((status = 200, body = CheckpointInfo), (status = 404, body = protocol::ErrorBody), (status = 429, body = protocol::ErrorBody)))]
+    responses((status = 200, body = CheckpointInfo), (status = 404, body = protocol::ErrorBody), (status = 429, body = protocol::ErrorBody),
+        (status = 507, body = protocol::ErrorBody)))]
 pub async fn create(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     Ok(json(StatusCode::OK, &state.checkpoint(&id).await?))
 }
@@ -181,7 +182,8 @@ pub async fn delete(State(state): State<AppState>, Path((id, checkpoint)): Path<
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/restore", params(("id" = String, Path)), request_body = RestoreRequest,
-    responses((status = 200, body = protocol::SandboxInfo), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
+    responses((status = 200, body = protocol::SandboxInfo), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
+        (status = 429, body = protocol::ErrorBody), (status = 507, body = protocol::ErrorBody)))]
 pub async fn restore(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<RestoreRequest>) -> Result<Response, ApiError> {
     let restored = state.restore(&id, &req.checkpoint).await?;
     Ok(json(StatusCode::OK, &restored.info()))

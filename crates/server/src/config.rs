@@ -29,6 +29,9 @@ pub struct ServerConfig {
     /// How long sandboxes outlive a server that died, for the next one to
     /// adopt them (docs/state.md#restarts); zero: they end with it.
     pub orphan_grace: Duration,
+    /// On SIGTERM, how long running execs may go on before they are
+    /// interrupted (src/drain.rs).
+    pub drain: Duration,
 }
 
 /// Defaults and caps for sandboxes.

@@ -7,7 +7,9 @@
 pub mod adopt;
 pub mod checkpoints;
 pub mod config;
+pub mod disk;
 pub mod dns;
+pub mod drain;
 pub mod egress;
 pub mod error;
 pub mod events;
@@ -84,6 +86,7 @@ pub fn app(state: AppState) -> Router {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), routes::auth))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), routes::refuse_while_draining))
         .layer(DefaultBodyLimit::max(routes::MAX_BODY))
         .with_state(state)
 }
@@ -145,6 +148,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         .with_graceful_shutdown(async move {
             match shutdown_signal().await {
                 Exit::DestroyAll => {
+                    shutdown_state.drain(shutdown_state.inner.config.drain).await;
                     tracing::info!("shutting down: destroying all sandboxes");
                     shutdown_state.destroy_all().await;
                 }

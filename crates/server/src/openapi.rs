@@ -52,8 +52,19 @@ struct IdErrors;
 impl utoipa::Modify for IdErrors {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::RefOr;
+        // Every route documents 404 or 400 with an `ErrorBody`: the shape
+        // the added codes share.
+        let error_body = openapi.paths.paths.values().find_map(|item| {
+            let op = item.get.as_ref().or(item.post.as_ref())?;
+            match op.responses.responses.get("404") {
+                Some(RefOr::T(r)) => Some(r.clone()),
+                _ => None,
+            }
+        });
+        let Some(error_body) = error_body else { return };
         for (path, item) in openapi.paths.paths.iter_mut() {
-            let mut extra = vec![];
+            // Any request while the server drains for shutdown (src/drain.rs).
+            let mut extra = vec![("503", "the server is shutting down")];
             if path.starts_with("/v1/sandboxes/{id}") {
                 extra.push(("400", "invalid sandbox id"));
                 extra.push(("409", "the sandbox is frozen in a space"));
@@ -62,10 +73,8 @@ impl utoipa::Modify for IdErrors {
             }
             let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.options, &mut item.head, &mut item.patch, &mut item.trace];
             for op in ops.into_iter().flatten() {
-                // Each of them documents 404 with an `ErrorBody`: the same shape.
-                let Some(RefOr::T(not_found)) = op.responses.responses.get("404").cloned() else { continue };
                 for (code, why) in &extra {
-                    let mut r = not_found.clone();
+                    let mut r = error_body.clone();
                     r.description = (*why).to_string();
                     op.responses.responses.entry((*code).to_string()).or_insert(RefOr::T(r));
                 }

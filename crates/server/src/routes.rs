@@ -84,7 +84,8 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
 
 #[utoipa::path(post, path = "/v1/sandboxes", request_body = CreateSandbox,
     responses((status = 200, body = Created), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
-        (status = 429, body = protocol::ErrorBody), (status = 501, body = protocol::ErrorBody), (status = 503, body = protocol::ErrorBody)))]
+        (status = 429, body = protocol::ErrorBody), (status = 501, body = protocol::ErrorBody), (status = 503, body = protocol::ErrorBody),
+        (status = 507, body = protocol::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
     body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
@@ -141,6 +142,7 @@ pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(re
         Some(0) => return Err(ApiError::BadRequest("timeout_ms must be at least 1".into())),
         Some(ms) => Duration::from_millis(ms).min(limits.max_exec_timeout),
     };
+    let bounds = crate::sandbox::ExecBounds { timeout, stop: state.inner.drain.stop_token() };
     let (tx, rx) = mpsc::channel(256);
     let is_python = language == "python";
     entry.busy.fetch_add(1, Ordering::SeqCst);
@@ -167,10 +169,14 @@ pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(re
         if entry.destroyed.load(Ordering::Relaxed) {
             sink.error("the sandbox was destroyed".into(), None, None, None).await;
             sink.exit(1).await;
+        } else if bounds.stop.is_cancelled() {
+            // Queued behind another exec until after the drain ran out: it
+            // never starts.
+            crate::sandbox::never_started_for_shutdown(&mut sink).await;
         } else if is_python {
-            entry.run_python(&mut slot, &req.code, timeout, &mut sink).await;
+            entry.run_python(&mut slot, &req.code, &bounds, &mut sink).await;
         } else {
-            entry.run_bash(&mut slot, &req.code, timeout, &mut sink).await;
+            entry.run_bash(&mut slot, &req.code, &bounds, &mut sink).await;
         }
         entry.execs.fetch_add(1, Ordering::Relaxed);
         entry.touch();
@@ -219,7 +225,7 @@ pub async fn templates(State(state): State<AppState>) -> Response {
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", params(("id" = String, Path)), request_body = protocol::ForkRequest,
     responses((status = 200, body = protocol::Forked), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
-        (status = 429, body = protocol::ErrorBody), (status = 500, body = protocol::ErrorBody)))]
+        (status = 429, body = protocol::ErrorBody), (status = 500, body = protocol::ErrorBody), (status = 507, body = protocol::ErrorBody)))]
 pub async fn fork(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<protocol::ForkRequest>) -> Result<Response, ApiError> {
     let n = usize::try_from(req.n).unwrap_or(0);
     let children = state.fork(&id, n).await?;
@@ -275,6 +281,16 @@ pub async fn detach(req: Request, next: Next) -> Response {
         Ok(response) => response,
         Err(e) => ApiError::Internal(format!("the request's handler failed: {e}")).into_response(),
     }
+}
+
+/// While the server drains for shutdown, every new request (the health
+/// check too, so a load balancer moves on) gets 503; requests already in
+/// flight go on.
+pub async fn refuse_while_draining(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if state.inner.drain.is_draining() {
+        return ApiError::Unavailable { message: "the server is shutting down".into(), progress: None }.into_response();
+    }
+    next.run(req).await
 }
 
 /// Bearer-key auth for every route but the health check.

@@ -18,6 +18,29 @@ use crate::repl::{ReplItem, ReplSession, REPL_BOOTSTRAP, REPL_SOURCE};
 /// Exit code of an exec stopped by its timeout (as GNU `timeout` does).
 pub const TIMEOUT_EXIT: i32 = 124;
 
+/// When an exec must stop early: at its timeout, or when the server's
+/// drain runs out (src/drain.rs).
+#[derive(Clone)]
+pub struct ExecBounds {
+    pub timeout: Duration,
+    pub stop: tokio_util::sync::CancellationToken,
+}
+
+impl ExecBounds {
+    /// Only the timeout (the server's own hidden runs: a shutdown's freeze
+    /// must not be interrupted by the shutdown).
+    pub fn timeout_only(timeout: Duration) -> ExecBounds {
+        ExecBounds { timeout, stop: Default::default() }
+    }
+}
+
+/// Why the server interrupted an exec.
+#[derive(Clone, Copy, PartialEq)]
+enum Interrupt {
+    Timeout,
+    Shutdown,
+}
+
 #[derive(Clone)]
 pub struct Settings {
     pub template: String,
@@ -190,7 +213,8 @@ impl SandboxEntry {
     }
 
     /// Run Python code in the REPL (the caller holds the slot).
-    pub async fn run_python(&self, slot: &mut ReplSlot, code: &str, timeout: Duration, sink: &mut EventSink) {
+    pub async fn run_python(&self, slot: &mut ReplSlot, code: &str, bounds: &ExecBounds, sink: &mut EventSink) {
+        let timeout = bounds.timeout;
         tell_notice(slot, sink).await;
         if let Err(e) = self.heal(slot).await {
             sink.error(e, None, None, None).await;
@@ -226,7 +250,7 @@ impl SandboxEntry {
                     let oom = self.engine.cgroup().oom_kills() > slot.oom_seen;
                     slot.lost_state = Some(self.death_reason(status, oom));
                     self.repl_restarts.fetch_add(1, Ordering::Relaxed);
-                    return Box::pin(self.run_python(slot, code, timeout, sink)).await;
+                    return Box::pin(self.run_python(slot, code, bounds, sink)).await;
                 }
                 _ => {}
             }
@@ -239,11 +263,11 @@ impl SandboxEntry {
                 slot.session = None;
                 slot.lost_state = Some("died while idle".into());
                 self.repl_restarts.fetch_add(1, Ordering::Relaxed);
-                return Box::pin(self.run_python(slot, code, timeout, sink)).await;
+                return Box::pin(self.run_python(slot, code, bounds, sink)).await;
             }
         };
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut interrupted = false;
+        let mut interrupted: Option<Interrupt> = None;
         let kill_at = tokio::time::sleep(Duration::from_secs(u32::MAX as u64));
         tokio::pin!(kill_at);
         loop {
@@ -255,9 +279,8 @@ impl SandboxEntry {
                     Some(ReplItem::Display(v)) => sink.display(v).await,
                     Some(ReplItem::Done(d)) if d.id == id => {
                         sink.flush().await;
-                        let code = if interrupted {
-                            sink.error(format!("execution timed out after {} ms", timeout.as_millis()), Some("TimeoutError".into()), None, None).await;
-                            TIMEOUT_EXIT
+                        let code = if let Some(why) = interrupted {
+                            interrupted_error(why, timeout, sink).await
                         } else {
                             if let Some(e) = d.error {
                                 sink.error(format!("{}: {}", e.ename, e.evalue), Some(e.ename), Some(e.evalue), Some(e.traceback)).await;
@@ -278,12 +301,12 @@ impl SandboxEntry {
                         return;
                     }
                 },
-                _ = tokio::time::sleep_until(deadline), if !interrupted => {
-                    interrupted = true;
+                why = stop_reason(deadline, &bounds.stop), if interrupted.is_none() => {
+                    interrupted = Some(why);
                     session.signal(Signal::SIGINT);
                     kill_at.as_mut().reset(tokio::time::Instant::now() + self.settings.interrupt_grace);
                 }
-                _ = &mut kill_at, if interrupted => {
+                _ = &mut kill_at, if interrupted.is_some() => {
                     session.signal(Signal::SIGKILL);
                     kill_at.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(3600));
                 }
@@ -298,7 +321,7 @@ impl SandboxEntry {
         slot: &mut ReplSlot,
         status: Option<ExitStatus>,
         oom_before: u64,
-        interrupted: bool,
+        interrupted: Option<Interrupt>,
         timeout: Duration,
         sink: &mut EventSink,
     ) {
@@ -306,19 +329,29 @@ impl SandboxEntry {
         let oom = self.engine.cgroup().oom_kills() > oom_before;
         let reason = self.death_reason(status, oom);
         sink.flush().await;
-        let code = if interrupted { TIMEOUT_EXIT } else { status.map(|s| s.code()).filter(|c| *c != 0).unwrap_or(1) };
-        let msg = if interrupted {
-            format!(
+        let code = match interrupted {
+            Some(Interrupt::Timeout) => TIMEOUT_EXIT,
+            Some(Interrupt::Shutdown) => crate::drain::SHUTDOWN_EXIT,
+            None => status.map(|s| s.code()).filter(|c| *c != 0).unwrap_or(1),
+        };
+        let msg = match interrupted {
+            Some(Interrupt::Timeout) => format!(
                 "execution timed out after {} ms and did not stop when interrupted, so the Python process was killed; its state was lost",
                 timeout.as_millis()
-            )
-        } else {
-            format!("the Python process {reason}; its state was lost")
+            ),
+            Some(Interrupt::Shutdown) => {
+                "the server is shutting down; the execution did not stop when interrupted, so the Python process was killed".into()
+            }
+            None => format!("the Python process {reason}; its state was lost"),
         };
         sink.error(msg, Some(if oom { "MemoryError".into() } else { "ReplDied".into() }), None, None).await;
         sink.exit(code).await;
         self.repl_restarts.fetch_add(1, Ordering::Relaxed);
-        slot.lost_state = Some(if interrupted { "was killed after a timeout".into() } else { reason });
+        slot.lost_state = Some(match interrupted {
+            Some(Interrupt::Timeout) => "was killed after a timeout".into(),
+            Some(Interrupt::Shutdown) => "was killed when the server shut down".into(),
+            None => reason,
+        });
         if let Ok(s) = self.restart_repl().await {
             slot.session = Some(s);
         }
@@ -357,7 +390,7 @@ impl SandboxEntry {
         let sink = EventSink::new(tx, Default::default());
         let run = async move {
             let mut sink = sink;
-            self.run_python(slot, code, timeout, &mut sink).await;
+            self.run_python(slot, code, &ExecBounds::timeout_only(timeout), &mut sink).await;
         };
         let collect = async move {
             let mut events = Vec::new();
@@ -388,7 +421,7 @@ impl SandboxEntry {
     }
 
     /// Run a fresh `bash -c` in the sandbox (cwd /root).
-    pub async fn run_bash(&self, slot: &mut ReplSlot, code: &str, timeout: Duration, sink: &mut EventSink) {
+    pub async fn run_bash(&self, slot: &mut ReplSlot, code: &str, bounds: &ExecBounds, sink: &mut EventSink) {
         tell_notice(slot, sink).await;
         if let Err(e) = self.heal(slot).await {
             sink.error(e, None, None, None).await;
@@ -409,7 +442,7 @@ impl SandboxEntry {
                 }
             };
             let never_started = match spawned {
-                Some(cmd) => match self.stream_command(cmd, timeout, sink).await {
+                Some(cmd) => match self.stream_command(cmd, bounds, sink).await {
                     CommandEnd::NeverStarted => true,
                     CommandEnd::Done => return,
                 },
@@ -430,12 +463,13 @@ impl SandboxEntry {
 
     /// Stream a running command's output into `sink` until it exits (not
     /// until EOF: a background child may hold the pipes open).
-    async fn stream_command(&self, mut cmd: jail::CommandProcess, timeout: Duration, sink: &mut EventSink) -> CommandEnd {
+    async fn stream_command(&self, mut cmd: jail::CommandProcess, bounds: &ExecBounds, sink: &mut EventSink) -> CommandEnd {
+        let timeout = bounds.timeout;
         let mut out = vec![0u8; 64 * 1024];
         let mut err = vec![0u8; 64 * 1024];
         let (mut out_open, mut err_open) = (true, true);
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut timed_out = false;
+        let mut interrupted: Option<Interrupt> = None;
         let status = loop {
             tokio::select! {
                 n = cmd.stdout.read(&mut out), if out_open => match n {
@@ -447,8 +481,8 @@ impl SandboxEntry {
                     Ok(n) => sink.stderr(&err[..n]).await,
                 },
                 s = &mut cmd.exited => break s.ok(),
-                _ = tokio::time::sleep_until(deadline), if !timed_out => {
-                    timed_out = true;
+                why = stop_reason(deadline, &bounds.stop), if interrupted.is_none() => {
+                    interrupted = Some(why);
                     cmd.kill().await;
                 }
             }
@@ -465,9 +499,9 @@ impl SandboxEntry {
                 }
             }
         }
-        if timed_out {
-            sink.error(format!("execution timed out after {} ms", timeout.as_millis()), Some("TimeoutError".into()), None, None).await;
-            sink.exit(TIMEOUT_EXIT).await;
+        if let Some(why) = interrupted {
+            let code = interrupted_error(why, timeout, sink).await;
+            sink.exit(code).await;
             return CommandEnd::Done;
         }
         match status {
@@ -482,6 +516,36 @@ impl SandboxEntry {
         }
         CommandEnd::Done
     }
+}
+
+/// Wait for whichever comes first: the exec's deadline or the drain's end.
+async fn stop_reason(deadline: tokio::time::Instant, stop: &tokio_util::sync::CancellationToken) -> Interrupt {
+    tokio::select! {
+        _ = tokio::time::sleep_until(deadline) => Interrupt::Timeout,
+        _ = stop.cancelled() => Interrupt::Shutdown,
+    }
+}
+
+/// Report an exec the server interrupted; returns its exit status.
+async fn interrupted_error(why: Interrupt, timeout: Duration, sink: &mut EventSink) -> i32 {
+    match why {
+        Interrupt::Timeout => {
+            sink.error(format!("execution timed out after {} ms", timeout.as_millis()), Some("TimeoutError".into()), None, None).await;
+            TIMEOUT_EXIT
+        }
+        Interrupt::Shutdown => {
+            let msg = "the server is shutting down and its drain time ran out, so this execution was interrupted";
+            sink.error(msg.into(), Some("ServerShutdown".into()), None, None).await;
+            crate::drain::SHUTDOWN_EXIT
+        }
+    }
+}
+
+/// An exec still queued when the drain ran out: it ends without running.
+pub async fn never_started_for_shutdown(sink: &mut EventSink) {
+    let msg = "the server is shutting down and its drain time ran out before this execution could start; it did not run";
+    sink.error(msg.into(), Some("ServerShutdown".into()), None, None).await;
+    sink.exit(crate::drain::SHUTDOWN_EXIT).await;
 }
 
 /// How streaming a command ended.

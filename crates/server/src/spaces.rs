@@ -251,6 +251,7 @@ impl AppState {
     /// Freeze sandbox `id` into a new Space and destroy it.
     pub async fn freeze(&self, id: &str) -> Result<SpaceMeta, ApiError> {
         let entry = self.get(id).await?;
+        crate::disk::ensure_room(&self.inner.config.state_dir)?;
         entry.busy.fetch_add(1, Ordering::SeqCst);
         let result = self.freeze_entry(&entry).await;
         entry.busy.fetch_sub(1, Ordering::SeqCst);
@@ -470,7 +471,8 @@ pub async fn delete(State(state): State<AppState>, UrlPath(id): UrlPath<String>)
 }
 
 #[utoipa::path(post, path = "/v1/spaces/{id}/resume", params(("id" = String, Path)), request_body = ResumeSpace,
-    responses((status = 200, body = SandboxInfo), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
+    responses((status = 200, body = SandboxInfo), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
+        (status = 429, body = protocol::ErrorBody), (status = 507, body = protocol::ErrorBody)))]
 pub async fn resume(
     State(state): State<AppState>,
     UrlPath(id): UrlPath<String>,

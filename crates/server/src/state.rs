@@ -45,6 +45,8 @@ pub struct Inner {
     pub records: crate::records::Records,
     /// Ids that did not survive a server restart → why (src/adopt.rs).
     pub lost: std::sync::Mutex<HashMap<String, String>>,
+    /// Graceful shutdown (src/drain.rs).
+    pub drain: crate::drain::Drain,
 }
 
 /// Sandbox ids: `sb-` and 20 lowercase base-32 characters (also the hostname).
@@ -75,6 +77,7 @@ impl AppState {
                 metrics: Default::default(),
                 records: crate::records::Records::new(&config.state_dir),
                 lost: Default::default(),
+                drain: Default::default(),
                 config,
             }),
         }
@@ -96,6 +99,7 @@ impl AppState {
             metrics: Default::default(),
             records: crate::records::Records::new(&config.state_dir),
             lost: Default::default(),
+            drain: Default::default(),
             config,
         }) }
     }
@@ -376,6 +380,7 @@ impl<'a> CreateSlot<'a> {
         let live = state.inner.live.load(Ordering::SeqCst);
         let creating = state.inner.creating.fetch_add(n, Ordering::SeqCst);
         let slot = CreateSlot(state, n);
+        crate::disk::ensure_room(&state.inner.config.state_dir)?;
         if live + creating + n > limits.max_sandboxes {
             return Err(ApiError::TooMany(format!(
                 "the server's limit of {} live sandboxes is reached ({} live, {n} more requested)",
