@@ -3,7 +3,7 @@ layer is a btrfs subvolume with a simple quota. At the edge: 0.9 GiB fits in
 `rootfs_gb: 1`, 1.1 GiB does not, and deleting gives the room back. Fork
 children, restored checkpoints and resumed Spaces keep their limit; a fork
 child pays only for what it writes itself; neighbours write on; no quota
-group outlives its subvolume."""
+group outlives its subvolume; a sandbox adopted after a crash keeps its limit."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from conftest import start_server, stop_and_assert_clean
 from helpers import create_raw, delete_raw, exec_ok, exec_raw
 
 GIB = 1 << 30
@@ -125,6 +126,24 @@ def test_a_resumed_space_keeps_the_limit(http, sandboxes):
         assert err == "EDQUOT" and 800 <= written <= 1024 - 100, (written, err)
     finally:
         delete_raw(http, resumed)
+
+
+def test_an_adopted_sandbox_keeps_the_limit(say, server):
+    """`kill -9` of the server: the next one takes the sandbox back, and its
+    quota with it. (`server`: the default template is built.)"""
+    s = start_server(say, "quota-restart", build=False)
+    try:
+        with s.http() as c:
+            sid = create_raw(c, egress=False, rootfs_gb=1)
+        s.kill()
+        s.start()
+        s.wait_ready()
+        with s.http() as c:
+            assert c.get(f"/v1/sandboxes/{sid}").json()["rootfs_gb"] == 1
+            assert_stops_at_one_gib(c, sid)
+            delete_raw(c, sid)
+    finally:
+        stop_and_assert_clean(s)
 
 
 def volume_of(server) -> str:
