@@ -117,7 +117,6 @@ def test_memory_bomb_in_bash_is_killed_and_the_repl_survives(http, new_sandbox):
     assert exec_ok(http, sid, "print(state)") == "kept\n"
 
 
-@pytest.mark.xfail(strict=True, reason="open hole: rootfs_gb is not enforced (docs/security.md#open-holes)")
 def test_disk_fill_stops_at_the_sandboxs_rootfs_quota(http, new_sandbox):
     """A sandbox created with rootfs_gb=1 writes until the kernel says no:
     it must be told ENOSPC (or EDQUOT) near 1 GiB, and not fill the volume

@@ -18,12 +18,24 @@ const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "freezer"];
 
 /// Resource limits of one sandbox.
-#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Limits {
     pub memory_bytes: u64,
     pub pids: u64,
     /// Relative CPU weight, 1..=10000 (100 = an ordinary process group).
     pub cpu_weight: u64,
+    /// What the sandbox may write to its layer, in bytes (its subvolume's
+    /// quota; not a cgroup limit); 0: no limit. Absent from the records
+    /// of servers before quotas.
+    #[serde(default)]
+    pub disk_bytes: u64,
+}
+
+impl Limits {
+    /// Whether `other` differs in what the cgroup enforces.
+    pub fn cgroup_differs(&self, other: &Limits) -> bool {
+        (self.memory_bytes, self.pids, self.cpu_weight) != (other.memory_bytes, other.pids, other.cpu_weight)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,7 +26,6 @@ use std::path::Path;
 use nix::errno::Errno;
 use nix::fcntl::{open, openat2, readlinkat, AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstat, fstatat, FileStat, Mode};
-use nix::sys::statfs::{fstatfs, BTRFS_SUPER_MAGIC};
 
 use crate::error::{Error, Result};
 
@@ -472,7 +471,7 @@ impl Walk<'_> {
     }
 
     fn btrfs(&mut self, file: &File, dev: u64) -> Option<[u8; 16]> {
-        *self.btrfs.entry(dev).or_insert_with(|| btrfs_fsid(file))
+        *self.btrfs.entry(dev).or_insert_with(|| crate::volume::btrfs_fsid(file))
     }
 
     /// The file one view prints as `printed` from any starting point.
@@ -729,33 +728,6 @@ fn fill(file: &mut File, buf: &mut [u8]) -> Result<usize> {
         }
     }
     Ok(n)
-}
-
-/// `struct btrfs_ioctl_fs_info_args`, of which we need the filesystem id.
-#[repr(C)]
-struct BtrfsFsInfo {
-    max_id: u64,
-    num_devices: u64,
-    fsid: [u8; 16],
-    rest: [u8; 992],
-}
-
-nix::ioctl_read!(btrfs_fs_info, 0x94, 31, BtrfsFsInfo);
-
-/// The id of the btrfs filesystem `file` is on; None elsewhere.
-fn btrfs_fsid(file: &File) -> Option<[u8; 16]> {
-    if fstatfs(file).ok()?.filesystem_type() != BTRFS_SUPER_MAGIC {
-        return None;
-    }
-    let mut info = BtrfsFsInfo {
-        max_id: 0,
-        num_devices: 0,
-        fsid: [0; 16],
-        rest: [0; 992],
-    };
-    // SAFETY: `info` is a zeroed `struct btrfs_ioctl_fs_info_args` the ioctl fills in.
-    unsafe { btrfs_fs_info(file.as_raw_fd(), &mut info) }.ok()?;
-    Some(info.fsid)
 }
 
 /// `struct fiemap`, followed by room for a batch of extents.

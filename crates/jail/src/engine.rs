@@ -289,7 +289,18 @@ impl Jail {
             }
         }
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create sandboxes dir", e))?;
+        self.sweep_quota_groups();
         Ok(())
+    }
+
+    /// Remove the quota groups left by subvolumes that are gone, once
+    /// nothing is charged to them (see `Volume::sweep_quota_groups`; the
+    /// server calls this now and then). Blocking.
+    pub fn sweep_quota_groups(&self) {
+        let removed = self.volume.sweep_quota_groups();
+        if removed > 0 {
+            tracing::debug!(removed, "removed the quota groups of deleted subvolumes");
+        }
     }
 
     /// Kill every pasta a predecessor started (the adopted sandboxes get
@@ -307,7 +318,7 @@ impl Jail {
             }
         };
         let subvolume = self.volume.root().join(SANDBOXES_DIR).join(&spec.id);
-        if let Err(e) = self.make_layers(&subvolume, &spec.template_rootfs, range, spec.initial_upper.as_deref()) {
+        if let Err(e) = self.make_layers(&subvolume, &spec.template_rootfs, range, spec.initial_upper.as_deref(), spec.limits.disk_bytes) {
             let _ = self.volume.delete_subvolume(&subvolume);
             release(&self.ids);
             return Err(e);
@@ -389,10 +400,11 @@ impl Jail {
     /// Snapshot the parent's layer (frozen) into each child's subvolume and
     /// have the shim attach it as each child's root.
     async fn root_children(&self, parent: &Sandbox, children: &[ForkChild]) -> Result<()> {
+        // A hollow child has no subvolume yet: its disk limit comes with
+        // its snapshot.
         let limits = parent.limits();
         for c in children {
-            let have = c.sandbox.limits();
-            if (have.memory_bytes, have.pids, have.cpu_weight) != (limits.memory_bytes, limits.pids, limits.cpu_weight) {
+            if c.sandbox.limits() != limits {
                 c.sandbox.set_limits(&limits)?;
             }
         }
@@ -407,7 +419,7 @@ impl Jail {
             frozen.freeze()?;
             // In parallel: concurrent snapshots share btrfs transaction commits.
             let results: Vec<Result<()>> = std::thread::scope(|scope| {
-                let jobs: Vec<_> = dsts.iter().map(|dst| scope.spawn(|| volume.snapshot(&src, dst))).collect();
+                let jobs: Vec<_> = dsts.iter().map(|dst| scope.spawn(|| volume.snapshot(&src, dst, limits.disk_bytes))).collect();
                 jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Error::Shim("snapshot thread panicked".into())))).collect()
             });
             if !*paused {
@@ -533,7 +545,7 @@ impl Jail {
         let builds = ids.iter().map(|id| async move {
             let subvolume = self.volume.root().join(SANDBOXES_DIR).join(id);
             if !hollow {
-                if let Err(e) = self.make_layers(&subvolume, &sibling.template_rootfs, range, None) {
+                if let Err(e) = self.make_layers(&subvolume, &sibling.template_rootfs, range, None, limits.disk_bytes) {
                     let _ = self.volume.delete_subvolume(&subvolume);
                     return Err(e);
                 }
@@ -619,12 +631,22 @@ impl Jail {
         self.config.state_dir.join("run").join(id)
     }
 
-    /// The sandbox's writable layers on a fresh subvolume. The upper layer's
-    /// root must belong to the sandbox's root (and carry the template root's
-    /// mode), or root inside could not create anything in `/`.
-    fn make_layers(&self, subvolume: &Path, template_rootfs: &Path, range: crate::ids::IdRange, initial: Option<&Path>) -> Result<()> {
+    /// The sandbox's writable layers on a fresh subvolume that may hold
+    /// `disk_bytes` (0: no limit). The upper layer's root must belong to
+    /// the sandbox's root (and carry the template root's mode), or root
+    /// inside could not create anything in `/`.
+    fn make_layers(
+        &self,
+        subvolume: &Path,
+        template_rootfs: &Path,
+        range: crate::ids::IdRange,
+        initial: Option<&Path>,
+        disk_bytes: u64,
+    ) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
-        self.volume.create_subvolume(subvolume)?;
+        // Saved files go in before the limit: a Space of a fork child may
+        // hold more than its own quota (what it inherited was its parent's).
+        self.volume.create_subvolume(subvolume, if initial.is_some() { 0 } else { disk_bytes })?;
         for d in ["upper", "work"] {
             std::fs::create_dir(subvolume.join(d)).map_err(|e| Error::io("create layer dir", e))?;
         }
@@ -635,6 +657,7 @@ impl Jail {
         if let Some(saved) = initial {
             let into_range = crate::layer_copy::Shift { from: 0, to: range.base, count: range.count };
             crate::layer_copy::copy_tree(saved, &upper, &into_range)?;
+            self.volume.set_limit(subvolume, disk_bytes)?;
         }
         Ok(())
     }
@@ -800,9 +823,16 @@ impl Sandbox {
     }
 
     /// Change the sandbox's resource limits (a warm spare handed out with
-    /// the limits its create asked for).
+    /// the limits its create asked for). The disk limit is its subvolume's,
+    /// once it has one.
     pub fn set_limits(&self, limits: &Limits) -> Result<()> {
-        self.cgroup.set_limits(limits)?;
+        let have = self.limits();
+        if have.cgroup_differs(limits) {
+            self.cgroup.set_limits(limits)?;
+        }
+        if have.disk_bytes != limits.disk_bytes && self.subvolume.exists() {
+            self.volume.set_limit(&self.subvolume, limits.disk_bytes)?;
+        }
         *self.limits.lock().unwrap_or_else(|e| e.into_inner()) = *limits;
         Ok(())
     }

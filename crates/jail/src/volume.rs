@@ -13,6 +13,16 @@
 //! out of, and btrfs answers that with a clean ENOSPC to the writer. For the
 //! same reason it is mounted `nodiscard`: discards would punch holes back
 //! into the image.
+//!
+//! Each sandbox's disk (`rootfs_gb`) is a btrfs *simple quota* (squota,
+//! Linux ≥ 6.7) on its subvolume: every extent is charged to the subvolume
+//! that wrote it, for as long as it exists, so a snapshot (a fork child)
+//! starts with nothing charged and pays only for what it writes; the
+//! extents it shares stay its parent's. The limit is set in the same ioctl
+//! that makes the subvolume. The kernel removes a dropped subvolume's quota
+//! group when nothing is charged to it; one whose extents outlived it (a
+//! fork parent deleted before its children) is removed by
+//! `sweep_quota_groups` once they are freed.
 
 use std::ffi::CString;
 use std::fs;
@@ -33,18 +43,86 @@ struct VolArgs {
     name: [u8; BTRFS_PATH_NAME_MAX + 1],
 }
 
+/// `struct btrfs_ioctl_vol_args_v2` as the create and snapshot ioctls read it.
 #[repr(C)]
 struct VolArgsV2 {
     fd: i64,
     transid: u64,
     flags: u64,
-    unused: [u64; 4],
+    /// With `BTRFS_SUBVOL_QGROUP_INHERIT`: the size of and a pointer to
+    /// a `btrfs_qgroup_inherit`.
+    inherit_size: u64,
+    inherit: *const QgroupInherit,
+    unused: [u64; 2],
     name: [u8; 4040],
 }
 
-nix::ioctl_write_ptr!(btrfs_subvol_create, 0x94, 14, VolArgs);
+/// `struct btrfs_qgroup_limit`.
+#[repr(C)]
+#[derive(Default)]
+struct QgroupLimit {
+    flags: u64,
+    max_rfer: u64,
+    max_excl: u64,
+    rsv_rfer: u64,
+    rsv_excl: u64,
+}
+
+/// `struct btrfs_qgroup_inherit` with no qgroups to copy or join: only
+/// the new subvolume's limit.
+#[repr(C)]
+struct QgroupInherit {
+    flags: u64,
+    num_qgroups: u64,
+    num_ref_copies: u64,
+    num_excl_copies: u64,
+    lim: QgroupLimit,
+}
+
+#[repr(C)]
+struct QuotaCtlArgs {
+    cmd: u64,
+    status: u64,
+}
+
+#[repr(C)]
+struct QgroupCreateArgs {
+    create: u64,
+    qgroupid: u64,
+}
+
+#[repr(C)]
+struct QgroupLimitArgs {
+    /// 0: the subvolume the ioctl's descriptor is in.
+    qgroupid: u64,
+    lim: QgroupLimit,
+}
+
+/// `struct btrfs_ioctl_fs_info_args`, of which we need the filesystem id.
+#[repr(C)]
+struct FsInfoArgs {
+    max_id: u64,
+    num_devices: u64,
+    fsid: [u8; 16],
+    rest: [u8; 992],
+}
+
+const BTRFS_SUBVOL_QGROUP_INHERIT: u64 = 1 << 2;
+const BTRFS_QGROUP_INHERIT_SET_LIMITS: u64 = 1 << 0;
+const BTRFS_QGROUP_LIMIT_MAX_RFER: u64 = 1 << 0;
+/// `max_rfer` value that removes a limit.
+const BTRFS_QGROUP_LIMIT_CLEAR: u64 = u64::MAX;
+const BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA: u64 = 4;
+/// Subvolume ids start here (below: the filesystem's own trees).
+const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;
+
 nix::ioctl_write_ptr!(btrfs_snap_destroy, 0x94, 15, VolArgs);
 nix::ioctl_write_ptr!(btrfs_snap_create_v2, 0x94, 23, VolArgsV2);
+nix::ioctl_write_ptr!(btrfs_subvol_create_v2, 0x94, 24, VolArgsV2);
+nix::ioctl_read!(btrfs_fs_info, 0x94, 31, FsInfoArgs);
+nix::ioctl_readwrite!(btrfs_quota_ctl, 0x94, 40, QuotaCtlArgs);
+nix::ioctl_write_ptr!(btrfs_qgroup_create, 0x94, 42, QgroupCreateArgs);
+nix::ioctl_read!(btrfs_qgroup_limit, 0x94, 43, QgroupLimitArgs);
 
 /// Size of a new volume image: `gib`, or half the disk's free space when
 /// that is less (a server must not take a disk whole; it says so).
@@ -94,23 +172,32 @@ pub struct Volume {
     root: PathBuf,
     /// The image file when we loop-mounted one (so we unmount it at shutdown).
     image: Option<PathBuf>,
+    /// `/sys/fs/btrfs/<fsid>/qgroups` when quotas are on: subvolumes get
+    /// their limits.
+    qgroups: Option<PathBuf>,
 }
 
 impl Volume {
     /// Mount (or adopt) the volume under `state_dir`; `image_gib` sizes a new
     /// sparse image file.
     pub fn open(state_dir: &Path, image_gib: u64) -> Result<Volume> {
+        let mut volume = Self::mount(state_dir, image_gib)?;
+        volume.qgroups = volume.quotas();
+        Ok(volume)
+    }
+
+    fn mount(state_dir: &Path, image_gib: u64) -> Result<Volume> {
         if is_btrfs(state_dir)? {
             let root = state_dir.join("volume");
             fs::create_dir_all(&root).map_err(|e| Error::io("create volume dir", e))?;
-            return Ok(Volume { root, image: None });
+            return Ok(Volume { root, image: None, qgroups: None });
         }
         let root = state_dir.join("volume");
         let image = state_dir.join("volume.img");
         fs::create_dir_all(&root).map_err(|e| Error::io("create volume dir", e))?;
         if is_btrfs(&root)? {
             // A predecessor mounted it and did not unmount (crash): adopt it.
-            return Ok(Volume { root, image: Some(image) });
+            return Ok(Volume { root, image: Some(image), qgroups: None });
         }
         if !image.exists() {
             require_tool("mkfs.btrfs", "btrfs-progs")?;
@@ -129,7 +216,49 @@ impl Volume {
             Command::new("mount").args(["-t", "btrfs", "-o", "loop,noatime,nodiscard,user_subvol_rm_allowed"]).arg(&image).arg(&root),
             "mount volume",
         )?;
-        Ok(Volume { root, image: Some(image) })
+        Ok(Volume { root, image: Some(image), qgroups: None })
+    }
+
+    /// Turn simple quotas on (a no-op when they are): on our own image
+    /// only. A state directory on the host's btrfs is not ours to change
+    /// (simple quotas set an incompatible-feature flag): there quotas are
+    /// used if the operator turned them on. None: `rootfs_gb` is not
+    /// enforced (logged).
+    fn quotas(&self) -> Option<PathBuf> {
+        let fsid = fs::File::open(&self.root).ok().as_ref().and_then(btrfs_fsid);
+        let Some(fsid) = fsid else {
+            tracing::warn!(volume = %self.root.display(), "rootfs_gb is not enforced: cannot read the volume's id");
+            return None;
+        };
+        let hex: String = fsid.iter().map(|b| format!("{b:02x}")).collect();
+        let uuid = format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]);
+        let qgroups = Path::new("/sys/fs/btrfs").join(uuid).join("qgroups");
+        if self.image.is_some() {
+            let started = std::time::Instant::now();
+            let mut args = QuotaCtlArgs { cmd: BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA, status: 0 };
+            let enabled = fs::File::open(&self.root).map_err(|e| Error::io("open volume", e)).and_then(|root| {
+                // SAFETY: `args` is a valid btrfs_ioctl_quota_ctl_args; the fd is open.
+                unsafe { btrfs_quota_ctl(root.as_raw_fd(), &mut args) }.map_err(|e| Error::sys("enable simple quotas", e))
+            });
+            match enabled {
+                Ok(_) => tracing::info!(ms = started.elapsed().as_millis() as u64, "simple quotas on the volume"),
+                Err(err) => {
+                    tracing::warn!(%err, "rootfs_gb is not enforced: simple quotas need Linux 6.7 or later");
+                    return None;
+                }
+            }
+        }
+        match fs::read_to_string(qgroups.join("mode")) {
+            Ok(mode) if mode.trim() == "squota" => Some(qgroups),
+            Ok(mode) => {
+                tracing::warn!(mode = mode.trim(), "rootfs_gb is not enforced: the volume has full qgroups, not simple quotas");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(volume = %self.root.display(), "rootfs_gb is not enforced: enable simple quotas on the state directory's btrfs (btrfs quota enable --simple)");
+                None
+            }
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -145,22 +274,94 @@ impl Volume {
         Ok(())
     }
 
-    /// Create an empty subvolume at `path` (its parent must exist).
-    pub fn create_subvolume(&self, path: &Path) -> Result<()> {
-        // SAFETY: the ioctl gets a valid btrfs_ioctl_vol_args and an open directory.
-        name_ioctl(path, "create subvolume", |dir, args| unsafe { btrfs_subvol_create(dir, args) })
+    /// Whether subvolumes get the limits they are made with.
+    pub fn quotas_on(&self) -> bool {
+        self.qgroups.is_some()
     }
 
-    /// Snapshot the subvolume `src` to `dst` (copy-on-write, O(1)).
-    pub fn snapshot(&self, src: &Path, dst: &Path) -> Result<()> {
-        let (parent, name) = split(dst)?;
-        let dir = fs::File::open(parent).map_err(|e| Error::io("open snapshot parent", e))?;
+    /// Create an empty subvolume at `path` (its parent must exist) that may
+    /// hold `limit` bytes (0: no limit).
+    pub fn create_subvolume(&self, path: &Path, limit: u64) -> Result<()> {
+        self.make_subvolume(None, path, limit)
+    }
+
+    /// Snapshot the subvolume `src` to `dst` (copy-on-write, O(1)); the
+    /// snapshot may write `limit` bytes of its own (0: no limit).
+    pub fn snapshot(&self, src: &Path, dst: &Path, limit: u64) -> Result<()> {
         let source = fs::File::open(src).map_err(|e| Error::io("open snapshot source", e))?;
-        let mut args = VolArgsV2 { fd: source.as_raw_fd() as i64, transid: 0, flags: 0, unused: [0; 4], name: [0; 4040] };
+        self.make_subvolume(Some(&source), dst, limit)
+    }
+
+    /// A new subvolume at `path`: a snapshot of `source`, or empty; its
+    /// quota group gets `limit` in the same transaction.
+    fn make_subvolume(&self, source: Option<&fs::File>, path: &Path, limit: u64) -> Result<()> {
+        let (parent, name) = split(path)?;
+        let dir = fs::File::open(parent).map_err(|e| Error::io("open subvolume parent", e))?;
+        let inherit = QgroupInherit {
+            flags: BTRFS_QGROUP_INHERIT_SET_LIMITS,
+            num_qgroups: 0,
+            num_ref_copies: 0,
+            num_excl_copies: 0,
+            lim: QgroupLimit { flags: BTRFS_QGROUP_LIMIT_MAX_RFER, max_rfer: limit, ..Default::default() },
+        };
+        let limited = limit > 0 && self.quotas_on();
+        let mut args = VolArgsV2 {
+            fd: source.map_or(0, |s| s.as_raw_fd() as i64),
+            transid: 0,
+            flags: if limited { BTRFS_SUBVOL_QGROUP_INHERIT } else { 0 },
+            inherit_size: if limited { std::mem::size_of::<QgroupInherit>() as u64 } else { 0 },
+            inherit: if limited { &inherit } else { std::ptr::null() },
+            unused: [0; 2],
+            name: [0; 4040],
+        };
         args.name[..name.len()].copy_from_slice(name);
-        // SAFETY: `args` is a valid btrfs_ioctl_vol_args_v2; both fds are open.
-        unsafe { btrfs_snap_create_v2(dir.as_raw_fd(), &args) }.map_err(|e| Error::sys("snapshot subvolume", e))?;
+        let made = match source {
+            // SAFETY: `args` is a valid btrfs_ioctl_vol_args_v2 whose
+            // `inherit` (when set) points at `inherit`, alive until the
+            // call returns; both fds are open.
+            Some(_) => unsafe { btrfs_snap_create_v2(dir.as_raw_fd(), &args) }.map_err(|e| Error::sys("snapshot subvolume", e)),
+            // SAFETY: as above.
+            None => unsafe { btrfs_subvol_create_v2(dir.as_raw_fd(), &args) }.map_err(|e| Error::sys("create subvolume", e)),
+        };
+        made.map(|_| ())
+    }
+
+    /// Change the limit of the subvolume at `path` (0: none).
+    pub fn set_limit(&self, path: &Path, limit: u64) -> Result<()> {
+        if !self.quotas_on() {
+            return Ok(());
+        }
+        let subvolume = fs::File::open(path).map_err(|e| Error::io("open subvolume", e))?;
+        let max_rfer = if limit == 0 { BTRFS_QGROUP_LIMIT_CLEAR } else { limit };
+        let mut args = QgroupLimitArgs { qgroupid: 0, lim: QgroupLimit { flags: BTRFS_QGROUP_LIMIT_MAX_RFER, max_rfer, ..Default::default() } };
+        // SAFETY: `args` is a valid btrfs_ioctl_qgroup_limit_args; the fd is open.
+        unsafe { btrfs_qgroup_limit(subvolume.as_raw_fd(), &mut args) }.map_err(|e| Error::sys("limit subvolume", e))?;
         Ok(())
+    }
+
+    /// Remove the quota groups of subvolumes that are gone and have nothing
+    /// charged any more (on our own image only: on the host's btrfs they
+    /// may be someone else's). The kernel refuses the group of a live
+    /// subvolume (EBUSY). Returns how many went.
+    pub fn sweep_quota_groups(&self) -> usize {
+        let (Some(qgroups), Some(_)) = (&self.qgroups, &self.image) else { return 0 };
+        let Ok(entries) = fs::read_dir(qgroups) else { return 0 };
+        let Ok(root) = fs::File::open(&self.root) else { return 0 };
+        let charged = |dir: &Path, what: &str| fs::read_to_string(dir.join(what)).map_or(true, |v| v.trim() != "0");
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.strip_prefix("0_")).and_then(|n| n.parse::<u64>().ok()) else { continue };
+            if id < BTRFS_FIRST_FREE_OBJECTID || charged(&e.path(), "referenced") || charged(&e.path(), "exclusive") {
+                continue;
+            }
+            let args = QgroupCreateArgs { create: 0, qgroupid: id };
+            // SAFETY: `args` is a valid btrfs_ioctl_qgroup_create_args; the fd is open.
+            if unsafe { btrfs_qgroup_create(root.as_raw_fd(), &args) }.is_ok() {
+                removed += 1;
+            }
+        }
+        removed
     }
 
     /// Delete the subvolume at `path` with everything in it.
@@ -188,6 +389,17 @@ fn split(path: &Path) -> Result<(&Path, &[u8])> {
         return Err(Error::Invalid("subvolume name too long".into()));
     }
     Ok((parent, name))
+}
+
+/// The id of the btrfs filesystem `file` is on; None elsewhere.
+pub(crate) fn btrfs_fsid(file: &fs::File) -> Option<[u8; 16]> {
+    if nix::sys::statfs::fstatfs(file).ok()?.filesystem_type() != nix::sys::statfs::BTRFS_SUPER_MAGIC {
+        return None;
+    }
+    let mut info = FsInfoArgs { max_id: 0, num_devices: 0, fsid: [0; 16], rest: [0; 992] };
+    // SAFETY: `info` is a zeroed `struct btrfs_ioctl_fs_info_args` the ioctl fills in.
+    unsafe { btrfs_fs_info(file.as_raw_fd(), &mut info) }.ok()?;
+    Some(info.fsid)
 }
 
 fn is_btrfs(path: &Path) -> Result<bool> {

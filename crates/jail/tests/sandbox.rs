@@ -182,9 +182,29 @@ async fn writes_inside_never_reach_the_template() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_disk_limit_stops_writes_and_deleting_frees_it() {
+    let mut s = spec(&unique("t-disk"));
+    s.limits.disk_bytes = 64 << 20;
+    let sb = jail().create(s).await.unwrap();
+    let (code, _, err) = bash(&sb, "head -c 100M /dev/zero > /root/big").await;
+    assert_ne!(code, 0);
+    assert!(err.contains("Disk quota exceeded"), "{err}");
+    // Freed space is the sandbox's again (once the deletion is committed).
+    let (code, out, err) = bash(&sb, "rm /root/big && sync -f / && head -c 40M /dev/zero > /root/big && stat -c %s /root/big").await;
+    assert_eq!((code, out.trim()), (0, "41943040"), "{err}");
+    // A raised limit (a warm spare handed to a bigger create) applies at once.
+    let mut raised = sb.limits();
+    raised.disk_bytes = 256 << 20;
+    sb.set_limits(&raised).unwrap();
+    let (code, _, err) = bash(&sb, "head -c 150M /dev/zero > /root/more").await;
+    assert_eq!(code, 0, "{err}");
+    jail().destroy(&sb).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn limits_are_written_to_the_sandbox_cgroup() {
     let mut s = spec(&unique("t-limits"));
-    s.limits = forkbox_jail::Limits { memory_bytes: 300 << 20, pids: 77, cpu_weight: 50 };
+    s.limits = forkbox_jail::Limits { memory_bytes: 300 << 20, pids: 77, cpu_weight: 50, disk_bytes: 1 << 30 };
     let sb = jail().create(s).await.unwrap();
     // The sandbox's init is in the cgroup; find the cgroup from its side.
     let pid = sb.cgroup().pids()[0];

@@ -38,7 +38,17 @@ impl AppState {
         }
         // The pastas were the dead server's children: new ones are started.
         jail.kill_stale_pastas();
-        let members: Vec<jail::MemberRecord> = records.iter().map(|r| r.engine.clone()).collect();
+        let members: Vec<jail::MemberRecord> = records
+            .iter()
+            .map(|r| {
+                let mut engine = r.engine.clone();
+                // A record from a server before disk quotas has none.
+                if engine.limits.disk_bytes == 0 {
+                    engine.limits.disk_bytes = r.rootfs_gb << 30;
+                }
+                engine
+            })
+            .collect();
         let results = jail.adopt(&members).await;
         let mut kept = jail::Kept::default();
         let mut taken = Vec::new();

@@ -135,6 +135,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     }
     tokio::spawn(state.clone().expire_loop());
     tokio::spawn(state.clone().pool_loop());
+    tokio::spawn(state.clone().quota_sweep_loop());
     use axum::serve::ListenerExt;
     // Events are small writes: without TCP_NODELAY, Nagle and delayed ACKs
     // add ~40 ms to every exec.

@@ -168,7 +168,7 @@ impl AppState {
                 made.remove(0)
             }
         };
-        if spare.sandbox.limits().memory_bytes != limits.memory_bytes || spare.sandbox.limits().pids != limits.pids {
+        if spare.sandbox.limits() != limits {
             if let Err(e) = spare.sandbox.set_limits(&limits) {
                 let _ = self.inner.jail.destroy(&spare.sandbox).await;
                 return Err(crate::error::ApiError::engine("could not set the sandbox's limits", e));
@@ -219,7 +219,12 @@ impl AppState {
     }
 
     pub(crate) fn limits_for(&self, settings: &Settings) -> jail::Limits {
-        jail::Limits { memory_bytes: settings.ram_mib << 20, pids: self.inner.config.limits.pids, cpu_weight: 100 }
+        jail::Limits {
+            memory_bytes: settings.ram_mib << 20,
+            pids: self.inner.config.limits.pids,
+            cpu_weight: 100,
+            disk_bytes: settings.rootfs_gb << 30,
+        }
     }
 
     /// Keep `SPARES` spare members ready.

@@ -301,6 +301,19 @@ impl AppState {
         futures::future::join_all(jobs).await;
     }
 
+    /// Remove the quota groups of deleted sandboxes' subvolumes once
+    /// nothing is charged to them (btrfs frees a deleted subvolume's
+    /// extents in the background, and a fork parent's only with its last
+    /// child's), every 10 s, forever.
+    pub async fn quota_sweep_loop(self) {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            tick.tick().await;
+            let jail = Arc::clone(&self.inner.jail);
+            let _ = tokio::task::spawn_blocking(move || jail.sweep_quota_groups()).await;
+        }
+    }
+
     /// Enforce lifetimes and idle timeouts, twice a second, forever.
     pub async fn expire_loop(self) {
         let mut tick = tokio::time::interval(Duration::from_millis(500));

@@ -191,6 +191,11 @@ impl Jail {
         family.members.fetch_add(1, Ordering::SeqCst);
         let sandbox = Sandbox::new(record.member.clone(), Arc::clone(family), record.family.template_rootfs.clone(), record.limits, cgroup, subvolume, self.volume.clone(), fds.next());
         sandbox.next_command.store(ADOPTED_COMMAND_IDS, Ordering::Relaxed);
+        // Kept on the volume across restarts; set again for a sandbox that
+        // lived before its volume had quotas.
+        if let Err(err) = self.volume.set_limit(&sandbox.subvolume, record.limits.disk_bytes) {
+            tracing::warn!(sandbox = %record.member, %err, "could not set an adopted sandbox's disk limit");
+        }
         if sandbox.cgroup.is_frozen() {
             *sandbox.paused.lock().unwrap_or_else(|e| e.into_inner()) = true;
             sandbox.paused_now.store(true, Ordering::SeqCst);
