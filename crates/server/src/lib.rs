@@ -13,6 +13,7 @@ pub mod error;
 pub mod events;
 pub mod files;
 pub mod fork;
+pub mod keys;
 pub mod metrics;
 pub mod openapi;
 pub mod pause;
