@@ -22,11 +22,8 @@ from helpers import ForkboxServer, assert_json_error, create_raw, exec_ok
 UNKNOWN = {"sb": "sb-" + "z" * 20, "sp": "sp-" + "z" * 20, "cp": "cp-" + "z" * 20}
 
 
-@pytest.fixture(scope="module")
-def srv(say, server):  # `server` first: the default template is built
-    s = ForkboxServer("keys", build_templates=False, log=say)
-    s.add_key("alice")
-    s.add_key("bob")
+def serve(s: ForkboxServer):
+    """Start `s` (its keys added already), yield it, then stop it and check for leaks."""
     s.start()
     try:
         s.wait_ready()
@@ -35,6 +32,14 @@ def srv(say, server):  # `server` first: the default template is built
         raise
     yield s
     stop_and_assert_clean(s)
+
+
+@pytest.fixture(scope="module")
+def srv(say, server):  # `server` first: the default template is built
+    s = ForkboxServer("keys", build_templates=False, log=say)
+    s.add_key("alice")
+    s.add_key("bob")
+    yield from serve(s)
 
 
 def test_keys_file_holds_only_hashes_with_mode_0600(srv):
@@ -220,14 +225,7 @@ def qsrv(say, server):
     s.add_key("forker", forks_per_minute=3)
     s.add_key("mem", max_memory_mib=320)
     s.add_key("race", max_sandboxes=3)
-    s.start()
-    try:
-        s.wait_ready()
-    except BaseException:
-        s.stop()
-        raise
-    yield s
-    stop_and_assert_clean(s)
+    yield from serve(s)
 
 
 def assert_quota(r: httpx.Response, limit: str, max_retry: int = 1) -> dict:

@@ -637,9 +637,9 @@ mod tests {
         assert_eq!((e.limit, e.retry_after_s), (Limit::ForksPerMinute, 40));
         // ... and nothing of it was charged.
         assert_eq!(q.used("k").0, 5);
-        // A fork of 4 needs both marks gone: 60 s after t1.
+        // A fork of 4 needs both marks gone: 60 s after t1, 30 s after t1 + 30 s.
         let e = q.reserve(Some("k"), l, 4, 1, true, t1 + Duration::from_secs(30)).err().unwrap();
-        assert_eq!(e.retry_after_s, 50);
+        assert_eq!(e.retry_after_s, 30);
         // More than the limit can never fit.
         assert_eq!(q.reserve(Some("k"), l, 6, 1, true, t1).err().unwrap().retry_after_s, 60);
         // Creates are not forks.
