@@ -264,20 +264,24 @@ fn stamp(path: &Path) -> Stamp {
     Some((m.len(), m.modified().ok()?, m.ino()))
 }
 
+/// Accepted keys: each hash with the tenant it stands for.
+type Known = Vec<(KeyHash, Arc<Tenant>)>;
+
 /// The keys a server accepts.
 pub struct KeyRing {
     /// Whether a key is required (settled at start).
     required: bool,
-    flags: Vec<(KeyHash, Arc<Tenant>)>,
+    flags: Known,
     path: PathBuf,
-    file: Mutex<(Stamp, Vec<(KeyHash, Arc<Tenant>)>)>,
+    /// The keys file's keys, and its stamp when they were read.
+    file: Mutex<(Stamp, Known)>,
 }
 
 impl KeyRing {
     /// `flags`: hashes of the `--api-key` keys, with `defaults` as their
     /// limits; `path`: the keys file.
     pub fn new(flags: &[KeyHash], defaults: KeyLimits, path: PathBuf) -> KeyRing {
-        let flags: Vec<(KeyHash, Arc<Tenant>)> =
+        let flags: Known =
             flags.iter().map(|h| (*h, Arc::new(Tenant { name: h.flag_name(), limits: defaults }))).collect();
         let ring = KeyRing { required: false, flags, path, file: Mutex::new((None, Vec::new())) };
         ring.refresh();
