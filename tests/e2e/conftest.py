@@ -77,10 +77,12 @@ def shutdown_and_check(srv: ForkboxServer) -> list[str]:
     problems = []
     if srv.proc.poll() is None:
         try:
-            with srv.http() as c:
-                left = c.get("/v1/sandboxes").json()["sandboxes"]
-                for sb in left:
-                    c.delete(f"/v1/sandboxes/{sb['id']}")
+            # With keys, each key sees (and can delete) only its own.
+            for key in srv.all_keys() or [None]:
+                with srv.http(key) as c:
+                    left = c.get("/v1/sandboxes").json()["sandboxes"]
+                    for sb in left:
+                        c.delete(f"/v1/sandboxes/{sb['id']}")
             problems += [f"while running: {p}" for p in wait_no_leaks(srv, expect_volume_mounted=True, check_run_dir=False)]
         except Exception as e:  # still stop the server below
             problems.append(f"could not clean up through the API: {e!r}")

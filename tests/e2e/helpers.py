@@ -87,6 +87,38 @@ class ForkboxServer:
         self._say = log or (lambda msg: None)
         # The `forkbox-<instance>` cgroup parent, learnt from a live sandbox.
         self.cgroup_parent: str | None = None
+        # Keys added to <state>/keys.json with `forkbox key add`: name → key.
+        self.file_keys: dict[str, str] = {}
+
+    # ── keys (docs/operations.md#api-keys) ─────────────────────────────
+    def key_cli(self, *args: str) -> subprocess.CompletedProcess:
+        os.makedirs(self.state_dir, exist_ok=True)
+        return subprocess.run([FORKBOX_BIN, "key", *args, "--state-dir", self.state_dir],
+                              capture_output=True, text=True, timeout=60)
+
+    def add_key(self, name: str, max_sandboxes: int | None = None, forks_per_minute: int | None = None,
+                max_memory_mib: int | None = None) -> str:
+        """`forkbox key add` (before or while the server runs); returns the key it printed."""
+        args = ["add", name]
+        for flag, v in (("--max-sandboxes", max_sandboxes), ("--forks-per-minute", forks_per_minute),
+                        ("--max-memory-mib", max_memory_mib)):
+            if v is not None:
+                args += [flag, str(v)]
+        out = self.key_cli(*args)
+        assert out.returncode == 0, out
+        key = out.stdout.strip()
+        assert key and "\n" not in key, out
+        self.file_keys[name] = key
+        return key
+
+    def remove_key(self, name: str) -> None:
+        out = self.key_cli("remove", name)
+        assert out.returncode == 0, out
+        self.file_keys.pop(name, None)
+
+    def all_keys(self) -> list[str]:
+        """Every key the server accepts (each sees only its own sandboxes)."""
+        return self.api_keys + list(self.file_keys.values())
 
     # ── process ────────────────────────────────────────────────────────
     def command(self) -> list[str]:
@@ -493,7 +525,7 @@ def pool_ids(server: ForkboxServer) -> set[str]:
     if server.proc is None or server.proc.poll() is not None:
         return set()
     try:
-        with server.http() as c:
+        with server.http(next(iter(server.all_keys()), None)) as c:
             r = c.get("/v1/pool")
     except httpx.HTTPError:
         return set()

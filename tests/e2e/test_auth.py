@@ -1,6 +1,7 @@
 """Bearer API keys: a server started with `--api-key` refuses requests
 without a right key (but the health check), and refuses to listen beyond
-loopback without keys."""
+loopback without keys; each key uses only its own sandboxes (another key's
+answer 404; test_keys.py covers every route, the keys file and quotas)."""
 from __future__ import annotations
 
 import os
@@ -61,6 +62,13 @@ def test_sdk_with_the_right_key_works(auth_server):
                 assert_json_error(anon.post(f"/v1/sandboxes/{sb.id}/exec", json={"code": "print(1)"}), 401)
                 assert_json_error(anon.delete(f"/v1/sandboxes/{sb.id}"), 401)
                 assert_json_error(anon.get(f"/v1/sandboxes/{sb.id}"), 401)
+            # nor can a client with the other key: to it the id is unknown
+            other = OTHER_KEY if key == KEY else KEY
+            with auth_server.http(other) as c:
+                assert_json_error(c.post(f"/v1/sandboxes/{sb.id}/exec", json={"code": "print(1)"}), 404)
+                assert_json_error(c.delete(f"/v1/sandboxes/{sb.id}"), 404)
+                assert c.get(f"/v1/sandboxes/{sb.id}").json() == {"error": f"no sandbox `{sb.id}`"}
+                assert sb.id not in c.get("/v1/sandboxes").text
             assert sb.run_code("print('still mine')").stdout == "still mine"
         finally:
             sb.close()

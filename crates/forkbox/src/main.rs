@@ -52,6 +52,13 @@ enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Manage API keys in <state-dir>/keys.json (stored as hashes; docs/operations.md#api-keys).
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+        #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox", global = true)]
+        state_dir: PathBuf,
+    },
     /// MCP server for models, a client of a running forkbox server (docs/mcp.md).
     Mcp(McpArgs),
     /// The per-family supervisor (started by the server; not for humans).
@@ -74,6 +81,41 @@ enum TemplateCommand {
     },
 }
 
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Add a key and print it (once: only its hash is kept).
+    Add {
+        /// The key's name (owns its sandboxes and Spaces).
+        name: String,
+        #[command(flatten)]
+        limits: KeyLimitArgs,
+    },
+    /// List the keys' names and limits (never the keys).
+    List,
+    /// Remove a key: it gets 401 from then on (its sandboxes run on
+    /// until they expire).
+    Remove { name: String },
+}
+
+#[derive(Args)]
+struct KeyLimitArgs {
+    /// Most live sandboxes (fork children count) [default: unlimited].
+    #[arg(long)]
+    max_sandboxes: Option<u64>,
+    /// Most fork children per sliding minute [default: unlimited].
+    #[arg(long)]
+    forks_per_minute: Option<u64>,
+    /// Most memory in all, as the sum of its live sandboxes' `ram_mib` (MiB) [default: unlimited].
+    #[arg(long)]
+    max_memory_mib: Option<u64>,
+}
+
+impl KeyLimitArgs {
+    fn limits(&self) -> server::keys::KeyLimits {
+        server::keys::KeyLimits { max_sandboxes: self.max_sandboxes, forks_per_minute: self.forks_per_minute, max_memory_mib: self.max_memory_mib }
+    }
+}
+
 #[derive(Args)]
 struct ServeArgs {
     /// Address to listen on.
@@ -85,9 +127,20 @@ struct ServeArgs {
     /// Where templates are built and cached (default: <state-dir>/templates).
     #[arg(long, env = "FORKBOX_TEMPLATES_DIR")]
     templates_dir: Option<PathBuf>,
-    /// Accepted bearer API key (repeat, or comma-separate in the env var).
+    /// Accepted bearer API key (repeat, or comma-separate in the env var);
+    /// hashed at start. Keys of <state-dir>/keys.json are accepted too.
     #[arg(long = "api-key", env = "FORKBOX_API_KEYS", value_delimiter = ',')]
     api_keys: Vec<String>,
+    /// Limits of the --api-key keys: most live sandboxes [default: unlimited].
+    #[arg(long)]
+    key_max_sandboxes: Option<u64>,
+    /// Limits of the --api-key keys: most fork children per minute [default: unlimited].
+    #[arg(long)]
+    key_forks_per_minute: Option<u64>,
+    /// Limits of the --api-key keys: most memory, as the sum of their live
+    /// sandboxes' `ram_mib` (MiB) [default: unlimited].
+    #[arg(long)]
+    key_max_memory_mib: Option<u64>,
     /// Do not build missing built-in templates at start.
     #[arg(long)]
     no_build_templates: bool,
@@ -272,6 +325,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             tokio::runtime::Runtime::new()?.block_on(client::top(client, interval, once))
         }
         Command::Rm { client, ids } => tokio::runtime::Runtime::new()?.block_on(client::rm(client, ids)),
+        Command::Key { command, state_dir } => key(command, &state_dir),
         Command::Mcp(args) => {
             let config = mcp::Config { url: args.client.url, api_key: args.client.api_key, template: args.template };
             let rt = tokio::runtime::Runtime::new()?;
@@ -282,6 +336,31 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
     }
+}
+
+fn key(command: KeyCommand, state_dir: &std::path::Path) -> anyhow::Result<i32> {
+    use server::keys::{key_file_path, KeyFile};
+    let path = key_file_path(state_dir);
+    let mut file = KeyFile::load(&path)?;
+    match command {
+        KeyCommand::Add { name, limits } => {
+            let key = file.add(&name, limits.limits())?;
+            file.save(&path)?;
+            eprintln!("added key `{name}` ({}); it is shown this once and stored only as a hash:", limits.limits());
+            println!("{key}");
+        }
+        KeyCommand::List => {
+            for k in &file.keys {
+                println!("{}\tcreated={}\t{}", k.name, k.created, k.limits);
+            }
+        }
+        KeyCommand::Remove { name } => {
+            file.remove(&name)?;
+            file.save(&path)?;
+            eprintln!("removed key `{name}`");
+        }
+    }
+    Ok(0)
 }
 
 fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
@@ -308,7 +387,13 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         listen: a.listen,
         templates_dir: a.templates_dir.unwrap_or_else(|| a.state_dir.join("templates")),
         state_dir: a.state_dir,
-        api_keys: a.api_keys.into_iter().filter(|k| !k.is_empty()).collect(),
+        // Only the hashes are kept; the keys are dropped with `a`.
+        api_keys: a.api_keys.iter().filter(|k| !k.is_empty()).map(|k| server::keys::KeyHash::of(k)).collect(),
+        key_limits: server::keys::KeyLimits {
+            max_sandboxes: a.key_max_sandboxes,
+            forks_per_minute: a.key_forks_per_minute,
+            max_memory_mib: a.key_max_memory_mib,
+        },
         limits,
         volume_gib: a.volume_gib,
         build_templates: !a.no_build_templates,

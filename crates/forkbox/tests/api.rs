@@ -38,6 +38,7 @@ fn fixture() -> &'static Fixture {
             state_dir: state_dir.clone(),
             templates_dir: templates_dir.clone(),
             api_keys: vec![],
+            key_limits: Default::default(),
             limits: server::SandboxLimits { max_ram_mib: 4096, ..Default::default() },
             volume_gib: 16,
             build_templates: false,
@@ -232,7 +233,7 @@ async fn openapi_describes_every_route() {
 async fn api_keys_are_required_when_configured() {
     let f = fixture();
     let mut config = f.state.inner.config.clone();
-    config.api_keys = vec!["s3cret".into()];
+    config.api_keys = vec![server::keys::KeyHash::of("s3cret")];
     // Same engine and templates, a router that demands the key.
     let state = server::AppState { inner: f.state.inner.clone() };
     let keyed = server::app(server::AppState::with_config(&state, config));
@@ -248,9 +249,9 @@ async fn api_keys_are_required_when_configured() {
     assert_eq!(keyed.clone().oneshot(req).await.unwrap().status(), StatusCode::OK);
     let req = Request::builder().uri("/v1/healthz").body(Body::empty()).unwrap();
     assert_eq!(keyed.oneshot(req).await.unwrap().status(), StatusCode::OK);
-    assert!(server::check_exposure(&"0.0.0.0:7070".parse().unwrap(), &[]).is_err());
-    assert!(server::check_exposure(&"0.0.0.0:7070".parse().unwrap(), &["k".into()]).is_ok());
-    assert!(server::check_exposure(&"127.0.0.1:7070".parse().unwrap(), &[]).is_ok());
+    assert!(server::check_exposure(&"0.0.0.0:7070".parse().unwrap(), false).is_err());
+    assert!(server::check_exposure(&"0.0.0.0:7070".parse().unwrap(), true).is_ok());
+    assert!(server::check_exposure(&"127.0.0.1:7070".parse().unwrap(), false).is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -28,7 +28,7 @@ impl AppState {
         // sandbox lives on as that, not twice.
         let mut frozen = Vec::new();
         for r in &records {
-            if matches!(self.frozen(&r.id).await, Some(crate::state::Frozen::Space(_))) {
+            if matches!(self.frozen(&crate::keys::Caller::server(), &r.id).await, Some(crate::state::Frozen::Space(_))) {
                 frozen.push(r.id.clone());
             }
         }
@@ -61,7 +61,7 @@ impl AppState {
                 }
                 Err(e) => {
                     lost += 1;
-                    self.lose(&record.id, &e.to_string());
+                    self.lose(&record.id, &e.to_string(), record.owner.clone());
                 }
             }
         }
@@ -71,6 +71,10 @@ impl AppState {
         for entry in entries {
             self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(&entry));
             self.inner.live.fetch_add(1, Ordering::SeqCst);
+            // It counts against its key's quotas again, even over them.
+            if let Some(owner) = &entry.settings.owner {
+                self.inner.quotas.charge(owner, entry.settings.ram_mib);
+            }
             let egress = entry.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
             crate::egress::apply_soon(&entry, egress).await;
         }
@@ -86,15 +90,15 @@ impl AppState {
         self.inner.jail.leave_running();
     }
 
-    /// Remember that `id` is gone for good, and why.
-    fn lose(&self, id: &str, why: &str) {
+    /// Remember that `id` (of `owner`) is gone for good, and why.
+    fn lose(&self, id: &str, why: &str, owner: Option<String>) {
         tracing::warn!(sandbox = %id, reason = %why, "a sandbox did not survive the server restart");
         self.inner.records.remove(id);
         if let Ok(mut lost) = self.inner.lost.lock() {
             if lost.len() >= LOST_REMEMBERED {
                 lost.clear();
             }
-            lost.insert(id.to_string(), why.to_string());
+            lost.insert(id.to_string(), (why.to_string(), owner));
         }
     }
 

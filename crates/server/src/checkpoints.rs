@@ -15,6 +15,7 @@ use protocol::{CheckpointInfo, CheckpointList, RestoreRequest};
 
 use crate::error::ApiError;
 use crate::events::now_ms;
+use crate::keys::Caller;
 use crate::routes::{json, Json};
 use crate::sandbox::SandboxEntry;
 use crate::state::{AppState, CreateSlot};
@@ -55,8 +56,8 @@ impl Checkpoint {
 
 impl AppState {
     /// Capture `id`'s REPL and files as a new checkpoint.
-    pub async fn checkpoint(&self, id: &str) -> Result<CheckpointInfo, ApiError> {
-        let entry = self.get(id).await?;
+    pub async fn checkpoint(&self, caller: &Caller, id: &str) -> Result<CheckpointInfo, ApiError> {
+        let entry = self.get(caller, id).await?;
         let max = self.inner.config.limits.max_checkpoints;
         if lock(&entry.checkpoints).len() >= max {
             return Err(ApiError::TooMany(format!("sandbox `{id}` has {max} checkpoints, the most allowed (--max-checkpoints); delete one first")));
@@ -91,14 +92,14 @@ impl AppState {
         Ok(info)
     }
 
-    pub async fn checkpoints(&self, id: &str) -> Result<CheckpointList, ApiError> {
-        let entry = self.get(id).await?;
+    pub async fn checkpoints(&self, caller: &Caller, id: &str) -> Result<CheckpointList, ApiError> {
+        let entry = self.get(caller, id).await?;
         let list = lock(&entry.checkpoints);
         Ok(CheckpointList { checkpoints: list.iter().map(|c| c.info(id)).collect() })
     }
 
-    pub async fn delete_checkpoint(&self, id: &str, checkpoint: &str) -> Result<(), ApiError> {
-        let entry = self.get(id).await?;
+    pub async fn delete_checkpoint(&self, caller: &Caller, id: &str, checkpoint: &str) -> Result<(), ApiError> {
+        let entry = self.get(caller, id).await?;
         let removed = {
             let mut list = lock(&entry.checkpoints);
             let at = list.iter().position(|c| c.id == checkpoint).ok_or_else(|| no_checkpoint(id, checkpoint))?;
@@ -119,8 +120,8 @@ impl AppState {
     /// Roll `id` back to `checkpoint`: a fresh fork of the checkpoint takes
     /// over the id; the sandbox's current processes and files are freed.
     /// Its settings, lifetime, egress policy and checkpoints stay.
-    pub async fn restore(&self, id: &str, checkpoint: &str) -> Result<Arc<SandboxEntry>, ApiError> {
-        let entry = self.get(id).await?;
+    pub async fn restore(&self, caller: &Caller, id: &str, checkpoint: &str) -> Result<Arc<SandboxEntry>, ApiError> {
+        let entry = self.get(caller, id).await?;
         let source = lock(&entry.checkpoints)
             .iter()
             .find(|c| c.id == checkpoint)
@@ -164,27 +165,27 @@ fn no_checkpoint(id: &str, checkpoint: &str) -> ApiError {
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoints", params(("id" = String, Path)),
     responses((status = 200, body = CheckpointInfo), (status = 404, body = protocol::ErrorBody), (status = 429, body = protocol::ErrorBody),
         (status = 507, body = protocol::ErrorBody)))]
-pub async fn create(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &state.checkpoint(&id).await?))
+pub async fn create(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &state.checkpoint(&caller, &id).await?))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints", params(("id" = String, Path)),
     responses((status = 200, body = CheckpointList), (status = 404, body = protocol::ErrorBody)))]
-pub async fn list(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &state.checkpoints(&id).await?))
+pub async fn list(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &state.checkpoints(&caller, &id).await?))
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/checkpoints/{checkpoint}", params(("id" = String, Path), ("checkpoint" = String, Path)),
     responses((status = 204), (status = 404, body = protocol::ErrorBody)))]
-pub async fn delete(State(state): State<AppState>, Path((id, checkpoint)): Path<(String, String)>) -> Result<Response, ApiError> {
-    state.delete_checkpoint(&id, &checkpoint).await?;
+pub async fn delete(State(state): State<AppState>, caller: Caller, Path((id, checkpoint)): Path<(String, String)>) -> Result<Response, ApiError> {
+    state.delete_checkpoint(&caller, &id, &checkpoint).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/restore", params(("id" = String, Path)), request_body = RestoreRequest,
     responses((status = 200, body = protocol::SandboxInfo), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
         (status = 429, body = protocol::ErrorBody), (status = 507, body = protocol::ErrorBody)))]
-pub async fn restore(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<RestoreRequest>) -> Result<Response, ApiError> {
-    let restored = state.restore(&id, &req.checkpoint).await?;
+pub async fn restore(State(state): State<AppState>, caller: Caller, Path(id): Path<String>, Json(req): Json<RestoreRequest>) -> Result<Response, ApiError> {
+    let restored = state.restore(&caller, &id, &req.checkpoint).await?;
     Ok(json(StatusCode::OK, &restored.info()))
 }

@@ -11,8 +11,12 @@ pub struct ServerConfig {
     pub state_dir: PathBuf,
     /// Where built templates live (normally `<state_dir>/templates`).
     pub templates_dir: PathBuf,
-    /// Accepted bearer keys; empty means no auth (only allowed on loopback).
-    pub api_keys: Vec<String>,
+    /// SHA-256 of the keys given with `--api-key` (the keys themselves are
+    /// not kept); with none here and none in `<state>/keys.json`, no auth
+    /// (only allowed on loopback). See src/keys.rs.
+    pub api_keys: Vec<crate::keys::KeyHash>,
+    /// Limits of the `--api-key` keys (the keys file has its own per key).
+    pub key_limits: crate::keys::KeyLimits,
     pub limits: SandboxLimits,
     /// Size of a new sparse volume image in GiB.
     pub volume_gib: u64,

@@ -231,16 +231,16 @@ fn host_nameserver() -> Option<std::net::SocketAddr> {
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/egress", params(("id" = String, Path)), responses((status = 200, body = EgressBody), (status = 404, body = protocol::ErrorBody)))]
-pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn get(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     let egress = entry.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok((StatusCode::OK, axum::Json(EgressBody { egress })).into_response())
 }
 
 #[utoipa::path(patch, path = "/v1/sandboxes/{id}/egress", params(("id" = String, Path)), request_body = EgressBody,
     responses((status = 200, body = EgressBody), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
-pub async fn patch(State(state): State<AppState>, Path(id): Path<String>, Json(body): Json<EgressBody>) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn patch(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, Json(body): Json<EgressBody>) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     plan(&body.egress)?;
     let mut net = entry.network.lock().await;
     apply(&entry, &mut net, &body.egress).await?;

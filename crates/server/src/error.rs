@@ -33,6 +33,9 @@ pub enum ApiError {
     /// The port proxy's service did not connect or answer in time (504).
     #[error("{0}")]
     GatewayTimeout(String),
+    /// A key's quota (src/keys.rs): 429 with the refusal's `Retry-After`.
+    #[error("{}", .0.message)]
+    Quota(crate::keys::Refusal),
     #[error("{message}")]
     Unavailable { message: String, progress: Option<f32> },
     #[error("internal error: {0}")]
@@ -47,7 +50,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TooMany(_) | ApiError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::RangeNotSatisfiable(_) => StatusCode::RANGE_NOT_SATISFIABLE,
             ApiError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
@@ -85,15 +88,17 @@ impl IntoResponse for ApiError {
             _ => None,
         };
         // When to try again: a cap frees up as sandboxes end; a template
-        // takes a while to build.
-        let retry_after = match self.status() {
-            StatusCode::TOO_MANY_REQUESTS => Some("1"),
-            StatusCode::SERVICE_UNAVAILABLE => Some("5"),
+        // takes a while to build; a key's forks per minute as its window
+        // slides.
+        let retry_after = match (&self, self.status()) {
+            (ApiError::Quota(r), _) => Some(r.retry_after_s.max(1)),
+            (_, StatusCode::TOO_MANY_REQUESTS) => Some(1),
+            (_, StatusCode::SERVICE_UNAVAILABLE) => Some(5),
             _ => None,
         };
         let mut response = (self.status(), Json(ErrorBody { error: self.to_string(), progress })).into_response();
         if let Some(secs) = retry_after {
-            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static(secs));
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(secs));
         }
         response
     }

@@ -97,8 +97,8 @@ fn json<T: serde::Serialize>(v: &T) -> Response {
     responses((status = 200, description = "The file's bytes (or, with `list`/`stat`, JSON: FileList / FileInfo)", content_type = "application/octet-stream"),
         (status = 206, description = "The requested byte range"), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
         (status = 409, body = protocol::ErrorBody), (status = 416, body = protocol::ErrorBody)))]
-pub async fn get(State(state): State<AppState>, Path(id): Path<String>, q: FileQueryResult, headers: HeaderMap) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn get(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, q: FileQueryResult, headers: HeaderMap) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     let q = query(q)?;
     let path = sandbox_path(&q.path)?;
     if flag(&q.list, "list", false)? {
@@ -201,8 +201,8 @@ async fn download(mut file: std::fs::File, size: u64, range: Option<&str>, sent:
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes, any size (streamed)"),
     responses((status = 200, body = Written), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
         (status = 409, body = protocol::ErrorBody), (status = 413, body = protocol::ErrorBody), (status = 507, body = protocol::ErrorBody)))]
-pub async fn put(State(state): State<AppState>, Path(id): Path<String>, q: FileQueryResult, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn put(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, q: FileQueryResult, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     let q = query(q)?;
     let path = sandbox_path(&q.path)?;
     let append = flag(&q.append, "append", false)?;
@@ -276,8 +276,8 @@ pub async fn put(State(state): State<AppState>, Path(id): Path<String>, q: FileQ
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), FileQuery),
     responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
-pub async fn delete(State(state): State<AppState>, Path(id): Path<String>, q: FileQueryResult) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn delete(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, q: FileQueryResult) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     let q = query(q)?;
     let path = sandbox_path(&q.path)?;
     let recursive = flag(&q.recursive, "recursive", false)?;
@@ -287,8 +287,8 @@ pub async fn delete(State(state): State<AppState>, Path(id): Path<String>, q: Fi
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", params(("id" = String, Path)), request_body = MkdirRequest,
     responses((status = 200, body = FileInfo), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
-pub async fn mkdir(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<MkdirRequest>) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn mkdir(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, Json(req): Json<MkdirRequest>) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     let path = sandbox_path(&req.path)?;
     let mode = req.mode.map(|m| m.bits()).transpose().map_err(ApiError::BadRequest)?;
     let info = with_fs(&entry, move |fs| {
@@ -301,8 +301,8 @@ pub async fn mkdir(State(state): State<AppState>, Path(id): Path<String>, Json(r
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/rename", params(("id" = String, Path)), request_body = RenameRequest,
     responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
-pub async fn rename(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<RenameRequest>) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn rename(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, Json(req): Json<RenameRequest>) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     let (from, to) = (sandbox_path(&req.from)?, sandbox_path(&req.to)?);
     with_fs(&entry, move |fs| fs.rename(&from, &to, req.overwrite)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -310,8 +310,8 @@ pub async fn rename(State(state): State<AppState>, Path(id): Path<String>, Json(
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/chmod", params(("id" = String, Path)), request_body = ChmodRequest,
     responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
-pub async fn chmod(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<ChmodRequest>) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn chmod(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, Json(req): Json<ChmodRequest>) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     let path = sandbox_path(&req.path)?;
     let mode = req.mode.bits().map_err(ApiError::BadRequest)?;
     with_fs(&entry, move |fs| fs.chmod(&path, mode)).await?;

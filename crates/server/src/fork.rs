@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::ApiError;
+use crate::keys::Caller;
 use crate::repl::ReplSession;
 use crate::sandbox::{new_entry, SandboxEntry};
 use crate::state::{new_id, AppState, CreateSlot};
@@ -27,30 +28,27 @@ const HOLLOW_SPARES: usize = 8;
 /// How many merged-away ids are remembered.
 const MERGED_REMEMBERED: usize = 10_000;
 
-/// Merged-away id → the id holding its state now, oldest first out.
+/// Merged-away id → the id holding its state now and its owner, oldest
+/// first out.
 #[derive(Default)]
 pub struct MergedIds {
-    map: HashMap<String, String>,
+    map: HashMap<String, (String, Option<String>)>,
     order: VecDeque<String>,
 }
 
 impl MergedIds {
-    pub fn insert(&mut self, gone: String, into: String) {
+    pub fn insert(&mut self, gone: String, into: String, owner: Option<String>) {
         if self.order.len() >= MERGED_REMEMBERED {
             if let Some(old) = self.order.pop_front() {
                 self.map.remove(&old);
             }
         }
         self.order.push_back(gone.clone());
-        self.map.insert(gone, into);
+        self.map.insert(gone, (into, owner));
     }
 
-    pub fn get(&self, id: &str) -> Option<&String> {
+    pub fn get(&self, id: &str) -> Option<&(String, Option<String>)> {
         self.map.get(id)
-    }
-
-    pub fn contains_key(&self, id: &str) -> bool {
-        self.map.contains_key(id)
     }
 }
 
@@ -74,12 +72,14 @@ fn child_channels() -> Result<ChildChannels, ApiError> {
 }
 
 impl AppState {
-    /// Fork sandbox `id` into `n` children; returns their ids.
-    pub async fn fork(&self, id: &str, n: usize) -> Result<Vec<String>, ApiError> {
+    /// Fork sandbox `id` into `n` children (all within `caller`'s
+    /// quotas, or none); returns their ids.
+    pub async fn fork(&self, caller: &Caller, id: &str, n: usize) -> Result<Vec<String>, ApiError> {
         if !(1..=MAX_FORK).contains(&n) {
             return Err(ApiError::BadRequest(format!("n must be between 1 and {MAX_FORK}, got {n}")));
         }
-        let parent = self.get(id).await?;
+        let parent = self.get(caller, id).await?;
+        let quota = self.reserve_quota(caller, parent.settings.owner.as_deref(), n, parent.settings.ram_mib, true)?;
         let _reserved = CreateSlot::take_n(self, n)?;
         let started = std::time::Instant::now();
         let children = self.fork_entries(&parent, n).await?;
@@ -98,6 +98,7 @@ impl AppState {
                 all.insert(c.id.clone(), Arc::clone(c));
             }
             self.inner.live.fetch_add(n, Ordering::SeqCst);
+            quota.commit();
         }
         // Children inherit the parent's policy, each on a network of its own.
         let egress = parent.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -261,12 +262,12 @@ impl AppState {
 
     /// Make `parent`'s id drive `winner`'s REPL and files; free the
     /// parent's old state; `winner`'s id stops existing.
-    pub async fn merge_into(&self, parent_id: &str, winner_id: &str) -> Result<(), ApiError> {
+    pub async fn merge_into(&self, caller: &Caller, parent_id: &str, winner_id: &str) -> Result<(), ApiError> {
         if parent_id == winner_id {
             return Err(ApiError::BadRequest("cannot merge a sandbox into itself".into()));
         }
-        let parent = self.get(parent_id).await?;
-        let winner = self.get(winner_id).await?;
+        let parent = self.get(caller, parent_id).await?;
+        let winner = self.get(caller, winner_id).await?;
         let descends = winner.lineage.lock().map(|l| l.iter().any(|a| a == parent_id)).unwrap_or(false);
         if !descends || !parent.engine.same_family(&winner.engine) {
             return Err(ApiError::Conflict(format!("`{winner_id}` is not a fork descendant of `{parent_id}`")));
@@ -286,6 +287,7 @@ impl AppState {
         crate::checkpoints::adopt(&merged.checkpoints, &winner.checkpoints);
         winner.destroyed.store(true, Ordering::SeqCst);
         all.remove(winner_id);
+        self.unregistered(&winner);
         self.inner.records.remove(winner_id);
         self.inner.records.save(&merged);
         all.insert(parent_id.to_string(), merged);
@@ -295,10 +297,9 @@ impl AppState {
                 l.retain(|a| a != winner_id);
             }
         }
-        self.inner.live.fetch_sub(1, Ordering::SeqCst);
         drop(all);
         if let Ok(mut m) = self.inner.merged.lock() {
-            m.insert(winner_id.to_string(), parent_id.to_string());
+            m.insert(winner_id.to_string(), parent_id.to_string(), parent.settings.owner.clone());
         }
         parent_slot.session = None;
         drop(parent_slot);
@@ -313,9 +314,9 @@ impl AppState {
     /// `{added, removed, modified}` between two sandboxes' files under
     /// `paths`, as the podflare SDK's client-side `diff` defines them,
     /// computed from their overlay layers on the host (crate jail::diff).
-    pub async fn diff(&self, id: &str, other: &str, paths: Vec<String>) -> Result<protocol::DiffResult, ApiError> {
-        let this = self.get(id).await?;
-        let that = self.get(other).await?;
+    pub async fn diff(&self, caller: &Caller, id: &str, other: &str, paths: Vec<String>) -> Result<protocol::DiffResult, ApiError> {
+        let this = self.get(caller, id).await?;
+        let that = self.get(caller, other).await?;
         let (a, b) = (Arc::clone(&this.engine), Arc::clone(&that.engine));
         let result = tokio::task::spawn_blocking(move || {
             let ((a_upper, a_lower), (b_upper, b_lower)) = (a.layers(), b.layers());

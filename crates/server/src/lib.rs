@@ -15,6 +15,7 @@ pub mod error;
 pub mod events;
 pub mod files;
 pub mod fork;
+pub mod keys;
 pub mod metrics;
 pub mod openapi;
 pub mod pause;
@@ -92,10 +93,10 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// Refuse to serve beyond loopback without API keys.
-pub fn check_exposure(listen: &SocketAddr, keys: &[String]) -> Result<(), String> {
-    if !listen.ip().is_loopback() && keys.is_empty() {
+pub fn check_exposure(listen: &SocketAddr, has_keys: bool) -> Result<(), String> {
+    if !listen.ip().is_loopback() && !has_keys {
         return Err(format!(
-            "refusing to listen on {listen} without API keys: set --api-key / FORKBOX_API_KEYS, or listen on 127.0.0.1"
+            "refusing to listen on {listen} without API keys: set --api-key / FORKBOX_API_KEYS or add one with `forkbox key add`, or listen on 127.0.0.1"
         ));
     }
     Ok(())
@@ -103,7 +104,10 @@ pub fn check_exposure(listen: &SocketAddr, keys: &[String]) -> Result<(), String
 
 /// Run the server until SIGTERM/SIGINT, then destroy every sandbox.
 pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
-    check_exposure(&config.listen, &config.api_keys).map_err(anyhow::Error::msg)?;
+    // A keys file that cannot be read stops the start rather than being
+    // taken for no keys (src/keys.rs).
+    let key_file = keys::KeyFile::load(&keys::key_file_path(&config.state_dir))?;
+    check_exposure(&config.listen, !config.api_keys.is_empty() || !key_file.keys.is_empty()).map_err(anyhow::Error::msg)?;
     if config.limits.max_sandboxes > jail::ids::SLOT_BLOCKS as usize {
         anyhow::bail!("--max-sandboxes can be at most {} (the host ids one server owns)", jail::ids::SLOT_BLOCKS);
     }

@@ -1,5 +1,7 @@
 //! Prometheus metrics at `GET /metrics` (docs/operations.md#metrics), in
 //! the OpenMetrics text format, behind the API's auth like every route.
+//! Operator-level: any key sees the whole server's numbers (not which
+//! key's sandboxes they are).
 //!
 //! Request counts and latencies are recorded by a route layer (labelled
 //! with the route's template, never the raw path, so ids do not explode
@@ -51,6 +53,11 @@ pub struct Outcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    pub limit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
     pub state: String,
 }
@@ -82,6 +89,8 @@ pub struct Metrics {
     pub file_bytes: Family<Direction, Counter>,
     /// Sandboxes found at start, by `outcome` (`adopted`, `lost`).
     pub restart_sandboxes: Family<Outcome, Counter>,
+    /// Creates and forks a key's quota refused, by `limit` (src/keys.rs).
+    quota_refusals: Family<LimitLabel, Counter>,
     /// REPL restarts and OOM kills of sandboxes already destroyed (the
     /// live ones' are added at scrape time).
     pub gone_repl_restarts: AtomicU64,
@@ -101,6 +110,10 @@ impl Default for Metrics {
         let (repl_restarts, oom_kills) = (Counter::default(), Counter::default());
         let file_bytes = Family::<Direction, Counter>::default();
         let restart_sandboxes = Family::<Outcome, Counter>::default();
+        let quota_refusals = Family::<LimitLabel, Counter>::default();
+        for limit in [crate::keys::Limit::Sandboxes, crate::keys::Limit::ForksPerMinute, crate::keys::Limit::Memory] {
+            let _ = quota_refusals.get_or_create(&LimitLabel { limit: limit.label().to_string() });
+        }
         registry.register("http_requests", "HTTP requests by route template and status", requests.clone());
         registry.register("http_request_seconds", "Time to the response's headers, by route template", request_seconds.clone());
         registry.register("exec_seconds", "Whole execs, by language", exec_seconds.clone());
@@ -114,6 +127,7 @@ impl Default for Metrics {
         registry.register("oom_kills", "Processes killed by a sandbox's memory limit", oom_kills.clone());
         registry.register("file_bytes", "Bytes through the files API, by direction (in: uploads, out: downloads)", file_bytes.clone());
         registry.register("restart_sandboxes", "Sandboxes a previous server left, taken back at start (adopted) or not (lost)", restart_sandboxes.clone());
+        registry.register("quota_refusals", "Creates and forks refused by an API key's quota, by limit", quota_refusals.clone());
         Metrics {
             registry,
             requests,
@@ -129,6 +143,7 @@ impl Default for Metrics {
             oom_kills,
             file_bytes,
             restart_sandboxes,
+            quota_refusals,
             gone_repl_restarts: AtomicU64::new(0),
             gone_oom_kills: AtomicU64::new(0),
         }
@@ -147,6 +162,11 @@ impl Metrics {
     /// Count `n` sandboxes found at start with `outcome` (`adopted`, `lost`).
     pub fn restart_sandboxes(&self, outcome: &str, n: usize) {
         self.restart_sandboxes.get_or_create(&Outcome { outcome: outcome.to_string() }).inc_by(n as u64);
+    }
+
+    /// A key's quota refused a request (`limit`: which one).
+    pub fn quota_refused(&self, limit: &str) {
+        self.quota_refusals.get_or_create(&LimitLabel { limit: limit.to_string() }).inc();
     }
 
     /// The counter of files-API bytes going `direction` (`in` or `out`).
@@ -202,7 +222,7 @@ pub async fn scrape(State(state): State<AppState>) -> Response {
     m.checkpoints.set(checkpoints);
     m.memory_bytes.set((state.memory_in_use_mib() << 20) as i64);
     let st = state.clone();
-    let spaces = tokio::task::spawn_blocking(move || st.inner.spaces.list().len()).await.unwrap_or(0);
+    let spaces = tokio::task::spawn_blocking(move || st.inner.spaces.list_all().len()).await.unwrap_or(0);
     m.spaces.set(spaces as i64);
     // Counters only go up: raise them to the current totals.
     let raise = |c: &Counter, total: u64| {

@@ -49,16 +49,16 @@ pub async fn pause_idle(entry: &Arc<SandboxEntry>) -> Result<(), ApiError> {
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", params(("id" = String, Path)),
     responses((status = 200, body = protocol::SandboxInfo), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
-pub async fn pause(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn pause(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     pause_idle(&entry).await?;
     Ok((StatusCode::OK, axum::Json(entry.info())).into_response())
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", params(("id" = String, Path)),
     responses((status = 200, body = protocol::SandboxInfo), (status = 404, body = protocol::ErrorBody)))]
-pub async fn resume(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn resume(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     ensure_running(&entry).await?;
     entry.touch();
     Ok((StatusCode::OK, axum::Json(entry.info())).into_response())

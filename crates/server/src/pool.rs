@@ -345,6 +345,7 @@ impl AppState {
             // A zygote never reaches the network; its forks get their own.
             egress: protocol::Egress::On(false),
             persistent: false,
+            owner: None,
         };
         let spec = jail::SandboxSpec { id: id.clone(), template_rootfs: rootfs, limits: self.limits_for(&settings), initial_upper: None };
         let engine = self.inner.jail.create(spec).await.map_err(|e| e.to_string())?;

@@ -229,9 +229,9 @@ fn bad_answer(e: hyper::Error, id: &str, port: u16) -> ApiError {
         (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 429, body = protocol::ErrorBody),
         (status = 502, body = protocol::ErrorBody, description = "Nothing listens on the port, or the service's answer was not HTTP"),
         (status = 504, body = protocol::ErrorBody, description = "The connect or the service's response headers timed out")))]
-pub async fn proxy(State(state): State<AppState>, path: Result<Path<PortPath>, axum::extract::rejection::PathRejection>, mut req: Request) -> Result<Response, ApiError> {
+pub async fn proxy(State(state): State<AppState>, caller: crate::keys::Caller, path: Result<Path<PortPath>, axum::extract::rejection::PathRejection>, mut req: Request) -> Result<Response, ApiError> {
     let Path(p) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let entry = state.get(&p.id).await?;
+    let entry = state.get(&caller, &p.id).await?;
     let port = parse_port(&p.port)?;
     let limits = &state.inner.config.limits;
     let max = limits.max_port_connections;

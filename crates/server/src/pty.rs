@@ -262,8 +262,8 @@ fn environment(id: &str, extra: &[(String, String)]) -> Result<Vec<String>, ApiE
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pty", params(("id" = String, Path)), request_body = PtyCreate,
     responses((status = 200, description = "NDJSON stream: pty_ready {session_id}, pty_data {data_b64, seq}, pty_exit {data: exit code}, pty_error {message}", content_type = "application/x-ndjson"),
         (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 429, body = protocol::ErrorBody)))]
-pub async fn create(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<PtyCreate>) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn create(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, Json(req): Json<PtyCreate>) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     let (argv, label) = command(&req)?;
     let size = size(req.cols, req.rows)?;
     let env = environment(&entry.id, req.env.as_deref().unwrap_or_default())?;
@@ -383,8 +383,8 @@ async fn follow(session: Arc<PtySession>, mut cursor: u64, tx: mpsc::Sender<serd
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/pty/{pty}/attach", params(("id" = String, Path), ("pty" = String, Path)),
     responses((status = 200, description = "NDJSON stream: the ring buffer's pty_data first, then live events until pty_exit", content_type = "application/x-ndjson"),
         (status = 404, body = protocol::ErrorBody)))]
-pub async fn attach(State(state): State<AppState>, Path((id, pty)): Path<(String, String)>) -> Result<Response, ApiError> {
-    let session = state.get(&id).await?.ptys.get(&pty)?;
+pub async fn attach(State(state): State<AppState>, caller: crate::keys::Caller, Path((id, pty)): Path<(String, String)>) -> Result<Response, ApiError> {
+    let session = state.get(&caller, &id).await?.ptys.get(&pty)?;
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(follow(session, 0, tx));
     Ok(crate::routes::ndjson_stream(rx))
@@ -392,8 +392,8 @@ pub async fn attach(State(state): State<AppState>, Path((id, pty)): Path<(String
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pty/{pty}/input", params(("id" = String, Path), ("pty" = String, Path)), request_body = PtyInput,
     responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody), (status = 413, body = protocol::ErrorBody)))]
-pub async fn input(State(state): State<AppState>, Path((id, pty)): Path<(String, String)>, Json(req): Json<PtyInput>) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn input(State(state): State<AppState>, caller: crate::keys::Caller, Path((id, pty)): Path<(String, String)>, Json(req): Json<PtyInput>) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     let session = entry.ptys.get(&pty)?;
     if req.data_b64.len() > MAX_INPUT_BYTES / 3 * 4 + 4 {
         return Err(ApiError::TooLarge(format!("input is larger than {MAX_INPUT_BYTES} bytes")));
@@ -413,8 +413,8 @@ pub async fn input(State(state): State<AppState>, Path((id, pty)): Path<(String,
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pty/{pty}/resize", params(("id" = String, Path), ("pty" = String, Path)), request_body = PtyResize,
     responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
-pub async fn resize(State(state): State<AppState>, Path((id, pty)): Path<(String, String)>, Json(req): Json<PtyResize>) -> Result<Response, ApiError> {
-    let session = state.get(&id).await?.ptys.get(&pty)?;
+pub async fn resize(State(state): State<AppState>, caller: crate::keys::Caller, Path((id, pty)): Path<(String, String)>, Json(req): Json<PtyResize>) -> Result<Response, ApiError> {
+    let session = state.get(&caller, &id).await?.ptys.get(&pty)?;
     let size = size(Some(req.cols), Some(req.rows))?;
     if session.exit_code().is_some() {
         return Err(ApiError::Conflict(format!("PTY session `{pty}` has exited")));
@@ -426,8 +426,8 @@ pub async fn resize(State(state): State<AppState>, Path((id, pty)): Path<(String
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pty/{pty}/kill", params(("id" = String, Path), ("pty" = String, Path)),
     responses((status = 204), (status = 404, body = protocol::ErrorBody)))]
-pub async fn kill(State(state): State<AppState>, Path((id, pty)): Path<(String, String)>) -> Result<Response, ApiError> {
-    let session = state.get(&id).await?.ptys.get(&pty)?;
+pub async fn kill(State(state): State<AppState>, caller: crate::keys::Caller, Path((id, pty)): Path<(String, String)>) -> Result<Response, ApiError> {
+    let session = state.get(&caller, &id).await?.ptys.get(&pty)?;
     if session.exit_code().is_none() {
         session.control.kill().await;
     }
@@ -435,8 +435,8 @@ pub async fn kill(State(state): State<AppState>, Path((id, pty)): Path<(String, 
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/pty", params(("id" = String, Path)), responses((status = 200, body = [PtyInfo]), (status = 404, body = protocol::ErrorBody)))]
-pub async fn list(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn list(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     let out: Vec<PtyInfo> = entry
         .ptys
         .list()
@@ -451,8 +451,8 @@ pub async fn list(State(state): State<AppState>, Path(id): Path<String>) -> Resu
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pty/{pty}/read", params(("id" = String, Path), ("pty" = String, Path)), request_body = PtyRead,
     responses((status = 200, body = PtyChunk), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
-pub async fn read(State(state): State<AppState>, Path((id, pty)): Path<(String, String)>, Json(req): Json<PtyRead>) -> Result<Response, ApiError> {
-    let session = state.get(&id).await?.ptys.get(&pty)?;
+pub async fn read(State(state): State<AppState>, caller: crate::keys::Caller, Path((id, pty)): Path<(String, String)>, Json(req): Json<PtyRead>) -> Result<Response, ApiError> {
+    let session = state.get(&caller, &id).await?.ptys.get(&pty)?;
     let max = req.max_bytes.unwrap_or(64 * 1024);
     if max == 0 || max > MAX_READ_BYTES {
         return Err(ApiError::BadRequest(format!("max_bytes must be between 1 and {MAX_READ_BYTES}")));

@@ -30,6 +30,11 @@ pub struct SandboxRecord {
     pub created_at: u64,
     pub execs: u64,
     pub repl_restarts: u64,
+    /// The API key that owns it (src/keys.rs). Records written before keys
+    /// had owners have none: such a sandbox is reachable only on a server
+    /// without keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl SandboxRecord {
@@ -51,6 +56,7 @@ impl SandboxRecord {
             created_at: entry.created_at,
             execs: entry.execs.load(std::sync::atomic::Ordering::Relaxed),
             repl_restarts: entry.repl_restarts.load(std::sync::atomic::Ordering::Relaxed),
+            owner: s.owner.clone(),
         }
     }
 
@@ -64,6 +70,7 @@ impl SandboxRecord {
             interrupt_grace: Duration::from_millis(self.interrupt_grace_ms),
             egress: self.egress_asked.clone(),
             persistent: self.persistent,
+            owner: self.owner.clone(),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Path, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -17,6 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::ApiError;
 use crate::events::EventSink;
+use crate::keys::Caller;
 use crate::state::AppState;
 
 /// `Json<T>` whose rejections are JSON errors with the right status.
@@ -88,26 +89,26 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
         (status = 507, body = protocol::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
+    caller: Caller,
     body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: CreateSandbox = optional_body(body)?;
-    let entry = state.create(req).await?;
+    let entry = state.create(&caller, req).await?;
     Ok(json(StatusCode::OK, &Created { id: entry.id.clone(), state: "ready".into() }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes", responses((status = 200, body = SandboxList)))]
-pub async fn list(State(state): State<AppState>) -> Response {
-    let mut sandboxes: Vec<SandboxInfo> = state.inner.sandboxes.read().await.values().map(|e| e.info()).collect();
-    sandboxes.sort_by_key(|s| s.created_at);
+pub async fn list(State(state): State<AppState>, caller: Caller) -> Response {
+    let sandboxes: Vec<SandboxInfo> = state.list(&caller).await.iter().map(|e| e.info()).collect();
     json(StatusCode::OK, &SandboxList { sandboxes })
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 200, body = SandboxInfo), (status = 404, body = protocol::ErrorBody)))]
-pub async fn info(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    match state.get(&id).await {
+pub async fn info(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
+    match state.get(&caller, &id).await {
         Ok(entry) => Ok(json(StatusCode::OK, &entry.info())),
         // A frozen sandbox is shown as it was, with `state: "frozen"`.
-        Err(ApiError::Conflict(e)) => match state.frozen(&id).await {
+        Err(ApiError::Conflict(e)) => match state.frozen(&caller, &id).await {
             Some(crate::state::Frozen::Space(space)) => Ok(json(StatusCode::OK, &space.sandbox)),
             _ => Err(ApiError::Conflict(e)),
         },
@@ -116,19 +117,19 @@ pub async fn info(State(state): State<AppState>, Path(id): Path<String>) -> Resu
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 204), (status = 404, body = protocol::ErrorBody)))]
-pub async fn destroy(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn destroy(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
     if !crate::state::valid_id(&id) {
-        state.get(&id).await?;
+        state.get(&caller, &id).await?;
     }
-    state.destroy(&id).await?;
+    state.destroy(&caller, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", params(("id" = String, Path)), request_body = ExecRequest,
     responses((status = 200, description = "NDJSON stream of events", body = protocol::Event, content_type = "application/x-ndjson"),
         (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 413, body = protocol::ErrorBody)))]
-pub async fn exec(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<ExecRequest>) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn exec(State(state): State<AppState>, caller: Caller, Path(id): Path<String>, Json(req): Json<ExecRequest>) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     if req.code.len() > MAX_CODE_BYTES {
         return Err(ApiError::TooLarge(format!("code is {} bytes; the limit is {MAX_CODE_BYTES}", req.code.len())));
     }
@@ -207,8 +208,8 @@ fn ndjson(body: Body) -> Response {
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/replay", params(("id" = String, Path)),
     responses((status = 200, description = "NDJSON of the last 1000 events", content_type = "application/x-ndjson"), (status = 404, body = protocol::ErrorBody)))]
-pub async fn replay(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+pub async fn replay(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let entry = state.get(&caller, &id).await?;
     let events: Vec<protocol::Event> = entry.replay.lock().map(|r| r.iter().cloned().collect()).unwrap_or_default();
     let mut out = Vec::new();
     for ev in events {
@@ -226,16 +227,16 @@ pub async fn templates(State(state): State<AppState>) -> Response {
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", params(("id" = String, Path)), request_body = protocol::ForkRequest,
     responses((status = 200, body = protocol::Forked), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
         (status = 429, body = protocol::ErrorBody), (status = 500, body = protocol::ErrorBody), (status = 507, body = protocol::ErrorBody)))]
-pub async fn fork(State(state): State<AppState>, Path(id): Path<String>, Json(req): Json<protocol::ForkRequest>) -> Result<Response, ApiError> {
+pub async fn fork(State(state): State<AppState>, caller: Caller, Path(id): Path<String>, Json(req): Json<protocol::ForkRequest>) -> Result<Response, ApiError> {
     let n = usize::try_from(req.n).unwrap_or(0);
-    let children = state.fork(&id, n).await?;
+    let children = state.fork(&caller, &id, n).await?;
     Ok(json(StatusCode::OK, &protocol::Forked { children }))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/merge_into/{winner}", params(("id" = String, Path), ("winner" = String, Path)),
     responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
-pub async fn merge_into(State(state): State<AppState>, Path((id, winner)): Path<(String, String)>) -> Result<Response, ApiError> {
-    state.merge_into(&id, &winner).await?;
+pub async fn merge_into(State(state): State<AppState>, caller: Caller, Path((id, winner)): Path<(String, String)>) -> Result<Response, ApiError> {
+    state.merge_into(&caller, &id, &winner).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -250,12 +251,13 @@ pub struct DiffQuery {
     responses((status = 200, body = protocol::DiffResult), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
 pub async fn diff(
     State(state): State<AppState>,
+    caller: Caller,
     Path((id, other)): Path<(String, String)>,
     query: Result<axum::extract::Query<DiffQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let axum::extract::Query(q) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let paths: Vec<String> = q.paths.unwrap_or_default().split(',').filter(|p| !p.is_empty()).map(str::to_string).collect();
-    Ok(json(StatusCode::OK, &state.diff(&id, &other, paths).await?))
+    Ok(json(StatusCode::OK, &state.diff(&caller, &id, &other, paths).await?))
 }
 
 #[utoipa::path(get, path = "/v1/pool", responses((status = 200, body = crate::pool::PoolInfo, description = "The warm pool's hidden sandboxes by template")))]
@@ -293,10 +295,10 @@ pub async fn refuse_while_draining(State(state): State<AppState>, req: Request, 
     next.run(req).await
 }
 
-/// Bearer-key auth for every route but the health check.
-pub async fn auth(State(state): State<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
-    let keys = &state.inner.config.api_keys;
-    if keys.is_empty() || req.uri().path() == "/v1/healthz" {
+/// Bearer-key auth for every route but the health check: resolves who is
+/// calling (src/keys.rs) and hands it to the handlers as a `Caller`.
+pub async fn auth(State(state): State<AppState>, headers: HeaderMap, mut req: Request, next: Next) -> Response {
+    if req.uri().path() == "/v1/healthz" {
         return next.run(req).await;
     }
     let presented = headers
@@ -304,14 +306,23 @@ pub async fn auth(State(state): State<AppState>, headers: HeaderMap, req: Reques
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match presented {
-        Some(k) if keys.iter().any(|key| constant_time_eq(key.as_bytes(), k.as_bytes())) => next.run(req).await,
-        _ => ApiError::Unauthorized.into_response(),
+    match state.inner.keys.resolve(presented) {
+        Some(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        None => ApiError::Unauthorized.into_response(),
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// The caller the auth layer resolved. A request that did not pass through
+/// it has none and is refused: a missing layer fails closed.
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        parts.extensions.get::<Caller>().cloned().ok_or(ApiError::Unauthorized)
+    }
 }
 
 #[cfg(test)]

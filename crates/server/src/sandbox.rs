@@ -53,6 +53,9 @@ pub struct Settings {
     pub egress: protocol::Egress,
     /// Freeze to a Space at the idle timeout instead of being destroyed.
     pub persistent: bool,
+    /// The name of the API key that owns it (src/keys.rs); `None` on a
+    /// server without keys. Fork children, restores and merges keep it.
+    pub owner: Option<String>,
 }
 
 pub struct SandboxEntry {

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
 use crate::events::now_ms;
+use crate::keys::Caller;
 use crate::routes::json;
 use crate::sandbox::{SandboxEntry, Settings};
 use crate::state::{valid_id, AppState};
@@ -53,6 +54,8 @@ pub struct Resumed {
     pub sandbox_id: String,
     pub space_id: String,
     pub resumed_as: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// `meta.json` of a Space.
@@ -63,6 +66,10 @@ pub struct SpaceMeta {
     /// The sandbox as it was when frozen (`state: "frozen"`); its settings
     /// are the resumed sandbox's defaults.
     pub sandbox: SandboxInfo,
+    /// The API key that owns it (src/keys.rs); Spaces frozen before keys
+    /// had owners have none, and are reachable only without keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// The Spaces directory.
@@ -120,12 +127,20 @@ impl SpaceStore {
         serde_json::from_slice(&std::fs::read(dir.join("meta.json")).ok()?).ok()
     }
 
-    pub fn get(&self, id: &str) -> Result<SpaceMeta, ApiError> {
-        Self::read_meta(&self.path(id)?).ok_or_else(|| no_space(id))
+    /// Space `id`, if `caller` may use it (another key's is as unknown).
+    pub fn get(&self, caller: &Caller, id: &str) -> Result<SpaceMeta, ApiError> {
+        Self::read_meta(&self.path(id)?).filter(|m| caller.may_use(m.owner.as_deref())).ok_or_else(|| no_space(id))
+    }
+
+    /// The Spaces `caller` may use, oldest first.
+    pub fn list(&self, caller: &Caller) -> Vec<SpaceMeta> {
+        let mut all = self.list_all();
+        all.retain(|m| caller.may_use(m.owner.as_deref()));
+        all
     }
 
     /// Every whole Space, oldest first.
-    pub fn list(&self) -> Vec<SpaceMeta> {
+    pub fn list_all(&self) -> Vec<SpaceMeta> {
         let mut all: Vec<SpaceMeta> = std::fs::read_dir(&self.dir)
             .into_iter()
             .flatten()
@@ -137,12 +152,14 @@ impl SpaceStore {
         all
     }
 
-    /// The Space sandbox `id` was frozen into, if it still exists.
-    pub fn frozen(&self, sandbox_id: &str) -> Option<SpaceMeta> {
-        self.list().into_iter().find(|m| m.info.sandbox_id == sandbox_id)
+    /// The Space sandbox `id` was frozen into, if it still exists and
+    /// `caller` may use it.
+    pub fn frozen(&self, caller: &Caller, sandbox_id: &str) -> Option<SpaceMeta> {
+        self.list(caller).into_iter().find(|m| m.info.sandbox_id == sandbox_id)
     }
 
-    pub fn delete(&self, id: &str) -> Result<(), ApiError> {
+    pub fn delete(&self, caller: &Caller, id: &str) -> Result<(), ApiError> {
+        self.get(caller, id)?;
         let path = self.path(id)?;
         let doomed = self.dir.join(format!("{DELETING}{id}"));
         match std::fs::rename(&path, &doomed) {
@@ -155,9 +172,9 @@ impl SpaceStore {
 
     /// Take Space `id` for a resume: nobody else can have it until it is
     /// `put_back`.
-    fn claim(&self, id: &str) -> Result<(SpaceMeta, PathBuf), ApiError> {
+    fn claim(&self, caller: &Caller, id: &str) -> Result<(SpaceMeta, PathBuf), ApiError> {
         let path = self.path(id)?;
-        let meta = Self::read_meta(&path).ok_or_else(|| no_space(id))?;
+        let meta = self.get(caller, id)?;
         let claimed = self.dir.join(format!("{RESUMING}{id}"));
         match std::fs::rename(&path, &claimed) {
             Ok(()) => Ok((meta, claimed)),
@@ -169,7 +186,12 @@ impl SpaceStore {
     /// Remember that Space `meta` became sandbox `new_id`, forgetting the
     /// oldest such notes beyond `RESUMED_REMEMBERED`.
     fn note_resumed(&self, meta: &SpaceMeta, new_id: &str) -> std::io::Result<()> {
-        let note = Resumed { sandbox_id: meta.info.sandbox_id.clone(), space_id: meta.info.space_id.clone(), resumed_as: new_id.to_string() };
+        let note = Resumed {
+            sandbox_id: meta.info.sandbox_id.clone(),
+            space_id: meta.info.space_id.clone(),
+            resumed_as: new_id.to_string(),
+            owner: meta.owner.clone(),
+        };
         std::fs::write(self.dir.join(format!("{RESUMED}{}.json", meta.info.space_id)), serde_json::to_vec(&note).map_err(std::io::Error::other)?)?;
         let mut notes: Vec<(std::time::SystemTime, PathBuf)> = self
             .notes()
@@ -193,11 +215,12 @@ impl SpaceStore {
             .map(|e| e.path())
     }
 
-    /// What the Space of frozen sandbox `sandbox_id` became, if it was resumed.
-    pub fn resumed(&self, sandbox_id: &str) -> Option<Resumed> {
+    /// What the Space of frozen sandbox `sandbox_id` became, if it was
+    /// resumed (and `caller` may know).
+    pub fn resumed(&self, caller: &Caller, sandbox_id: &str) -> Option<Resumed> {
         self.notes()
             .filter_map(|p| serde_json::from_slice::<Resumed>(&std::fs::read(p).ok()?).ok())
-            .find(|r| r.sandbox_id == sandbox_id)
+            .find(|r| r.sandbox_id == sandbox_id && caller.may_use(r.owner.as_deref()))
     }
 
     fn put_back(&self, id: &str, claimed: &Path) {
@@ -249,8 +272,8 @@ fn unsaved_list(v: &serde_json::Value) -> Vec<Unsaved> {
 
 impl AppState {
     /// Freeze sandbox `id` into a new Space and destroy it.
-    pub async fn freeze(&self, id: &str) -> Result<SpaceMeta, ApiError> {
-        let entry = self.get(id).await?;
+    pub async fn freeze(&self, caller: &Caller, id: &str) -> Result<SpaceMeta, ApiError> {
+        let entry = self.get(caller, id).await?;
         crate::disk::ensure_room(&self.inner.config.state_dir)?;
         entry.busy.fetch_add(1, Ordering::SeqCst);
         let result = self.freeze_entry(&entry).await;
@@ -265,7 +288,7 @@ impl AppState {
             }
         };
         if let Some(e) = removed {
-            self.inner.live.fetch_sub(1, Ordering::SeqCst);
+            self.unregistered(&e);
             self.inner.records.remove(id);
             self.drop_checkpoints(&e).await;
             self.teardown(&e).await;
@@ -278,11 +301,11 @@ impl AppState {
     /// fails it stays (and is tried again after another idle period), since
     /// destroying it would lose what it was meant to keep.
     pub async fn freeze_idle(&self, id: &str) {
-        match self.freeze(id).await {
+        match self.freeze(&Caller::server(), id).await {
             Ok(meta) => tracing::info!(sandbox = %id, space = %meta.info.space_id, "idle: frozen"),
             Err(e) => {
                 tracing::error!(sandbox = %id, err = %e, "idle: could not freeze a persistent sandbox; trying again later");
-                if let Ok(entry) = self.get(id).await {
+                if let Ok(entry) = self.get(&Caller::server(), id).await {
                     entry.touch();
                 }
             }
@@ -327,6 +350,7 @@ impl AppState {
                 unsaved: unsaved_list(&answer["unsaved"]),
             },
             sandbox: info,
+            owner: entry.settings.owner.clone(),
         };
         let engine = Arc::clone(&entry.engine);
         let dir = store.dir.clone();
@@ -377,10 +401,10 @@ impl AppState {
     }
 
     /// Resume Space `space_id` into a new sandbox; the Space is consumed.
-    pub async fn resume_space(&self, space_id: &str, req: ResumeSpace) -> Result<Arc<SandboxEntry>, ApiError> {
+    pub async fn resume_space(&self, caller: &Caller, space_id: &str, req: ResumeSpace) -> Result<Arc<SandboxEntry>, ApiError> {
         let store = &self.inner.spaces;
-        let (meta, claimed) = store.claim(space_id)?;
-        let made = self.resume_claimed(&meta, &claimed, req).await;
+        let (meta, claimed) = store.claim(caller, space_id)?;
+        let made = self.resume_claimed(caller, &meta, &claimed, req).await;
         match made {
             Ok(entry) => {
                 if let Err(e) = store.note_resumed(&meta, &entry.id) {
@@ -400,7 +424,7 @@ impl AppState {
         }
     }
 
-    async fn resume_claimed(&self, meta: &SpaceMeta, claimed: &Path, req: ResumeSpace) -> Result<Arc<SandboxEntry>, ApiError> {
+    async fn resume_claimed(&self, caller: &Caller, meta: &SpaceMeta, claimed: &Path, req: ResumeSpace) -> Result<Arc<SandboxEntry>, ApiError> {
         let was = &meta.sandbox;
         let create = protocol::CreateSandbox {
             template: Some(meta.info.template.clone()),
@@ -411,8 +435,9 @@ impl AppState {
             persistent: Some(req.persistent.unwrap_or(was.persistent)),
             egress: Some(req.egress.unwrap_or_else(|| was.egress.clone())),
         };
-        let settings: Settings = self.settings(&create)?;
-        let entry = self.create_with(settings, Some(claimed.join("upper"))).await?;
+        // The resumed sandbox is the Space's owner's (the caller's, with keys).
+        let settings = Settings { owner: meta.owner.clone(), ..self.settings(&create, caller)? };
+        let entry = self.create_with(caller, settings, Some(claimed.join("upper"))).await?;
         let mut slot = entry.slot.lock().await;
         let thawed = entry.run_hidden(&mut slot, &space_code("thaw"), REPL_SAVE_TIMEOUT).await.and_then(|out| parse_answer(&out));
         let notice = match thawed {
@@ -423,7 +448,7 @@ impl AppState {
             }
             Err(e) => {
                 drop(slot);
-                let _ = self.destroy(&entry.id).await;
+                let _ = self.destroy(&Caller::server(), &entry.id).await;
                 return Err(ApiError::engine("could not load the space's REPL state", e));
             }
         };
@@ -446,27 +471,27 @@ fn resume_notice(space_id: &str, lost: &[Unsaved]) -> String {
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/freeze", params(("id" = String, Path)),
     responses((status = 200, body = SpaceInfo), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody),
         (status = 507, body = protocol::ErrorBody)))]
-pub async fn freeze(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &state.freeze(&id).await?.info))
+pub async fn freeze(State(state): State<AppState>, caller: Caller, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &state.freeze(&caller, &id).await?.info))
 }
 
 #[utoipa::path(get, path = "/v1/spaces", responses((status = 200, body = SpaceList)))]
-pub async fn list(State(state): State<AppState>) -> Response {
-    let spaces = tokio::task::spawn_blocking(move || state.inner.spaces.list()).await.unwrap_or_default();
+pub async fn list(State(state): State<AppState>, caller: Caller) -> Response {
+    let spaces = tokio::task::spawn_blocking(move || state.inner.spaces.list(&caller)).await.unwrap_or_default();
     json(StatusCode::OK, &SpaceList { spaces: spaces.into_iter().map(|m| m.info).collect() })
 }
 
 #[utoipa::path(get, path = "/v1/spaces/{id}", params(("id" = String, Path)),
     responses((status = 200, body = SpaceInfo), (status = 404, body = protocol::ErrorBody)))]
-pub async fn get(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &state.inner.spaces.get(&id)?.info))
+pub async fn get(State(state): State<AppState>, caller: Caller, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &state.inner.spaces.get(&caller, &id)?.info))
 }
 
 #[utoipa::path(delete, path = "/v1/spaces/{id}", params(("id" = String, Path)),
     responses((status = 204), (status = 404, body = protocol::ErrorBody)))]
-pub async fn delete(State(state): State<AppState>, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
+pub async fn delete(State(state): State<AppState>, caller: Caller, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
     let st = state.clone();
-    tokio::task::spawn_blocking(move || st.inner.spaces.delete(&id)).await.map_err(|e| io_err("delete task failed", e))??;
+    tokio::task::spawn_blocking(move || st.inner.spaces.delete(&caller, &id)).await.map_err(|e| io_err("delete task failed", e))??;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -475,10 +500,11 @@ pub async fn delete(State(state): State<AppState>, UrlPath(id): UrlPath<String>)
         (status = 429, body = protocol::ErrorBody), (status = 507, body = protocol::ErrorBody)))]
 pub async fn resume(
     State(state): State<AppState>,
+    caller: Caller,
     UrlPath(id): UrlPath<String>,
     body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ResumeSpace = crate::routes::optional_body(body)?;
-    let entry = state.resume_space(&id, req).await?;
+    let entry = state.resume_space(&caller, &id, req).await?;
     Ok(json(StatusCode::OK, &entry.info()))
 }

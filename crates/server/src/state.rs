@@ -14,6 +14,7 @@ use tokio::sync::RwLock;
 use crate::config::ServerConfig;
 use crate::error::ApiError;
 use crate::events::now_ms;
+use crate::keys::{Caller, Reservation};
 use crate::sandbox::{new_entry, start_repl, SandboxEntry, Settings};
 use crate::templates::Templates;
 
@@ -43,8 +44,13 @@ pub struct Inner {
     pub metrics: crate::metrics::Metrics,
     /// What a restarted server needs to adopt each live sandbox (src/records.rs).
     pub records: crate::records::Records,
-    /// Ids that did not survive a server restart → why (src/adopt.rs).
-    pub lost: std::sync::Mutex<HashMap<String, String>>,
+    /// Ids that did not survive a server restart → why, and their owner
+    /// (src/adopt.rs).
+    pub lost: std::sync::Mutex<HashMap<String, (String, Option<String>)>>,
+    /// The accepted API keys (src/keys.rs).
+    pub keys: crate::keys::KeyRing,
+    /// What each key uses, against its limits (src/keys.rs).
+    pub quotas: crate::keys::Quotas,
     /// Graceful shutdown (src/drain.rs).
     pub drain: crate::drain::Drain,
 }
@@ -78,6 +84,8 @@ impl AppState {
                 records: crate::records::Records::new(&config.state_dir),
                 lost: Default::default(),
                 drain: Default::default(),
+                keys: key_ring(&config),
+                quotas: Default::default(),
                 config,
             }),
         }
@@ -100,24 +108,35 @@ impl AppState {
             records: crate::records::Records::new(&config.state_dir),
             lost: Default::default(),
             drain: Default::default(),
+            keys: key_ring(&config),
+            quotas: Default::default(),
             config,
         }) }
     }
 
-    pub async fn get(&self, id: &str) -> Result<Arc<SandboxEntry>, ApiError> {
+    /// Sandbox `id`, if `caller` may use it: another key's sandbox (or
+    /// its merged, lost or frozen id) answers exactly as an unknown id.
+    pub async fn get(&self, caller: &Caller, id: &str) -> Result<Arc<SandboxEntry>, ApiError> {
         if !valid_id(id) {
             return Err(ApiError::BadRequest(format!("invalid sandbox id `{}`", id.chars().take(80).collect::<String>())));
         }
         if let Some(e) = self.inner.sandboxes.read().await.get(id).cloned() {
-            return Ok(e);
+            if caller.may_use(e.settings.owner.as_deref()) {
+                return Ok(e);
+            }
+            return Err(no_sandbox(id));
         }
-        if let Some(into) = self.inner.merged.lock().ok().and_then(|m| m.get(id).cloned()) {
-            return Err(ApiError::NotFound(format!("sandbox `{id}` was merged into `{into}`; use that id")));
+        if let Some((into, owner)) = self.inner.merged.lock().ok().and_then(|m| m.get(id).cloned()) {
+            if caller.may_use(owner.as_deref()) {
+                return Err(ApiError::NotFound(format!("sandbox `{id}` was merged into `{into}`; use that id")));
+            }
         }
-        if let Some(why) = self.inner.lost.lock().ok().and_then(|m| m.get(id).cloned()) {
-            return Err(ApiError::NotFound(format!("sandbox `{id}` was lost when the server restarted: {why}")));
+        if let Some((why, owner)) = self.inner.lost.lock().ok().and_then(|m| m.get(id).cloned()) {
+            if caller.may_use(owner.as_deref()) {
+                return Err(ApiError::NotFound(format!("sandbox `{id}` was lost when the server restarted: {why}")));
+            }
         }
-        match self.frozen(id).await {
+        match self.frozen(caller, id).await {
             Some(Frozen::Space(space)) => Err(ApiError::Conflict(format!(
                 "sandbox `{id}` is frozen in space `{}`: resume it with POST /v1/spaces/{}/resume",
                 space.info.space_id, space.info.space_id
@@ -126,17 +145,28 @@ impl AppState {
                 "sandbox `{id}` was frozen into space `{}`, which was resumed as `{}`; use that id",
                 r.space_id, r.resumed_as
             ))),
-            None => Err(ApiError::NotFound(format!("no sandbox `{id}`"))),
+            None => Err(no_sandbox(id)),
         }
     }
 
+    /// The sandboxes `caller` may use, oldest first.
+    pub async fn list(&self, caller: &Caller) -> Vec<Arc<SandboxEntry>> {
+        let mut all: Vec<Arc<SandboxEntry>> =
+            self.inner.sandboxes.read().await.values().filter(|e| caller.may_use(e.settings.owner.as_deref())).cloned().collect();
+        all.sort_by_key(|e| e.created_at);
+        all
+    }
+
     /// What became of sandbox `id` if it was frozen: its Space, or where
-    /// that Space was resumed.
-    pub async fn frozen(&self, id: &str) -> Option<Frozen> {
-        let (state, id) = (self.clone(), id.to_string());
+    /// that Space was resumed (only if `caller` may use them).
+    pub async fn frozen(&self, caller: &Caller, id: &str) -> Option<Frozen> {
+        let (state, id, caller) = (self.clone(), id.to_string(), caller.clone());
         tokio::task::spawn_blocking(move || {
             let spaces = &state.inner.spaces;
-            spaces.frozen(&id).map(|m| Frozen::Space(Box::new(m))).or_else(|| spaces.resumed(&id).map(Frozen::Resumed))
+            spaces
+                .frozen(&caller, &id)
+                .map(|m| Frozen::Space(Box::new(m)))
+                .or_else(|| spaces.resumed(&caller, &id).map(Frozen::Resumed))
         })
         .await
         .ok()
@@ -149,8 +179,29 @@ impl AppState {
         all.values().map(|e| e.engine.cgroup().memory_usage()).sum::<u64>() >> 20
     }
 
-    /// Validate a create request against the defaults and caps.
-    pub fn settings(&self, req: &CreateSandbox) -> Result<Settings, ApiError> {
+    /// Reserve `n` new sandboxes of `ram_mib` for `owner` against the
+    /// quotas of `caller`'s key (a refusal is a 429 with `Retry-After`, and
+    /// counted in the metrics).
+    pub(crate) fn reserve_quota(&self, caller: &Caller, owner: Option<&str>, n: usize, ram_mib: u64, fork: bool) -> Result<Reservation<'_>, ApiError> {
+        self.inner.quotas.reserve(owner, caller.limits(), n as u64, ram_mib, fork, std::time::Instant::now()).map_err(|r| {
+            self.inner.metrics.quota_refused(r.limit.label());
+            tracing::info!(key = owner.unwrap_or_default(), limit = r.limit.label(), "quota refused");
+            ApiError::Quota(r)
+        })
+    }
+
+    /// `entry` left the registry: it no longer counts against the server's
+    /// cap or its key's quotas. Every removal from `sandboxes` calls this.
+    pub(crate) fn unregistered(&self, entry: &SandboxEntry) {
+        self.inner.live.fetch_sub(1, Ordering::SeqCst);
+        if let Some(owner) = &entry.settings.owner {
+            self.inner.quotas.release(owner, entry.settings.ram_mib);
+        }
+    }
+
+    /// Validate a create request against the defaults and caps; the new
+    /// sandbox belongs to `caller`'s key.
+    pub fn settings(&self, req: &CreateSandbox, caller: &Caller) -> Result<Settings, ApiError> {
         let l = &self.inner.config.limits;
         let egress = req.egress.clone().unwrap_or(protocol::Egress::On(self.inner.config.default_egress));
         crate::egress::plan(&egress)?;
@@ -179,21 +230,24 @@ impl AppState {
             idle_timeout: secs(req.idle_timeout_seconds, l.default_idle_timeout, l.max_idle_timeout, "idle_timeout_seconds")?,
             interrupt_grace: l.interrupt_grace,
             persistent: req.persistent.unwrap_or(false),
+            owner: caller.owner(),
         })
     }
 
-    pub async fn create(&self, req: CreateSandbox) -> Result<Arc<SandboxEntry>, ApiError> {
-        let settings = self.settings(&req)?;
-        self.create_with(settings, None).await
+    pub async fn create(&self, caller: &Caller, req: CreateSandbox) -> Result<Arc<SandboxEntry>, ApiError> {
+        let settings = self.settings(&req, caller)?;
+        self.create_with(caller, settings, None).await
     }
 
-    /// Create a sandbox; `initial_upper`: files to start with (a Space's),
-    /// which rules out the warm pool.
-    pub async fn create_with(&self, settings: Settings, initial_upper: Option<std::path::PathBuf>) -> Result<Arc<SandboxEntry>, ApiError> {
+    /// Create a sandbox for `settings.owner`, within `caller`'s quotas;
+    /// `initial_upper`: files to start with (a Space's), which rules out
+    /// the warm pool.
+    pub async fn create_with(&self, caller: &Caller, settings: Settings, initial_upper: Option<std::path::PathBuf>) -> Result<Arc<SandboxEntry>, ApiError> {
         if settings.template.is_empty() || settings.template.len() > 64 {
             return Err(ApiError::BadRequest("invalid template name".into()));
         }
         let rootfs = self.inner.templates.rootfs(&settings.template)?;
+        let quota = self.reserve_quota(caller, settings.owner.as_deref(), 1, settings.ram_mib, false)?;
         let _slot = CreateSlot::take(self)?;
         let started = std::time::Instant::now();
         let from_space = initial_upper.is_some();
@@ -205,6 +259,7 @@ impl AppState {
             Ok(Some(entry)) => {
                 self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(&entry));
                 self.inner.live.fetch_add(1, Ordering::SeqCst);
+                quota.commit();
                 tracing::info!(sandbox = %entry.id, template = %entry.settings.template, pool = true,
                     total_ms = started.elapsed().as_millis() as u64, "created");
                 self.inner.metrics.observe_create("pool", started);
@@ -235,6 +290,7 @@ impl AppState {
         let entry = new_entry(id.clone(), settings, Arc::new(engine), session, Vec::new());
         self.inner.sandboxes.write().await.insert(id, Arc::clone(&entry));
         self.inner.live.fetch_add(1, Ordering::SeqCst);
+        quota.commit();
         tracing::info!(sandbox = %entry.id, template = %entry.settings.template, jail_ms = jailed.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64, "created");
         self.inner.metrics.observe_create(if from_space { "space" } else { "cold" }, started);
@@ -243,23 +299,32 @@ impl AppState {
         Ok(entry)
     }
 
-    /// Remove a sandbox from the registry and free everything it used.
-    pub async fn destroy(&self, id: &str) -> Result<(), ApiError> {
-        let Some(entry) = self.inner.sandboxes.write().await.remove(id) else {
+    /// Remove a sandbox `caller` may use from the registry and free
+    /// everything it used.
+    pub async fn destroy(&self, caller: &Caller, id: &str) -> Result<(), ApiError> {
+        let removed = {
+            let mut all = self.inner.sandboxes.write().await;
+            match all.get(id) {
+                Some(e) if caller.may_use(e.settings.owner.as_deref()) => all.remove(id),
+                _ => None,
+            }
+        };
+        let Some(entry) = removed else {
             // Deleting an id that was merged away is harmless: its state
             // lives on under the id it was merged into.
-            if self.inner.merged.lock().map(|m| m.contains_key(id)).unwrap_or(false) {
+            let merged = self.inner.merged.lock().ok().and_then(|m| m.get(id).cloned());
+            if merged.is_some_and(|(_, owner)| caller.may_use(owner.as_deref())) {
                 return Ok(());
             }
             // So is deleting a frozen one: its Space stays (DELETE the
             // Space to discard it), as a persistent sandbox's client that
             // closes it after an idle freeze expects.
-            if self.frozen(id).await.is_some() {
+            if self.frozen(caller, id).await.is_some() {
                 return Ok(());
             }
-            return Err(ApiError::NotFound(format!("no sandbox `{id}`")));
+            return Err(no_sandbox(id));
         };
-        self.inner.live.fetch_sub(1, Ordering::SeqCst);
+        self.unregistered(&entry);
         self.inner.records.remove(id);
         self.drop_checkpoints(&entry).await;
         self.teardown(&entry).await;
@@ -287,12 +352,14 @@ impl AppState {
         let persistent: Vec<String> =
             self.inner.sandboxes.read().await.values().filter(|e| e.settings.persistent).map(|e| e.id.clone()).collect();
         for id in persistent {
-            if let Err(e) = self.freeze(&id).await {
+            if let Err(e) = self.freeze(&Caller::server(), &id).await {
                 tracing::error!(sandbox = %id, err = %e, "could not freeze a persistent sandbox at shutdown");
             }
         }
         let all: Vec<Arc<SandboxEntry>> = self.inner.sandboxes.write().await.drain().map(|(_, e)| e).collect();
-        self.inner.live.store(0, Ordering::SeqCst);
+        for e in &all {
+            self.unregistered(e);
+        }
         let jobs = all.iter().map(|e| async move {
             self.inner.records.remove(&e.id);
             self.drop_checkpoints(e).await;
@@ -351,7 +418,7 @@ impl AppState {
                     });
                 } else {
                     tracing::info!(sandbox = %entry.id, "timed out");
-                    let _ = self.destroy(&entry.id).await;
+                    let _ = self.destroy(&Caller::server(), &entry.id).await;
                 }
             }
             if let Some(after) = self.inner.config.idle_pause {
@@ -371,6 +438,16 @@ impl AppState {
             }
         }
     }
+}
+
+/// What an unknown id answers, and so also another key's.
+pub(crate) fn no_sandbox(id: &str) -> ApiError {
+    ApiError::NotFound(format!("no sandbox `{id}`"))
+}
+
+/// The keys `config` accepts, with `<state>/keys.json`.
+fn key_ring(config: &ServerConfig) -> crate::keys::KeyRing {
+    crate::keys::KeyRing::new(&config.api_keys, config.key_limits, crate::keys::key_file_path(&config.state_dir))
 }
 
 /// A frozen sandbox's fate.

@@ -101,10 +101,11 @@ fn event(kind: &str, path: Option<&SandboxPath>, dir: bool) -> FileEvent {
         (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 429, body = protocol::ErrorBody)))]
 pub async fn watch(
     State(state): State<AppState>,
+    caller: crate::keys::Caller,
     Path(id): Path<String>,
     q: Result<Query<WatchQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let entry = state.get(&id).await?;
+    let entry = state.get(&caller, &id).await?;
     let Query(q) = q.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let path = sandbox_path(&q.path)?;
     let recursive = flag(&q.recursive, "recursive", true)?;
