@@ -470,6 +470,10 @@ def families_with_members(live_ids) -> set[int]:
                 if "__shim" in " ".join(proc_cmdline(p)):
                     keep.add(p)
                     keep.update(q for q, pp in parent_of.items() if pp == p and "__shim" in " ".join(proc_cmdline(q)))
+                    # Reached from an init, `p` is the reaper: its parent
+                    # is the supervisor.
+                    if "__shim" in " ".join(proc_cmdline(parent_of.get(p, 0))):
+                        keep.add(parent_of[p])
                     break
                 p = parent_of[p]
     return keep
@@ -564,7 +568,11 @@ def server_leaks(server: ForkboxServer, expect_volume_mounted: bool, live_ids=fr
     elif os.path.isdir(vol) and is_mounted(vol):
         problems.append(f"volume still mounted: {vol}")
     run = os.path.join(server.state_dir, "run")
-    left = [x for x in (os.listdir(run) if os.path.isdir(run) else []) if x not in live_ids]
+    # A family is named after its first member, which may be gone while
+    # others live (a retired zygote's family after a restart).
+    families = {json.loads(proc_cmdline(p)[2]).get("family") for p in families_with_members(live_ids)
+                if len(proc_cmdline(p)) > 2 and proc_cmdline(p)[2].startswith("{")}
+    left = [x for x in (os.listdir(run) if os.path.isdir(run) else []) if x not in live_ids and x not in families]
     if left and check_run_dir:
         problems.append(f"{run} not empty: {left[:10]}")
     return problems

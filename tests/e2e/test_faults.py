@@ -178,7 +178,11 @@ def test_the_server_killed_mid_create_or_fork_leaves_nothing_half_made(crashing)
                 out = exec_raw(c, sid, "print('alive')")
                 assert out.exit_code == 0 and out.stdout.endswith("alive\n"), (round_, sid, out)
             assert record_ids(srv) == ids, (round_, record_ids(srv), ids)
-            assert wait_no_leaks(srv, expect_volume_mounted=True, live_ids=ids) == [], round_
+            leaks = wait_no_leaks(srv, expect_volume_mounted=True, live_ids=ids)
+            if leaks:
+                tree = subprocess.run(["ps", "-eo", "pid,ppid,stat,args", "--forest"], capture_output=True, text=True).stdout
+                tree = "\n".join(l[:160] for l in tree.splitlines() if "forkbox" in l or "python" in l)
+                raise AssertionError(f"round {round_}: {leaks}\nlive {ids}\n{tree}")
             for sid in ids - {keeper}:
                 assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
     with srv.http() as c:

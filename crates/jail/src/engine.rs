@@ -267,6 +267,7 @@ impl Jail {
                 }
             }
         }
+        kill_stray_shims(&run, kept);
         for name in self.cgroups.existing() {
             if kept.members.contains(&name) {
                 continue;
@@ -755,16 +756,48 @@ impl Jail {
     }
 }
 
+/// Kill the supervisors of this state directory's families that are not
+/// `kept` and that `end_orphan` could not reach: one started by a server
+/// killed before the shim was listening, say, would otherwise wait out its
+/// orphan grace holding its family (found by tests/e2e/test_faults.py).
+/// Its reaper goes with it, and the family's processes with the reaper.
+fn kill_stray_shims(run: &Path, kept: &Kept) {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Ok(pidfd) = crate::sys::pidfd_open(nix::unistd::Pid::from_raw(pid)) else { continue };
+        // Read after the pidfd is open: the pid cannot be reused under us.
+        let Ok(cmdline) = std::fs::read(p.path().join("cmdline")) else { continue };
+        let mut args = cmdline.split(|b| *b == 0);
+        if args.nth(1) != Some(b"__shim".as_slice()) {
+            continue;
+        }
+        let Some(config) = args.next().and_then(|a| serde_json::from_slice::<ShimConfig>(a).ok()) else { continue };
+        if config.run_dir.starts_with(run) && !kept.families.contains(&config.family) {
+            tracing::warn!(family = %config.family, pid, "killing the supervisor of a family nobody adopted");
+            let _ = crate::sys::pidfd_send_signal(pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
 /// Tell an orphaned family's shim (waiting in `run_dir` for a server) to
 /// end; it takes its family's processes with it.
 fn end_orphan(run_dir: &Path) {
     let socket = run_dir.join(SHIM_SOCKET_NAME);
-    if let Ok(sock) = crate::channel::connect(&socket) {
-        let bye = Envelope { req: 0, request: Request::Shutdown };
-        let _ = crate::channel::send(sock.as_fd(), &bye, &[]);
-        // Wait (briefly) for it to go: it closes its end as it exits.
-        let mut fds = [nix::poll::PollFd::new(sock.as_fd(), nix::poll::PollFlags::POLLIN)];
-        let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(2000u16));
+    let Ok(sock) = crate::channel::connect(&socket) else { return };
+    // The shim that listens, held by a pidfd (no pid reuse can fool us).
+    let shim = crate::channel::peer_pid(sock.as_fd()).and_then(|pid| crate::sys::pidfd_open(nix::unistd::Pid::from_raw(pid)).ok());
+    let bye = Envelope { req: 0, request: Request::Shutdown };
+    let _ = crate::channel::send(sock.as_fd(), &bye, &[]);
+    // Wait (briefly) for it to go. A shim still busy with its dead
+    // server's last request has not noticed it is orphaned and does not
+    // accept yet: it would wait out its grace, so it is killed (found by
+    // tests/e2e/test_faults.py, which kills servers at random moments).
+    let Some(shim) = shim else { return };
+    let mut fds = [nix::poll::PollFd::new(shim.as_fd(), nix::poll::PollFlags::POLLIN)];
+    if !matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(2000u16)), Ok(n) if n > 0) {
+        tracing::warn!(family = %run_dir.display(), "an orphaned family did not end when told to: killing its supervisor");
+        let _ = crate::sys::pidfd_send_signal(shim.as_fd(), nix::sys::signal::Signal::SIGKILL);
     }
 }
 

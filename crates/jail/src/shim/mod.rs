@@ -333,6 +333,13 @@ impl Shim {
         self.sock = None;
         self.attached = false;
         self.orphaned_at = Some(std::time::Instant::now());
+        if self.deposits.is_empty() {
+            // Nothing a new server could take back (no REPL's ends were
+            // handed over): a family its server was still making. End now,
+            // rather than wait out the grace where a new server that looked
+            // before this shim was listening would never find it.
+            self.listener = None;
+        }
     }
 
     /// A new server connected to the adoption socket: it gets replies at
