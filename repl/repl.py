@@ -365,10 +365,7 @@ class _Control:
 
     def _fill(self):
         data, anc, _flags, _addr = self.sock.recvmsg(1 << 16, self._ANC, _socket.MSG_CMSG_CLOEXEC)
-        for level, kind, raw in anc:
-            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                n = len(raw) - len(raw) % 4
-                self.fds.extend(int.from_bytes(raw[i:i + 4], sys.byteorder, signed=True) for i in range(0, n, 4))
+        self.fds.extend(_rights(anc))
         self.buf += data
         return bool(data)
 
@@ -392,6 +389,16 @@ class _Control:
         self.buf = bytearray()
 
 
+def _rights(anc):
+    """The descriptors of the SCM_RIGHTS messages among ``anc`` (recvmsg)."""
+    fds = []
+    for level, kind, raw in anc:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            n = len(raw) - len(raw) % 4
+            fds.extend(int.from_bytes(raw[i:i + 4], sys.byteorder, signed=True) for i in range(0, n, 4))
+    return fds
+
+
 def _close(fd):
     try:
         os.close(fd)
@@ -412,7 +419,7 @@ def _close(fd):
 # it (two ioctls its seccomp filter hands to the supervisor, crates/jail
 # notify.rs and shim/handover.rs).
 _os_fork = os.fork
-_HANDOVER_TAKE = 0x00464201   # ioctl(slot, _, 0) in the child: its descriptors' first number
+_HANDOVER_TAKE = 0x00464201   # ioctl(slot, _, 0) in the child: a socket holding its descriptors
 _HANDOVER_GIVE = 0x00464202   # ioctl(slot, _, pid) in the parent: pid is fork child `slot`
 _ioctl = __import__('fcntl').ioctl
 _NS_TYPES = (0x00020000, 0x40000000, 0x04000000, 0x08000000)   # mnt, net, uts, ipc
@@ -485,10 +492,12 @@ def _fork(fid, counts, plan):
         if pid == 0:
             _child = False    # a sandbox's REPL, not a user's fork child
             try:
-                first = _ioctl(i, _HANDOVER_TAKE, 0)
+                fds = _take_descriptors(i)
             except OSError:
                 os._exit(121)
-            _become_child(list(range(first, first + n)), plan, cwd)
+            if len(fds) != n:
+                os._exit(121)
+            _become_child(fds, plan, cwd)
             return
         _forks.add(pid)
         try:
@@ -502,6 +511,17 @@ def _fork(fid, counts, plan):
             break
         pids.append(pid)
     _frame(b'f', _json({'id': fid, 'pids': pids, 'error': error}))
+
+
+def _take_descriptors(slot):
+    """In fork child ``slot``: its descriptors, from the family's
+    supervisor, which answers with a socket holding them in one message."""
+    sock = _socket.socket(fileno=_ioctl(slot, _HANDOVER_TAKE, 0))
+    try:
+        _data, anc, _flags, _addr = sock.recvmsg(1, _Control._ANC, _socket.MSG_CMSG_CLOEXEC)
+    finally:
+        sock.close()
+    return _rights(anc)
 
 
 def _become_child(fds, plan, cwd):

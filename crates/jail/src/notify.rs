@@ -606,17 +606,17 @@ impl Listener {
         }
     }
 
-    /// Copy `src` into the waiting caller of notification `id` as its
-    /// descriptor `target` (replacing one open there), close-on-exec:
-    /// `SECCOMP_IOCTL_NOTIF_ADDFD` with `SECCOMP_ADDFD_FLAG_SETFD`. The
-    /// caller's own thread installs it, so it lands in that process's
-    /// table and in no other.
-    pub fn add_fd(&self, id: u64, src: BorrowedFd<'_>, target: i32) -> io::Result<i32> {
+    /// Answer notification `id` with a copy of `src` in its caller: the
+    /// call returns the new descriptor's number (close-on-exec, the lowest
+    /// free one). `SECCOMP_IOCTL_NOTIF_ADDFD` with
+    /// `SECCOMP_ADDFD_FLAG_SEND`: the caller's own thread installs it, so
+    /// it lands in that process's table and in no other.
+    pub fn answer_with_fd(&self, id: u64, src: BorrowedFd<'_>) -> io::Result<i32> {
         let add = libc::seccomp_notif_addfd {
             id,
-            flags: libc::SECCOMP_ADDFD_FLAG_SETFD as u32,
+            flags: libc::SECCOMP_ADDFD_FLAG_SEND as u32,
             srcfd: src.as_raw_fd() as u32,
-            newfd: target as u32,
+            newfd: 0,
             newfd_flags: libc::O_CLOEXEC as u32,
         };
         // SAFETY: the kernel reads one `struct seccomp_notif_addfd`.
@@ -667,7 +667,7 @@ impl Listener {
 pub enum Served {
     Answered(Notification, Verdict),
     /// Left pending: a hand-over step of `Caller`, which the shim answers
-    /// (with [`Listener::respond`], after [`Listener::add_fd`] for a take).
+    /// (with [`Listener::respond`] or [`Listener::answer_with_fd`]).
     HandOver(Notification, Caller, HandOver),
 }
 
@@ -675,13 +675,14 @@ pub enum Served {
 /// gives the shim each fork child's descriptors; the forking REPL forks,
 /// then names each child by its pid (`Give`, from its main thread); each
 /// child, single-threaded right after `fork(2)`, asks for its own (`Take`),
-/// and the shim copies them straight into it with [`Listener::add_fd`].
-/// The forking REPL never holds them.
+/// and the shim answers with a socket holding them, copied straight into
+/// the child with [`Listener::answer_with_fd`]. The forking REPL never
+/// holds them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HandOver {
     /// `ioctl(slot, HANDOVER_TAKE, 0)`: a fork child asks for the
-    /// descriptors of fork child `slot`; answered with the first of them
-    /// (they are consecutive).
+    /// descriptors of fork child `slot`; answered with a socket from which
+    /// it receives them, in one message.
     Take { slot: usize },
     /// `ioctl(slot, HANDOVER_GIVE, pid)`: the forking REPL says its child
     /// `pid` (family pid namespace) is fork child `slot`.
@@ -1026,6 +1027,11 @@ impl ProcFamilyView {
                 format!("process {reaper} is no pid namespace's init"),
             )),
         }
+    }
+
+    /// The index of the family pid namespace in the host's `NSpid:` lines.
+    pub fn family_level(&self) -> usize {
+        self.family_level
     }
 
     fn open_family(&self, pid: i32) -> io::Result<OwnedFd> {

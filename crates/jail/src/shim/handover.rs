@@ -13,10 +13,12 @@
 //!    namespace.
 //! 3. The child, single-threaded right after `fork(2)`, asks:
 //!    `ioctl(slot, HANDOVER_TAKE, 0)`. It must be the process named in
-//!    step 2, with one thread; the shim then copies the descriptors into
-//!    it with `SECCOMP_IOCTL_NOTIF_ADDFD` (which the caller's own thread
-//!    installs) at consecutive numbers above its highest, and answers the
-//!    first number.
+//!    step 2, with one thread. The shim puts the descriptors in one message
+//!    on a new socket pair and answers with the receiving end, copied into
+//!    the child by `SECCOMP_IOCTL_NOTIF_ADDFD` (which the caller's own
+//!    thread installs): the call returns its number, and the child reads
+//!    its descriptors from it. One copy into the child, however many
+//!    descriptors, and the message is only ever readable there.
 //!
 //! Steps 2 and 3 come in either order; a take waits (its caller blocked in
 //! the call) until the give. Any other take of the slot fails with `EPERM`.
@@ -26,11 +28,11 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use nix::unistd::Pid;
 
-use crate::notify::{FamilyView, Listener, Verdict};
+use crate::notify::{Listener, Verdict};
 use crate::sys;
 
 use super::member::Member;
@@ -60,31 +62,37 @@ struct Take {
     listener: Listener,
 }
 
-/// Fields of a `/proc/<pid>/status`, host pids.
+/// Fields of a `/proc/<pid>/status`: host pids, and `NSpid` (its pid in
+/// each pid namespace from the host's down).
 struct Status {
     tgid: i32,
     ppid: i32,
     threads: i32,
+    nspid: Vec<i32>,
 }
 
 fn status(host_pid: i32) -> Option<Status> {
     let text = fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
     let one = |key: &str| crate::notify::status_ids(&text, key).and_then(|v| v.first().copied());
-    Some(Status { tgid: one("Tgid:")?, ppid: one("PPid:")?, threads: one("Threads:")? })
+    Some(Status { tgid: one("Tgid:")?, ppid: one("PPid:")?, threads: one("Threads:")?, nspid: crate::notify::status_ids(&text, "NSpid:")? })
 }
 
 /// Host pids of the children of thread `tid` of process `pid` (not of its
-/// other threads).
+/// other threads), oldest first.
 fn children_of_thread(pid: i32, tid: i32) -> Vec<i32> {
     let text = fs::read_to_string(format!("/proc/{pid}/task/{tid}/children")).unwrap_or_default();
     text.split_whitespace().filter_map(|p| p.parse().ok()).collect()
 }
 
-/// The lowest descriptor number above every one `host_pid` has open.
-fn above_open_fds(host_pid: i32) -> Option<i32> {
-    let dir = fs::read_dir(format!("/proc/{host_pid}/fd")).ok()?;
-    let top = dir.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()).max();
-    Some(top.map_or(0, |t| t + 1))
+/// A socket from which one message with `fds` attached can be read (the
+/// sending end is closed).
+fn bundle(fds: &[BorrowedFd<'_>]) -> std::io::Result<OwnedFd> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let (ours, theirs) = crate::channel::pair().map_err(|e| std::io::Error::other(e.to_string()))?;
+    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let iov = [std::io::IoSlice::new(b"F")];
+    sendmsg::<()>(ours.as_raw_fd(), &iov, &[ControlMessage::ScmRights(&raw)], MsgFlags::MSG_NOSIGNAL, None)?;
+    Ok(theirs)
 }
 
 fn refuse(listener: &Listener, id: u64, errno: i32) {
@@ -116,8 +124,9 @@ impl HandOvers {
         }
     }
 
-    /// `ioctl(slot, HANDOVER_GIVE, pid)`.
-    pub fn give(&mut self, call: Call<'_>, slot: usize, pid: i32, view: &dyn FamilyView, members: &HashMap<String, Member>) {
+    /// `ioctl(slot, HANDOVER_GIVE, pid)`; `family_level`: the index of the
+    /// family pid namespace in `NSpid` lines.
+    pub fn give(&mut self, call: Call<'_>, slot: usize, pid: i32, family_level: usize, members: &HashMap<String, Member>) {
         let caller = call.caller;
         let Some(s) = self.forks.get_mut(&caller).and_then(|f| f.get_mut(&slot)) else {
             return call.refuse(libc::EPERM);
@@ -126,9 +135,10 @@ impl HandOvers {
             return call.refuse(libc::EBUSY);
         }
         // The named process: a child of the calling thread (the REPL's main
-        // thread), in the family pid namespace, known there as `pid`.
-        let is_it = |host: i32| view.caller(host).is_some_and(|c| c.tgid == pid && !c.in_leaf);
-        let Some(host) = children_of_thread(caller, caller).into_iter().find(|h| is_it(*h)) else {
+        // thread), in the family pid namespace (not below), known there as
+        // `pid`. Its newest child is listed last: the one just forked.
+        let is_it = |host: i32| status(host).is_some_and(|s| s.tgid == host && s.nspid.len() == family_level + 1 && s.nspid.last() == Some(&pid));
+        let Some(host) = children_of_thread(caller, caller).into_iter().rev().find(|h| is_it(*h)) else {
             return call.refuse(libc::ESRCH);
         };
         let Ok(pidfd) = sys::pidfd_open(Pid::from_raw(host)) else {
@@ -174,27 +184,26 @@ impl HandOvers {
         }
     }
 
-    /// Copy slot `slot`'s descriptors into the caller of `take` (a fork
-    /// child waiting in its take) and free the slot.
+    /// Answer the caller of `take` (a fork child waiting in its take) with
+    /// a socket holding slot `slot`'s descriptors, and free the slot.
     fn serve(&mut self, parent: i32, slot: usize, take: Call<'_>, members: &HashMap<String, Member>) {
         let Some(s) = self.remove(parent, slot) else {
             return take.refuse(libc::EPERM);
         };
-        let (listener, id) = (take.listener, take.id);
-        let verdict = match (members.get(&s.member), above_open_fds(take.caller)) {
-            (Some(m), Some(base)) => {
-                let ns = &m.ns;
-                let ours = [ns.mnt.as_fd(), ns.net.as_fd(), ns.uts.as_fd(), ns.ipc.as_fd(), ns.pid.as_fd()];
-                let all: Vec<BorrowedFd<'_>> = ours.into_iter().chain(s.fds.iter().map(|f| f.as_fd())).collect();
-                let copied = all.iter().zip(base..).try_for_each(|(fd, at)| listener.add_fd(id, *fd, at).map(|_| ()));
-                match copied {
-                    Ok(()) => Verdict::Return(i64::from(base)),
-                    Err(e) => Verdict::Errno(e.raw_os_error().unwrap_or(libc::EPERM)),
-                }
-            }
-            _ => Verdict::Errno(libc::EPERM),
+        let Some(m) = members.get(&s.member) else {
+            s.fail();
+            return take.refuse(libc::EPERM);
         };
-        let _ = listener.respond(id, verdict);
+        let ns = &m.ns;
+        let ours = [ns.mnt.as_fd(), ns.net.as_fd(), ns.uts.as_fd(), ns.ipc.as_fd(), ns.pid.as_fd()];
+        let all: Vec<BorrowedFd<'_>> = ours.into_iter().chain(s.fds.iter().map(|f| f.as_fd())).collect();
+        match bundle(&all) {
+            // A caller gone meanwhile fails the copy: nothing to answer.
+            Ok(sock) => {
+                let _ = take.listener.answer_with_fd(take.id, sock.as_fd());
+            }
+            Err(e) => take.refuse(e.raw_os_error().unwrap_or(libc::EPERM)),
+        }
         s.fail();
     }
 

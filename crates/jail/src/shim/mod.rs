@@ -347,7 +347,7 @@ impl Shim {
     fn hand_over(&mut self, listener: usize, n: crate::notify::Notification, step: crate::notify::HandOver) {
         let call = handover::Call { listener: &self.listeners[listener], id: n.id, caller: n.pid };
         match step {
-            crate::notify::HandOver::Give { slot, pid } => self.handovers.give(call, slot, pid, &self.family_view, &self.members),
+            crate::notify::HandOver::Give { slot, pid } => self.handovers.give(call, slot, pid, self.family_view.family_level(), &self.members),
             crate::notify::HandOver::Take { slot } => self.handovers.take(call, slot, &self.members),
         }
     }
