@@ -351,8 +351,9 @@ def _setup_pidns():
 
 # ---- control socket ----------------------------------------------------------
 class _Control:
-    """Reads frames from the control socket with recvmsg, so descriptors the
-    server attaches (fork frames) are kept, in arrival order, in ``fds``."""
+    """Reads frames from the control socket with recvmsg: descriptors
+    attached to a frame (the server sends none; a fork child gets its own
+    from the supervisor) land in ``fds`` and are closed, not leaked."""
 
     _ANC = _socket.CMSG_SPACE(64 * 4)
 
@@ -364,10 +365,7 @@ class _Control:
 
     def _fill(self):
         data, anc, _flags, _addr = self.sock.recvmsg(1 << 16, self._ANC, _socket.MSG_CMSG_CLOEXEC)
-        for level, kind, raw in anc:
-            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                n = len(raw) - len(raw) % 4
-                self.fds.extend(int.from_bytes(raw[i:i + 4], sys.byteorder, signed=True) for i in range(0, n, 4))
+        self.fds.extend(_rights(anc))
         self.buf += data
         return bool(data)
 
@@ -391,6 +389,16 @@ class _Control:
         self.buf = bytearray()
 
 
+def _rights(anc):
+    """The descriptors of the SCM_RIGHTS messages among ``anc`` (recvmsg)."""
+    fds = []
+    for level, kind, raw in anc:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            n = len(raw) - len(raw) % 4
+            fds.extend(int.from_bytes(raw[i:i + 4], sys.byteorder, signed=True) for i in range(0, n, 4))
+    return fds
+
+
 def _close(fd):
     try:
         os.close(fd)
@@ -399,18 +407,26 @@ def _close(fd):
 
 
 # ---- fork into new sandboxes (DESIGN.md §3.1) ----------------------------------
-# The server sends one `F` frame per child with that child's descriptors:
-# its mount, net, uts, ipc and leaf pid namespaces, its control socket and
-# its stdout/stderr pipes, then (v1 cgroups) its cgroups' `tasks` files,
-# and a plan (in the first frame) of what to redo
-# in the child so it shares nothing with its parent: which descriptors to
-# reopen on the child's own files and which shared mappings to replace.
+# The server sends one `F` frame per child, with a plan (in the first frame)
+# of what to redo in the child so it shares nothing with its parent: which
+# descriptors to reopen on the child's own files and which shared mappings
+# to replace. The child's descriptors -- its mount, net, uts, ipc and leaf
+# pid namespaces, its control socket and its stdout/stderr pipes, then (v1
+# cgroups) its cgroups' `tasks` files -- never pass through this process,
+# where other threads run user code: after each fork this (main) thread
+# names the child to the family's supervisor, and the child, still
+# single-threaded, asks for them; the supervisor copies them straight into
+# it (two ioctls its seccomp filter hands to the supervisor, crates/jail
+# notify.rs and shim/handover.rs).
 _os_fork = os.fork
+_HANDOVER_TAKE = 0x00464201   # ioctl(slot, _, 0) in the child: a socket holding its descriptors
+_HANDOVER_GIVE = 0x00464202   # ioctl(slot, _, pid) in the parent: pid is fork child `slot`
+_ioctl = __import__('fcntl').ioctl
 _NS_TYPES = (0x00020000, 0x40000000, 0x04000000, 0x08000000)   # mnt, net, uts, ipc
 _forks = set()                # pids of our fork children, reaped between frames
 _forks_dead = {}              # fork child pid -> when we first saw it dead
 _REAP_AFTER = 1.0             # seconds a dead fork child stays a zombie
-_pending = []                 # descriptor sets of the fork being assembled
+_pending = []                 # descriptor counts of the fork being assembled
 _plan = None
 
 
@@ -438,25 +454,23 @@ def _reap_forks():
 
 
 def _fork_frame(ctl, msg):
-    """Collect one child's descriptors; fork once all have arrived.
+    """Note one child's frame; fork once all have arrived.
     Returns in the parent and, with their own state, in every child."""
     global _plan
-    fds = ctl.take_fds(msg.get('fds', 8))
+    for fd in ctl.take_fds(len(ctl.fds)):    # nothing is sent with a fork frame
+        _close(fd)
     if msg.get('index', 0) == 0:
-        for old in _pending:
-            for fd in old:
-                _close(fd)
         _pending.clear()
         _plan = msg.get('plan') or {}
-    _pending.append(fds)
+    _pending.append(msg.get('fds', 8))
     if len(_pending) < msg['count']:
         return
-    sets = list(_pending)
+    counts = list(_pending)
     _pending.clear()
-    _fork(msg['id'], sets, _plan)
+    _fork(msg['id'], counts, _plan)
 
 
-def _fork(fid, sets, plan):
+def _fork(fid, counts, plan):
     global _child
     _flush_all()
     _out(None, b'', True)
@@ -466,9 +480,9 @@ def _fork(fid, sets, plan):
         cwd = '/'
     pids = []
     error = None
-    for i, fds in enumerate(sets):
-        if len(fds) < 8:
-            error = 'fork frame %d carried %d descriptors, not 8 or more' % (i, len(fds))
+    for i, n in enumerate(counts):
+        if n < 8:
+            error = 'fork frame %d announced %d descriptors, not 8 or more' % (i, n)
             break
         try:
             pid = _os_fork()
@@ -477,19 +491,37 @@ def _fork(fid, sets, plan):
             break
         if pid == 0:
             _child = False    # a sandbox's REPL, not a user's fork child
-            for other in sets[i + 1:]:
-                for fd in other:
-                    _close(fd)
+            try:
+                fds = _take_descriptors(i)
+            except OSError:
+                os._exit(121)
+            if len(fds) != n:
+                os._exit(121)
             _become_child(fds, plan, cwd)
             return
-        for fd in fds:
-            _close(fd)
         _forks.add(pid)
+        try:
+            _ioctl(i, _HANDOVER_GIVE, pid)
+        except OSError as e:
+            error = 'hand-over to fork child %d: %s' % (i, e)
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+            break
         pids.append(pid)
-    for fds in sets[len(pids):]:
-        for fd in fds:
-            _close(fd)
     _frame(b'f', _json({'id': fid, 'pids': pids, 'error': error}))
+
+
+def _take_descriptors(slot):
+    """In fork child ``slot``: its descriptors, from the family's
+    supervisor, which answers with a socket holding them in one message."""
+    sock = _socket.socket(fileno=_ioctl(slot, _HANDOVER_TAKE, 0))
+    try:
+        _data, anc, _flags, _addr = sock.recvmsg(1, _Control._ANC, _socket.MSG_CMSG_CLOEXEC)
+    finally:
+        sock.close()
+    return _rights(anc)
 
 
 def _become_child(fds, plan, cwd):

@@ -218,20 +218,22 @@ report({'visible': visible, 'killed': hit})
     assert intact(http, parent) and exec_ok(http, b, "print(bg.poll())") == "None\n"
 
 
-# Not strict: the attack is a race the attacker wins most runs but not all.
-@pytest.mark.xfail(strict=False, reason="open hole: a fork parent's threads can dup the descriptors meant for its children (docs/security.md#open-holes)")
 def test_a_fork_parent_cannot_take_its_childrens_namespaces(http, new_sandbox):
-    """While the server forks a sandbox, the parent's REPL receives each
-    child's descriptors (its mount, network, UTS, IPC and pid namespaces,
-    its control socket, its output pipes, its cgroups) to hand them to the
-    child it forks. A thread of the parent's user code copies every
-    descriptor that appears meanwhile; with a child's mount namespace it
-    could read and write the child's files after the fork, with its
-    control socket read the code sent to the child. None may be caught."""
+    """While the server forks a sandbox, each child's descriptors (its mount,
+    network, UTS, IPC and pid namespaces, its control socket, its output
+    pipes, its cgroups) go to the child the parent's REPL forks. Threads of
+    the parent's user code try to get them during three forks: two copy
+    every descriptor that appears in the REPL (any number up to 1024), one
+    asks the family's supervisor for a child's descriptors the way a fork
+    child does (from the thread, and from processes it forks in the family
+    pid namespace) and names guessed pids as children the way the forking
+    REPL does. With a child's mount namespace the parent could read and
+    write the child's files after the fork, with its control socket read the
+    code sent to it. None may be caught, and no impostor may be served."""
     parent = new_sandbox()
     exec_ok(http, parent, """
-import os, sys, threading, fcntl, ctypes
-sys.setswitchinterval(1e-6)     # the thief runs as often as it can
+import os, posix, sys, threading, fcntl, ctypes
+sys.setswitchinterval(1e-6)     # the thieves run as often as they can
 def is_open(fd):
     try:
         os.fstat(fd)
@@ -239,35 +241,71 @@ def is_open(fd):
     except OSError:
         return False
 known = {fd for fd in range(0, 1024) if is_open(fd)}
+lock = threading.Lock()
 stolen = {}
+ours = set()        # (st_dev, st_ino) of the pipes the impostor thread makes
 stop = False
-def thief():
+def thief(order):
     while not stop:
-        for fd in range(7, 160):
+        for fd in order:
             if fd in known:
                 continue
             try:
                 n = os.dup(fd)
             except OSError:
                 continue
-            st = os.fstat(n)
-            if (st.st_dev, st.st_ino) in stolen:
-                os.close(n)
-                continue
-            known.add(n)
-            stolen[(st.st_dev, st.st_ino)] = n
-t = threading.Thread(target=thief, daemon=True)
-t.start()
+            with lock:
+                known.add(n)
+                st = os.fstat(n)
+                if (st.st_dev, st.st_ino) in stolen or (st.st_dev, st.st_ino) in ours:
+                    os.close(n)
+                else:
+                    stolen[(st.st_dev, st.st_ino)] = n
+TAKE, GIVE = 0x00464201, 0x00464202
+pylibc = ctypes.PyDLL(None, use_errno=True)
+pylibc.syscall.restype = ctypes.c_long
+impostors = {'thread take': set(), 'thread give': set(), 'forked take': set()}
+def ioctl(slot, req, arg):
+    ctypes.set_errno(0)
+    r = pylibc.syscall(ctypes.c_long(16), ctypes.c_long(slot), ctypes.c_long(req), ctypes.c_long(arg))
+    return 'served %d' % r if r >= 0 else os.strerror(ctypes.get_errno())
+def impostor():
+    while not stop:
+        for slot in range(3):
+            impostors['thread take'].add(ioctl(slot, TAKE, 0))
+            for guess in range(os.getpid() + 1, os.getpid() + 40):
+                impostors['thread give'].add(ioctl(slot, GIVE, guess))
+        with lock:
+            r, w = os.pipe()
+            st = os.fstat(r)
+            ours.add((st.st_dev, st.st_ino))
+        pid = posix.fork()      # not os.fork, which moves children to the leaf: this one stays in the family pid namespace
+        if pid == 0:
+            os.write(w, ','.join(ioctl(s, TAKE, 0) for s in range(3)).encode())
+            os._exit(0)
+        os.close(w)
+        got = os.read(r, 300).decode()
+        os.close(r)
+        os.waitpid(pid, 0)
+        impostors['forked take'].update(got.split(','))
+threads = [threading.Thread(target=thief, args=(list(range(3, 1024)),), daemon=True),
+           threading.Thread(target=thief, args=(list(range(1023, 2, -1)),), daemon=True),
+           threading.Thread(target=impostor, daemon=True)]
+for t in threads:
+    t.start()
 """)
-    r = http.post(f"/v1/sandboxes/{parent}/fork", json={"n": 3})
-    assert r.status_code == 200, r.text
-    children = r.json()["children"]
+    children = []
     try:
+        for _ in range(3):
+            r = http.post(f"/v1/sandboxes/{parent}/fork", json={"n": 3})
+            assert r.status_code == 200, r.text
+            children += r.json()["children"]
         for child in children:
             exec_ok(http, child, f"open('/root/after-the-fork', 'w').write('secret of {child}')")
         seen = repl(http, parent, """
 stop = True
-t.join()
+for t in threads:
+    t.join()
 import socket
 NS = {0x00020000: 'mnt', 0x40000000: 'net', 0x04000000: 'uts', 0x08000000: 'ipc', 0x20000000: 'pid'}
 got, read = [], []
@@ -295,10 +333,15 @@ for n in sorted(stolen.values()):
         _os.waitpid(pid, 0)
         read.append(_os.read(r, 200).decode())
         _os.close(r)
-report({'stolen': got, 'read': [x for x in read if x]})
+report({'stolen': got, 'read': [x for x in read if x], 'impostors': {k: sorted(v) for k, v in impostors.items()}})
 """)
         assert seen["read"] == [], f"the parent read its children's files through stolen namespaces: {seen}"
         assert not {"mnt", "net", "uts", "ipc", "pid", "cgroup file", "socket", "pipe"} & set(seen["stolen"]), seen
+        # Every request reached the supervisor (a process outside the
+        # family pid namespace would get ENOTTY from the kernel) and was refused.
+        assert seen["impostors"] == {k: ["Operation not permitted"] for k in seen["impostors"]}, seen["impostors"]
+        for child in children:
+            assert exec_ok(http, child, "print(open('/root/after-the-fork').read())") == f"secret of {child}\n"
     finally:
         for child in children:
             http.delete(f"/v1/sandboxes/{child}")

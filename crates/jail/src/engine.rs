@@ -3,7 +3,7 @@
 //! family with its own shim; a fork adds members to the parent's family.
 //! Each member has its own cgroup and subvolume on the copy-on-write volume.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -616,6 +616,18 @@ impl Jail {
         Ok((sandbox, Ok((ns, exited_rx))))
     }
 
+    /// Before the parent's REPL (host pid `parent_repl`) forks itself into
+    /// `child` as fork child `slot`: give the family's shim the descriptors
+    /// that child gets besides its namespaces (`fds`: control socket,
+    /// stdout and stderr write ends, then `child.self_join_fds()`). The
+    /// shim copies them into the child itself once forked
+    /// (`Request::ExpectFork`); the forking REPL never holds them.
+    pub async fn expect_fork(&self, parent: &Sandbox, parent_repl: i32, slot: usize, child: &Sandbox, fds: &[BorrowedFd<'_>]) -> Result<()> {
+        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let request = Request::ExpectFork { parent_repl, slot, member: child.id.clone() };
+        parent.shim().call(request, &raw).await.map(|_| ())
+    }
+
     /// After the parent's REPL (host pid `parent_repl`) forked itself into
     /// `children` and each child said it is ready: move each into its
     /// cgroup and return (host pid, pidfd) per child.
@@ -812,8 +824,8 @@ impl Drop for Jail {
 /// A new member made by `Jail::fork_members`, waiting for its REPL.
 pub struct ForkChild {
     pub sandbox: Sandbox,
-    /// Its mnt, net, uts, ipc and leaf pid namespaces, to hand to the
-    /// forking REPL (docs/repl-protocol.md, `F` frame).
+    /// Its mnt, net, uts, ipc and leaf pid namespaces (the shim hands its
+    /// own copies to the forked REPL, see `Jail::expect_fork`).
     pub ns: Vec<OwnedFd>,
     /// Resolves with its REPL's exit status once that REPL dies.
     pub exited: oneshot::Receiver<ExitStatus>,

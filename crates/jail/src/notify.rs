@@ -67,6 +67,12 @@ const F_SETOWN_EX: i32 = 15;
 /// the same numbers on x86_64 and aarch64).
 const FIOSETOWN: u32 = 0x8901;
 const SIOCSPGRP: u32 = 0x8902;
+/// `ioctl` requests by which a fork child takes its descriptors and its
+/// parent REPL names the child that may ([`HandOver`], DESIGN.md §3.1).
+/// Direction "none" with a nonzero size: an encoding the kernel's `_IO*`
+/// macros never produce, so no driver's request is taken over.
+pub const HANDOVER_TAKE: u32 = 0x0046_4201;
+pub const HANDOVER_GIVE: u32 = 0x0046_4202;
 /// `which` of `setpriority` and of `ioprio_set` for "one process or thread".
 const PRIO_PROCESS: i32 = 0;
 const IOPRIO_WHO_PROCESS: i32 = 1;
@@ -259,6 +265,8 @@ fn only_on_self(a: &mut asm::Asm, which: u32) {
 ///   the kernel reads): notify;
 /// * `ioctl(fd, FIOSETOWN | SIOCSPGRP, ..)` (low 32 bits of the request):
 ///   `EPERM`, as the owner lives in the caller's memory;
+/// * `ioctl(slot, HANDOVER_TAKE | HANDOVER_GIVE, ..)`: notify (a fork's
+///   descriptor hand-over, see [`HandOver`]);
 /// * `setpriority` unless `(PRIO_PROCESS, 0)`, `ioprio_set` unless
 ///   `(IOPRIO_WHO_PROCESS, 0)`: notify;
 /// * `prlimit64`, `sched_setaffinity`, `sched_setscheduler`,
@@ -311,7 +319,9 @@ pub fn repl_filter() -> Vec<libc::sock_filter> {
     a.label(Ioctl);
     a.load(arg_low(1));
     a.jeq(FIOSETOWN, L(Eperm), Next);
-    a.jeq(SIOCSPGRP, L(Eperm), L(Allow));
+    a.jeq(SIOCSPGRP, L(Eperm), Next);
+    a.jeq(HANDOVER_TAKE, L(Notify), Next);
+    a.jeq(HANDOVER_GIVE, L(Notify), L(Allow));
 
     // setpriority(which, who, prio): allowed as is only for (PRIO_PROCESS, 0).
     a.label(SetPriority);
@@ -408,6 +418,13 @@ const NOTIF_SEND: libc::c_ulong = nix::request_code_readwrite!(
 /// `_IOW('!', 2, __u64)`.
 const NOTIF_ID_VALID: libc::c_ulong =
     nix::request_code_write!(SECCOMP_IOC_MAGIC, 2, std::mem::size_of::<u64>()) as libc::c_ulong;
+
+/// `_IOW('!', 3, struct seccomp_notif_addfd)`.
+const NOTIF_ADDFD: libc::c_ulong = nix::request_code_write!(
+    SECCOMP_IOC_MAGIC,
+    3,
+    std::mem::size_of::<libc::seccomp_notif_addfd>()
+) as libc::c_ulong;
 
 /// Room for the kernel's `struct seccomp_notif` or `seccomp_notif_resp`,
 /// should it be larger than ours (it may grow; we read our prefix).
@@ -589,15 +606,42 @@ impl Listener {
         }
     }
 
+    /// Answer notification `id` with a copy of `src` in its caller: the
+    /// call returns the new descriptor's number (close-on-exec, the lowest
+    /// free one). `SECCOMP_IOCTL_NOTIF_ADDFD` with
+    /// `SECCOMP_ADDFD_FLAG_SEND`: the caller's own thread installs it, so
+    /// it lands in that process's table and in no other.
+    pub fn answer_with_fd(&self, id: u64, src: BorrowedFd<'_>) -> io::Result<i32> {
+        let add = libc::seccomp_notif_addfd {
+            id,
+            flags: libc::SECCOMP_ADDFD_FLAG_SEND as u32,
+            srcfd: src.as_raw_fd() as u32,
+            newfd: 0,
+            newfd_flags: libc::O_CLOEXEC as u32,
+        };
+        // SAFETY: the kernel reads one `struct seccomp_notif_addfd`.
+        retry_eintr(|| unsafe {
+            libc::ioctl(self.fd.as_raw_fd(), NOTIF_ADDFD as _, &add as *const libc::seccomp_notif_addfd)
+        })
+    }
+
+    /// A second handle on the same listener (to answer a notification
+    /// later, whatever happens to this one).
+    pub fn try_clone(&self) -> io::Result<Listener> {
+        Ok(Listener { fd: self.fd.try_clone()? })
+    }
+
     /// Receive, vet and answer one notification; call when the fd polls
     /// readable. `Ok(None)`: the caller went away before it could be
-    /// answered.
+    /// answered. A step of a descriptor hand-over from a process of the
+    /// family pid namespace is not answered: it comes back as
+    /// [`Served::HandOver`] for the shim.
     ///
     /// The caller is looked up by its host pid and only then is the
     /// notification checked to be still pending: a pid is only reused after
     /// its process is gone, and a gone caller's notification is not
     /// pending, so what was read described the caller.
-    pub fn serve_one(&self, view: &dyn FamilyView) -> io::Result<Option<(Notification, Verdict)>> {
+    pub fn serve_one(&self, view: &dyn FamilyView) -> io::Result<Option<Served>> {
         let n = match self.recv() {
             Ok(n) => n,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
@@ -607,9 +651,60 @@ impl Listener {
         if !self.id_valid(n.id)? {
             return Ok(None);
         }
+        if let (Some(step), Some(c)) = (HandOver::of(&n), caller.as_ref()) {
+            if !c.in_leaf {
+                return Ok(Some(Served::HandOver(n, *c, step)));
+            }
+        }
         let verdict = vet_caller(&n, caller.as_ref(), view);
         self.respond(n.id, verdict)?;
-        Ok(Some((n, verdict)))
+        Ok(Some(Served::Answered(n, verdict)))
+    }
+}
+
+/// What [`Listener::serve_one`] did with a notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    Answered(Notification, Verdict),
+    /// Left pending: a hand-over step of `Caller`, which the shim answers
+    /// (with [`Listener::respond`] or [`Listener::answer_with_fd`]).
+    HandOver(Notification, Caller, HandOver),
+}
+
+/// A step of a fork's descriptor hand-over (DESIGN.md §3.1). The server
+/// gives the shim each fork child's descriptors; the forking REPL forks,
+/// then names each child by its pid (`Give`, from its main thread); each
+/// child, single-threaded right after `fork(2)`, asks for its own (`Take`),
+/// and the shim answers with a socket holding them, copied straight into
+/// the child with [`Listener::answer_with_fd`]. The forking REPL never
+/// holds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandOver {
+    /// `ioctl(slot, HANDOVER_TAKE, 0)`: a fork child asks for the
+    /// descriptors of fork child `slot`; answered with a socket from which
+    /// it receives them, in one message.
+    Take { slot: usize },
+    /// `ioctl(slot, HANDOVER_GIVE, pid)`: the forking REPL says its child
+    /// `pid` (family pid namespace) is fork child `slot`.
+    Give { slot: usize, pid: i32 },
+}
+
+impl HandOver {
+    /// The hand-over step `n` asks for, if it is one (a negative slot is
+    /// none: [`vet`] refuses it).
+    pub fn of(n: &Notification) -> Option<HandOver> {
+        if n.nr != libc::SYS_ioctl {
+            return None;
+        }
+        let slot = usize::try_from(int(n.args[0])).ok()?;
+        match n.args[1] as u32 {
+            HANDOVER_TAKE => Some(HandOver::Take { slot }),
+            HANDOVER_GIVE => Some(HandOver::Give {
+                slot,
+                pid: int(n.args[2]),
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -717,6 +812,8 @@ pub fn vet(n: &Notification, view: &dyn FamilyView) -> Verdict {
 /// * `prlimit64`, `sched_set*`, `migrate_pages`, `move_pages`: a pid in the
 ///   member (or 0): `Continue`; else `ESRCH` (a negative pid gets the
 ///   kernel's own answer).
+/// * `ioctl` (only hand-over requests are notified; [`Listener::serve_one`]
+///   leaves those of family processes to the shim): `EPERM`.
 /// * anything else (not notified by [`repl_filter`]): `Continue`.
 ///
 /// Why `kill` is emulated rather than let through: `Continue` makes the
@@ -757,6 +854,8 @@ pub fn vet_caller(n: &Notification, caller: Option<&Caller>, view: &dyn FamilyVi
             _ => Verdict::Continue,
         },
         libc::SYS_setpriority => scoped(caller, arg(0), arg(1), PRIO_PROCESS, view),
+        // A hand-over step the shim did not take up (see `serve_one`).
+        libc::SYS_ioctl => Verdict::Errno(libc::EPERM),
         libc::SYS_ioprio_set => scoped(caller, arg(0), arg(1), IOPRIO_WHO_PROCESS, view),
         nr if PID_FIRST.contains(&nr) => {
             let pid = arg(0);
@@ -930,6 +1029,11 @@ impl ProcFamilyView {
         }
     }
 
+    /// The index of the family pid namespace in the host's `NSpid:` lines.
+    pub fn family_level(&self) -> usize {
+        self.family_level
+    }
+
     fn open_family(&self, pid: i32) -> io::Result<OwnedFd> {
         nix::fcntl::open(
             &self.family_proc.join(pid.to_string()),
@@ -1088,7 +1192,7 @@ fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
 
 /// The numbers of the `key` line of a `/proc/<pid>/status` (`NSpid:`,
 /// `NStgid:`, `PPid:`).
-fn status_ids(status: &str, key: &str) -> Option<Vec<i32>> {
+pub(crate) fn status_ids(status: &str, key: &str) -> Option<Vec<i32>> {
     status_field(status, key)?
         .split_whitespace()
         .map(|n| n.parse().ok())
@@ -1262,6 +1366,7 @@ mod tests {
         assert_eq!(NOTIF_RECV, libc::SECCOMP_IOCTL_NOTIF_RECV);
         assert_eq!(NOTIF_SEND, libc::SECCOMP_IOCTL_NOTIF_SEND);
         assert_eq!(NOTIF_ID_VALID, libc::SECCOMP_IOCTL_NOTIF_ID_VALID);
+        assert_eq!(NOTIF_ADDFD, libc::SECCOMP_IOCTL_NOTIF_ADDFD);
         assert_eq!(std::mem::size_of::<libc::seccomp_notif>(), 0x50);
         assert_eq!(std::mem::size_of::<libc::seccomp_notif_resp>(), 0x18);
     }
@@ -1358,6 +1463,22 @@ mod tests {
                 "cmd {cmd}"
             );
         }
+    }
+
+    #[test]
+    fn filter_notifies_hand_over_ioctls_and_only_those() {
+        let ioctl = libc::SYS_ioctl;
+        let take = u64::from(HANDOVER_TAKE);
+        let give = u64::from(HANDOVER_GIVE);
+        assert_eq!(check(ioctl, [0, take, 0, 0, 0, 0]), NOTIFY);
+        assert_eq!(check(ioctl, [31, give, 4242, 0, 0, 0]), NOTIFY);
+        assert_eq!(check(ioctl, [0, (1 << 32) | take, 0, 0, 0, 0]), NOTIFY);
+        assert_eq!(check(ioctl, [0, take + 2, 0, 0, 0, 0]), ALLOW);
+        let n = |args: [u64; 6]| Notification { id: 1, pid: 9, nr: ioctl, args };
+        assert_eq!(HandOver::of(&n([3, take, 0, 0, 0, 0])), Some(HandOver::Take { slot: 3 }));
+        assert_eq!(HandOver::of(&n([0, give, 77, 0, 0, 0])), Some(HandOver::Give { slot: 0, pid: 77 }));
+        assert_eq!(HandOver::of(&n([neg(-1), take, 0, 0, 0, 0])), None);
+        assert_eq!(HandOver::of(&n([0, 0x541b, 0, 0, 0, 0])), None);
     }
 
     #[test]

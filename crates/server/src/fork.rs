@@ -2,12 +2,15 @@
 //!
 //! A fork takes the parent's exec slot (so it waits for a running exec, in
 //! arrival order), has the engine snapshot the parent's files and build one
-//! new member per child, hands the parent's REPL each child's namespaces and
-//! channels, and waits until every child REPL said it is ready. Whatever
-//! fails on the way is destroyed again: a fork makes all its children or none.
+//! new member per child, gives the family's shim each child's channels (the
+//! shim copies them, with the child's namespaces, into the child the
+//! parent's REPL forks: the parent never holds them), asks the parent's
+//! REPL to fork, and waits until every child REPL said it is ready.
+//! Whatever fails on the way is destroyed again: a fork makes all its
+//! children or none.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,7 +56,7 @@ impl MergedIds {
 }
 
 /// The server's ends of one child's REPL channels, and the child's ends
-/// that travel to the forking REPL.
+/// that travel to the shim, which copies them into the forked child.
 struct ChildChannels {
     control: std::os::unix::net::UnixStream,
     stdout: OwnedFd,
@@ -194,23 +197,33 @@ impl AppState {
             Some(p) => p.clone(),
             None => serde_json::to_value(jail::forkplan::plan_for(session.host_pid)).unwrap_or_default(),
         };
-        let joins: Vec<Vec<OwnedFd>> = made.iter().map(|c| c.sandbox.self_join_fds()).collect();
-        let fd_sets: Vec<Vec<i32>> = made
-            .iter()
-            .zip(&channels)
-            .zip(&joins)
-            .map(|((child, ch), join)| child.ns.iter().chain(ch.theirs.iter()).chain(join.iter()).map(|fd| fd.as_raw_fd()).collect())
-            .collect();
         let parent_repl = session.host_pid;
-        let answer = match session.send_fork(&plan, &fd_sets).await {
+        // Each child's descriptors go to the shim, never to the forking
+        // REPL (docs/security.md, row 63): the shim copies them, with the
+        // child's namespaces, into the child once it is forked.
+        let counts: Vec<usize> = {
+            let joins: Vec<Vec<OwnedFd>> = made.iter().map(|c| c.sandbox.self_join_fds()).collect();
+            let expected = made.iter().zip(&channels).zip(&joins).enumerate().map(|(slot, ((child, ch), join))| {
+                let fds: Vec<BorrowedFd<'_>> = ch.theirs.iter().chain(join).map(|fd| fd.as_fd()).collect();
+                async move { jail.expect_fork(parent, parent_repl, slot, &child.sandbox, &fds).await }
+            });
+            let given = futures::future::join_all(expected).await.into_iter().collect::<Result<Vec<()>, _>>();
+            if let Err(e) = given {
+                for child in &made {
+                    let _ = jail.destroy(&child.sandbox).await;
+                }
+                return Err(ApiError::engine("could not fork the sandbox", e));
+            }
+            made.iter().zip(&joins).map(|(c, join)| c.ns.len() + 3 + join.len()).collect()
+        };
+        let answer = match session.send_fork(&plan, &counts).await {
             Ok(fid) => tokio::time::timeout(FORK_ANSWER_TIMEOUT, session.wait_forked(fid))
                 .await
                 .unwrap_or_else(|_| Err("the Python process did not answer the fork in time".into())),
             Err(e) => Err(format!("could not reach the Python process: {e}")),
         };
-        drop(joins);
-        // The forking REPL holds its copies now; ours would keep the
-        // children's pipes open after they die.
+        // The shim holds its copies now; ours would keep the children's
+        // pipes open after they die.
         let mut children = Vec::with_capacity(n);
         let mut starts = Vec::with_capacity(n);
         for (child, ch) in made.into_iter().zip(channels) {

@@ -269,44 +269,24 @@ impl ReplSession {
     }
 
     /// Ask the REPL to fork itself once per child: one `F` frame per child,
-    /// carrying that child's descriptors (docs/repl-protocol.md). Returns
-    /// the fork id its `Forked` answer carries.
-    pub async fn send_fork(&mut self, plan: &serde_json::Value, children: &[Vec<std::os::fd::RawFd>]) -> std::io::Result<u64> {
-        use std::os::fd::AsRawFd;
+    /// saying how many descriptors that child gets from the shim
+    /// (docs/repl-protocol.md). Returns the fork id its `Forked` answer
+    /// carries.
+    pub async fn send_fork(&mut self, plan: &serde_json::Value, children: &[usize]) -> std::io::Result<u64> {
         let id = self.next_id;
         self.next_id += 1;
+        let mut frames = Vec::new();
         for (index, fds) in children.iter().enumerate() {
-            let mut msg = serde_json::json!({"id": id, "index": index, "count": children.len(), "fds": fds.len()});
+            let mut msg = serde_json::json!({"id": id, "index": index, "count": children.len(), "fds": fds});
             if index == 0 {
                 msg["plan"] = plan.clone();
             }
             let body = serde_json::to_vec(&msg)?;
-            let mut frame = Vec::with_capacity(body.len() + 5);
-            frame.extend_from_slice(&((body.len() + 1) as u32).to_be_bytes());
-            frame.push(b'F');
-            frame.extend_from_slice(&body);
-            let half = self.control()?;
-            let stream: &tokio::net::UnixStream = half.as_ref();
-            let raw = stream.as_raw_fd();
-            // The descriptors ride on the frame's first byte; the rest of a
-            // large frame follows as plain bytes.
-            let mut sent = 0;
-            while sent == 0 {
-                stream.writable().await?;
-                match stream.try_io(tokio::io::Interest::WRITABLE, || {
-                    let iov = [std::io::IoSlice::new(&frame)];
-                    let cmsg = [nix::sys::socket::ControlMessage::ScmRights(fds)];
-                    nix::sys::socket::sendmsg::<()>(raw, &iov, &cmsg, nix::sys::socket::MsgFlags::MSG_NOSIGNAL, None).map_err(std::io::Error::from)
-                }) {
-                    Ok(n) => sent = n,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                    Err(e) => return Err(e),
-                }
-            }
-            if sent < frame.len() {
-                self.control()?.write_all(&frame[sent..]).await?;
-            }
+            frames.extend_from_slice(&((body.len() + 1) as u32).to_be_bytes());
+            frames.push(b'F');
+            frames.extend_from_slice(&body);
         }
+        self.control()?.write_all(&frames).await?;
         Ok(id)
     }
 

@@ -82,6 +82,13 @@ pub enum Request {
     SignalCommand { member: String, id: u64, signal: i32 },
     /// Kill every process of the member and release its mounts.
     DestroyMember { member: String },
+    /// Before a REPL forks itself into new members: hold these descriptors
+    /// of the child it forks as `slot` into `member` (fds: [control socket,
+    /// stdout write end, stderr write end, then the cgroup files it joins
+    /// by]) and copy them, after the member's mnt, net, uts, ipc and leaf
+    /// pid namespaces, into that child once its parent named it (shim's
+    /// `handover`); the forking REPL never holds them.
+    ExpectFork { parent_repl: i32, slot: usize, member: String },
     /// After a REPL forked itself into new members (DESIGN.md §3.1): find
     /// each child among the forking REPL's children (by the mount namespace
     /// it entered), move it into its member's cgroup and watch it.

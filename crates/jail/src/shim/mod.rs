@@ -9,6 +9,7 @@
 
 mod confine;
 mod family;
+mod handover;
 pub mod init;
 mod member;
 pub mod messages;
@@ -73,6 +74,8 @@ struct Shim {
     /// view of the family's processes their calls are vetted against.
     listeners: Vec<crate::notify::Listener>,
     family_view: crate::notify::ProcFamilyView,
+    /// Fork children waiting for their descriptors (see `handover`).
+    handovers: handover::HandOvers,
     /// Members whose init is still setting up, with the request to answer.
     creating: Vec<Creating>,
     /// Hollow members moving into their root → the request to answer.
@@ -170,6 +173,7 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
         confinement,
         listeners: Vec::new(),
         family_view,
+        handovers: Default::default(),
         creating: Vec::new(),
         rooting: HashMap::new(),
         own_mnt,
@@ -246,6 +250,7 @@ impl Shim {
             let forked: Vec<i32> = self.forked.keys().copied().collect();
             let listeners = self.listeners.len();
             let creating = self.creating.len();
+            let handing: Vec<(i32, usize)> = self.handovers.watched().into_iter().map(|(p, s, _)| (p, s)).collect();
             let ready: Vec<bool> = {
                 // The server's socket, or while orphaned the adoption socket.
                 let first = match (&self.sock, &self.listener) {
@@ -265,6 +270,9 @@ impl Shim {
                 }
                 for c in &self.creating {
                     fds.push(PollFd::new(c.pending.sock.as_fd(), PollFlags::POLLIN));
+                }
+                for (_, _, pidfd) in self.handovers.watched() {
+                    fds.push(PollFd::new(pidfd, PollFlags::POLLIN));
                 }
                 match poll(&mut fds, timeout) {
                     // POLLIN, or a hang-up (a listener whose filter nobody uses any more).
@@ -296,6 +304,7 @@ impl Shim {
                     // Nothing to receive (every process using the filter is
                     // gone: a hang-up) or an error retires the listener.
                     match self.listeners[i].serve_one(&self.family_view) {
+                        Ok(Some(crate::notify::Served::HandOver(n, _, step))) => self.hand_over(i, n, step),
                         Ok(Some(_)) => {}
                         Ok(None) if listener_hung_up(&self.listeners[i]) => gone.push(i),
                         Ok(None) => {}
@@ -307,6 +316,11 @@ impl Shim {
                 self.listeners.remove(i);
             }
             let first = first + listeners;
+            for (i, (parent, slot)) in handing.iter().enumerate() {
+                if ready[first + creating + i] {
+                    self.handovers.child_gone(*parent, *slot);
+                }
+            }
             for i in (0..creating).rev() {
                 if ready[first + i] {
                     self.on_member_ready(i)?;
@@ -326,6 +340,15 @@ impl Shim {
                     Ok(None) | Err(_) => self.server_gone(),
                 }
             }
+        }
+    }
+
+    /// A step of a fork's descriptor hand-over (see `handover`).
+    fn hand_over(&mut self, listener: usize, n: crate::notify::Notification, step: crate::notify::HandOver) {
+        let call = handover::Call { listener: &self.listeners[listener], id: n.id, caller: n.pid };
+        match step {
+            crate::notify::HandOver::Give { slot, pid } => self.handovers.give(call, slot, pid, self.family_view.family_level(), &self.members),
+            crate::notify::HandOver::Take { slot } => self.handovers.take(call, slot, &self.members),
         }
     }
 
@@ -696,7 +719,18 @@ impl Shim {
                 Ok((Reply::Done, vec![]))
             }
             Request::Shutdown => Ok((Reply::Done, vec![])),
+            Request::ExpectFork { parent_repl, slot, member } => {
+                if !self.members.contains_key(&member) {
+                    return Err(Error::Invalid(format!("no member {member}")));
+                }
+                if !self.repls.contains_key(&parent_repl) && !self.forked.contains_key(&parent_repl) {
+                    return Err(Error::Invalid(format!("{parent_repl} is no REPL of this family")));
+                }
+                self.handovers.expect(parent_repl, slot, member, fds);
+                Ok((Reply::Done, vec![]))
+            }
             Request::DestroyMember { member: name } => {
+                self.handovers.forget_member(&name);
                 self.deposits.remove(&name);
                 if let Some(m) = self.members.remove(&name) {
                     self.repls.retain(|_, mem| *mem != name);
