@@ -228,3 +228,34 @@ pub unsafe fn fork_with_pid(pid: i32) -> nix::Result<Forked> {
     let ret = check(unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) })?;
     Ok(if ret == 0 { Forked::Child } else { Forked::Parent(Pid::from_raw(ret as i32)) })
 }
+
+/// `struct sched_attr` (sched_setattr(2)), version 1 (56 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct SchedAttr {
+    size: u32,
+    policy: u32,
+    flags: u64,
+    nice: i32,
+    priority: u32,
+    runtime: u64,
+    deadline: u64,
+    period: u64,
+    util_min: u32,
+    util_max: u32,
+}
+
+/// Give every thread of process `pid` (a host pid) a scheduler time slice
+/// of `slice` under the normal policy at nice 0. On EEVDF kernels (≥ 6.12)
+/// a shorter slice means an earlier deadline when the thread wakes, so it
+/// runs sooner beside CPU-bound neighbours; its children inherit it.
+/// Older kernels ignore the slice.
+pub fn set_time_slice(pid: i32, slice: std::time::Duration) -> std::io::Result<()> {
+    let attr = SchedAttr { size: std::mem::size_of::<SchedAttr>() as u32, runtime: slice.as_nanos() as u64, ..Default::default() };
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse::<i32>().ok()) else { continue };
+        // SAFETY: `attr` is a valid sched_attr of the size it declares.
+        check(unsafe { libc::syscall(libc::SYS_sched_setattr, tid, &attr as *const SchedAttr, 0) }).map_err(std::io::Error::from)?;
+    }
+    Ok(())
+}

@@ -124,6 +124,9 @@ pub fn sandbox_env(id: &str) -> Vec<String> {
     .collect()
 }
 
+/// Scheduler slice of a REPL and everything it starts (`set_time_slice`).
+const REPL_TIME_SLICE: Duration = Duration::from_micros(300);
+
 /// Spawn a REPL in `engine` and wait until it is ready.
 pub async fn start_repl(engine: &jail::Sandbox) -> Result<ReplSession, String> {
     let argv = vec!["/usr/bin/python3".to_string(), "-u".into(), "-c".into(), REPL_BOOTSTRAP.to_string()];
@@ -132,6 +135,12 @@ pub async fn start_repl(engine: &jail::Sandbox) -> Result<ReplSession, String> {
         .await
         .map_err(|e| format!("start the Python REPL: {e}"))?;
     let mut session = ReplSession::start(process).await?;
+    // A short time slice: a REPL that wakes for an exec runs soon beside
+    // CPU hogs in other sandboxes (bench/noisy.py). Forks and subprocesses
+    // inherit it, so no sandbox gains on another.
+    if let Err(e) = jail::sys::set_time_slice(session.host_pid, REPL_TIME_SLICE) {
+        tracing::debug!(sandbox = %engine.id, err = %e, "could not set the REPL's time slice");
+    }
     if let Some(ends) = session.take_ends() {
         keep_repl_ends(engine, session.host_pid, ends).await;
     }
