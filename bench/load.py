@@ -82,6 +82,9 @@ class LoadServer(Server):
     def command(self) -> list[str]:
         return super().command() + self.extra
 
+    def all_keys(self) -> list[str]:
+        return []  # started without API keys
+
     def http(self, api_key: str | None = None, timeout: float = 60.0) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=timeout)
 
