@@ -59,6 +59,23 @@ def post_ok(http, path: str, body: dict | None = None) -> dict:
     return r.json()
 
 
+@pytest.fixture(scope="module")
+def server(say, server):
+    """A server of this module's own, with a volume roomy enough for several
+    sandboxes filling 1 GiB each (test servers get 4 GiB; the shared one
+    holds other tests' sandboxes too). Requesting `server` first means the
+    default template is built."""
+    s = start_server(say, "quota", ["--volume-gib", "10"], build=False)
+    yield s
+    stop_and_assert_clean(s)
+
+
+@pytest.fixture
+def http(server):
+    with server.http(timeout=180) as c:
+        yield c
+
+
 @pytest.fixture
 def sandboxes(http):
     made = []
