@@ -796,20 +796,14 @@ fn kill_stray_shims(run: &Path, kept: &Kept) {
 /// end; it takes its family's processes with it.
 fn end_orphan(run_dir: &Path) {
     let socket = run_dir.join(SHIM_SOCKET_NAME);
-    let Ok(sock) = crate::channel::connect(&socket) else { return };
-    // The shim that listens, held by a pidfd (no pid reuse can fool us).
-    let shim = crate::channel::peer_pid(sock.as_fd()).and_then(|pid| crate::sys::pidfd_open(nix::unistd::Pid::from_raw(pid)).ok());
-    let bye = Envelope { req: 0, request: Request::Shutdown };
-    let _ = crate::channel::send(sock.as_fd(), &bye, &[]);
-    // Wait (briefly) for it to go. A shim still busy with its dead
-    // server's last request has not noticed it is orphaned and does not
-    // accept yet: it would wait out its grace, so it is killed (found by
-    // tests/e2e/test_faults.py, which kills servers at random moments).
-    let Some(shim) = shim else { return };
-    let mut fds = [nix::poll::PollFd::new(shim.as_fd(), nix::poll::PollFlags::POLLIN)];
-    if !matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(2000u16)), Ok(n) if n > 0) {
-        tracing::warn!(family = %run_dir.display(), "an orphaned family did not end when told to: killing its supervisor");
-        let _ = crate::sys::pidfd_send_signal(shim.as_fd(), nix::sys::signal::Signal::SIGKILL);
+    if let Ok(sock) = crate::channel::connect(&socket) {
+        let bye = Envelope { req: 0, request: Request::Shutdown };
+        let _ = crate::channel::send(sock.as_fd(), &bye, &[]);
+        // Wait (briefly) for it to go: it closes its end as it exits. One
+        // that does not (still busy, not listening yet) is killed next, by
+        // `kill_stray_shims`.
+        let mut fds = [nix::poll::PollFd::new(sock.as_fd(), nix::poll::PollFlags::POLLIN)];
+        let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(2000u16));
     }
 }
 
