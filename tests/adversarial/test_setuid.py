@@ -64,13 +64,23 @@ def test_a_blocked_setuid_program_has_no_privilege_on_the_host(http, sid):
     r = sh(http, sid, "mkfifo /tmp/pw; (sleep 1000 > /tmp/pw &); "
                       "(setpriv --reuid=65534 --regid=65534 --keep-groups /usr/bin/su root -c id < /tmp/pw > /dev/null 2>&1 &); echo started")
     assert r.exit_code == 0, r
+    # pam_unix forks a helper (unix_chkpwd) while su starts; until it execs,
+    # it too reads as "su root". Every process seen is checked, and the wait
+    # ends once su alone is left, blocked on the password.
+    seen: dict[int, dict[str, str]] = {}
     deadline = time.monotonic() + 10
-    while not (pids := host_pids_running(sid, r"^/usr/bin/su root")) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        pids = host_pids_running(sid, r"^/usr/bin/su root")
+        for pid in pids:
+            if st := proc_status(pid):
+                seen[pid] = st
+        if len(pids) == 1 and seen.get(pids[0], {}).get("State", "").startswith("S"):
+            break
         time.sleep(0.1)
     assert len(pids) == 1, pids
-    st = proc_status(pids[0])
-    assert st["Uid"].split() == [str(base + 65534)] * 4 and st["Gid"].split() == [str(base + 65534)] * 4, st
-    assert st["CapEff"] == st["CapPrm"] == "0" * 16 and st["NoNewPrivs"] == "1", st
+    for st in seen.values():
+        assert st["Uid"].split() == [str(base + 65534)] * 4 and st["Gid"].split() == [str(base + 65534)] * 4, st
+        assert st["CapEff"] == st["CapPrm"] == "0" * 16 and st["NoNewPrivs"] == "1", st
     assert os.readlink(f"/proc/{pids[0]}/ns/user") != os.readlink("/proc/self/ns/user")
 
 
