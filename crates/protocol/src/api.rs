@@ -97,17 +97,6 @@ pub struct ErrorBody {
     pub progress: Option<f32>,
 }
 
-/// `GET /v1/templates` items: built-in templates and their build state.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct TemplateInfo {
-    pub name: String,
-    /// `ready`, `building`, `queued` or `failed`.
-    pub state: String,
-    pub progress: f32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
 /// Body of `POST /v1/sandboxes/{id}/fork`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -9,9 +9,11 @@ pub mod egress;
 pub mod event;
 pub mod files;
 pub mod state;
+pub mod templates;
 
 pub use api::*;
 pub use egress::{Egress, EgressAllow, EgressBody};
 pub use event::{Event, EventKind};
 pub use files::*;
 pub use state::*;
+pub use templates::*;
