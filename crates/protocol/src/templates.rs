@@ -105,7 +105,7 @@ pub struct TemplateUse {
 }
 
 /// `GET /v1/templates` items and `GET /v1/templates/{name}`.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct TemplateInfo {
     pub name: String,
     /// `ready`, `building`, `queued` or `failed` (built-ins build at start).

@@ -121,7 +121,7 @@ impl Templates {
                     Some(State::Failed(e)) => ("failed", 0.0, Some(e.clone())),
                     _ => ("queued", 0.0, None),
                 };
-                TemplateInfo { name: name.clone(), state: state.into(), progress, error }
+                TemplateInfo { name: name.clone(), state: state.into(), progress, error, kind: "builtin".into(), ..Default::default() }
             })
             .collect()
     }
