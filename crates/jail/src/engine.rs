@@ -43,7 +43,13 @@ impl JailConfig {
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
     pub id: String,
+    /// The template's files as one directory on the host: what `layers`
+    /// gives `diff`, and the lowest layer unless `template_layers` says more.
     pub template_rootfs: PathBuf,
+    /// The overlay's lower layers, top first, when the template is a stack
+    /// (its last entry is then the built-in root filesystem under it).
+    /// Each is id-mapped on its own: overlayfs cannot be id-mapped whole.
+    pub template_layers: Vec<PathBuf>,
     pub limits: Limits,
     /// Files to start with instead of an empty upper layer: a layer saved
     /// by `Sandbox::export_upper` (a Space), owners relative to the range.
@@ -687,6 +693,7 @@ impl Jail {
             id_base: range.base,
             id_count: range.count,
             template_rootfs: spec.template_rootfs.clone(),
+            template_layers: spec.template_layers.clone(),
             run_dir: self.run_dir(&spec.id),
             orphan_grace_ms: self.config.orphan_grace.as_millis() as u64,
         };

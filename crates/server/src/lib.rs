@@ -48,7 +48,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/healthz", get(routes::healthz))
         .route("/metrics", get(metrics::scrape))
         .route("/v1/openapi.json", get(openapi::openapi_json))
-        .route("/v1/templates", get(routes::templates))
+        .route("/v1/templates", get(templates::routes::list).post(templates::routes::build).layer(DefaultBodyLimit::max(templates::routes::MAX_RECIPE_BODY)))
+        .route("/v1/templates/{name}", get(templates::routes::get).delete(templates::routes::delete))
+        .route("/v1/sandboxes/{id}/template", post(templates::routes::save))
         .route("/v1/pool", get(routes::pool))
         .route("/v1/sandboxes", post(routes::create).get(routes::list))
         .route("/v1/sandboxes/{id}", get(routes::info).delete(routes::destroy))
@@ -123,7 +125,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         orphan_grace: config.orphan_grace,
         ..jail::JailConfig::new(config.state_dir.clone(), config.shim_exe.clone(), config.volume_gib)
     })?;
-    let templates = Templates::new(config.templates_dir.clone());
+    let templates = Templates::new(config.templates_dir.clone(), &config.state_dir.join("custom-templates"));
     templates.scan();
     if !config.build_templates {
         templates.mark_unbuilt();

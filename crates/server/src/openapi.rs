@@ -3,19 +3,20 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use crate::{checkpoints, egress, spaces, files, pause, ports, pty, routes, watch};
+use crate::{checkpoints, egress, spaces, files, pause, ports, pty, routes, templates, watch};
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "forkbox", description = "Self-hosted sandboxes for AI agents; speaks the podflare SDK's HTTP contract."),
     paths(
         routes::healthz, routes::create, routes::list, routes::info, routes::destroy, routes::exec,
-        routes::replay, routes::templates, routes::fork, routes::merge_into, routes::pool, routes::diff,
+        routes::replay, routes::fork, routes::merge_into, routes::pool, routes::diff,
         files::get, files::put, files::delete, files::mkdir, files::rename, files::chmod, watch::watch,
         egress::get, egress::patch, pause::pause, pause::resume,
         pty::create, pty::list, pty::attach, pty::input, pty::resize, pty::kill, pty::read,
         ports::proxy, checkpoints::create, checkpoints::list, checkpoints::delete, checkpoints::restore,
-        spaces::freeze, spaces::list, spaces::get, spaces::delete, spaces::resume
+        spaces::freeze, spaces::list, spaces::get, spaces::delete, spaces::resume,
+        templates::routes::list, templates::routes::get, templates::routes::delete, templates::routes::build, templates::routes::save
     ),
     components(schemas(protocol::CreateSandbox, protocol::Created, protocol::ExecRequest, protocol::SandboxInfo,
         protocol::SandboxList, protocol::ErrorBody, protocol::Event, protocol::EventKind, protocol::TemplateInfo,
@@ -26,6 +27,7 @@ use crate::{checkpoints, egress, spaces, files, pause, ports, pty, routes, watch
         pty::PtyCreate, pty::PtyInput, pty::PtyResize, pty::PtyRead, pty::PtyChunk, pty::PtyInfo,
         protocol::CheckpointInfo, protocol::CheckpointList, protocol::RestoreRequest,
         protocol::SpaceInfo, protocol::SpaceList, protocol::ResumeSpace, protocol::Unsaved,
+        protocol::TemplateRecipe, protocol::TemplateFile, protocol::TemplateLimits, protocol::BuildEvent, protocol::SaveTemplate, protocol::TemplateUse,
         crate::pool::PoolInfo, crate::pool::PoolTemplate)),
     modifiers(&BearerAuth, &IdErrors),
     security(("bearer" = []))

@@ -33,15 +33,6 @@ const REFILL_DELAY: Duration = Duration::from_millis(100);
 /// Templates warmed at start (others warm on first use).
 const WARM_AT_START: &[&str] = &["default"];
 
-/// Modules the zygote of a template imports (issue: recipes will name
-/// them; until then, what the built-in templates ship).
-fn warm_modules(template: &str) -> &'static [&'static str] {
-    match template {
-        "python-datasci" => &["numpy", "pandas", "matplotlib", "matplotlib.pyplot", "scipy", "sklearn"],
-        _ => &["numpy", "pandas"],
-    }
-}
-
 /// One template's zygote and spares.
 pub struct Warm {
     template: String,
@@ -94,7 +85,7 @@ impl Pool {
         self.warm.lock().ok()?.get(template).cloned()
     }
 
-    pub async fn info(&self, mut fork_spares: Vec<String>) -> PoolInfo {
+    pub async fn info(&self, known: &crate::templates::Templates, mut fork_spares: Vec<String>) -> PoolInfo {
         // A zygote still warming up is as hidden as a spare.
         fork_spares.extend(self.warming.lock().map(|w| w.iter().cloned().collect::<Vec<_>>()).unwrap_or_default());
         let all: Vec<Arc<Warm>> = self.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
@@ -107,7 +98,7 @@ impl Pool {
                     zygote: w.zygote.id.clone(),
                     spares,
                     served: w.served.load(Ordering::Relaxed),
-                    modules: warm_modules(&w.template).iter().map(|m| m.to_string()).collect(),
+                    modules: known.preimport(&w.template),
                 },
             );
         }
@@ -303,6 +294,37 @@ impl AppState {
         }
     }
 
+    /// A custom template was replaced or deleted: its zygote (holding the
+    /// old files and REPL state) goes; with `rewarm`, a fresh one of the new
+    /// version takes over before it does, so creates never wait.
+    pub(crate) async fn retire_template(&self, template: &str, rewarm: bool) {
+        if rewarm {
+            if !self.inner.config.warm_pool {
+                return;
+            }
+            if let Ok(mut w) = self.inner.pool.wanted.lock() {
+                w.insert(template.to_string());
+            }
+            match self.inner.pool.current(template) {
+                Some(old) => self.retire(&old).await,
+                None => {
+                    if let Err(e) = self.warm_up(template).await {
+                        tracing::warn!(template, err = %e, "could not warm the template's pool");
+                    }
+                }
+            }
+            return;
+        }
+        if let Ok(mut w) = self.inner.pool.wanted.lock() {
+            w.remove(template);
+        }
+        let old = self.inner.pool.warm.lock().ok().and_then(|mut m| m.remove(template));
+        if let Some(old) = old {
+            old.retiring.store(true, Ordering::SeqCst);
+            self.destroy_warm(&old).await;
+        }
+    }
+
     async fn destroy_warm(&self, warm: &Warm) {
         let spares: Vec<jail::ForkChild> = warm.spares.lock().await.drain(..).collect();
         warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).clear();
@@ -322,19 +344,19 @@ impl AppState {
         if self.inner.pool.closing.load(Ordering::SeqCst) {
             return Err("the server is shutting down".into());
         }
-        let rootfs = self.inner.templates.rootfs(template).map_err(|e| format!("{e:?}"))?;
+        let root = self.inner.templates.rootfs(template).map_err(|e| format!("{e:?}"))?;
         let id = new_id();
         if let Ok(mut w) = self.inner.pool.warming.lock() {
             w.insert(id.clone());
         }
-        let made = self.warm_up_as(template, id.clone(), rootfs).await;
+        let made = self.warm_up_as(template, id.clone(), root).await;
         if let Ok(mut w) = self.inner.pool.warming.lock() {
             w.remove(&id);
         }
         made
     }
 
-    async fn warm_up_as(&self, template: &str, id: String, rootfs: std::path::PathBuf) -> Result<(), String> {
+    async fn warm_up_as(&self, template: &str, id: String, root: crate::templates::Root) -> Result<(), String> {
         let settings = Settings {
             template: template.to_string(),
             ram_mib: self.inner.config.limits.default_ram_mib,
@@ -347,7 +369,11 @@ impl AppState {
             persistent: false,
             owner: None,
         };
-        let spec = jail::SandboxSpec { id: id.clone(), template_rootfs: rootfs, limits: self.limits_for(&settings), initial_upper: None };
+        // A template saved from a sandbox starts from its REPL state: the
+        // zygote loads it once and every sandbox forks from it.
+        let repl_state = self.inner.templates.repl_state(template);
+        let settings = Settings { ram_mib: settings.ram_mib.max(self.inner.templates.limits(template).ram_mib.unwrap_or(0)), ..settings };
+        let spec = root.spec(id.clone(), self.limits_for(&settings), repl_state.clone());
         let engine = self.inner.jail.create(spec).await.map_err(|e| e.to_string())?;
         let mut session = match start_repl(&engine).await {
             Ok(s) => s,
@@ -356,7 +382,7 @@ impl AppState {
                 return Err(e);
             }
         };
-        if let Err(e) = preload(&mut session, warm_modules(template)).await {
+        if let Err(e) = warm_session(&mut session, &self.inner.templates.preimport(template), repl_state.is_some()).await {
             let _ = self.inner.jail.destroy(&engine).await;
             return Err(e);
         }
@@ -424,6 +450,13 @@ impl AppState {
         }
     }
 
+    /// The root filesystems the zygotes (current and retiring) stand on.
+    pub(crate) fn zygote_roots(&self) -> Vec<std::path::PathBuf> {
+        let mut all: Vec<Arc<Warm>> = self.inner.pool.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        all.extend(self.inner.pool.retired.lock().map(|r| r.clone()).unwrap_or_default());
+        all.iter().map(|w| w.zygote.engine.layers().1).collect()
+    }
+
     /// Destroy every zygote and spare (server shutdown).
     pub(crate) async fn destroy_pool(&self) {
         self.inner.pool.closing.store(true, Ordering::SeqCst);
@@ -438,24 +471,42 @@ impl AppState {
     }
 }
 
+/// Bring a fresh REPL to its template's starting state: import `modules`,
+/// and load the saved REPL state when the template has one.
+pub(crate) async fn warm_session(session: &mut crate::repl::ReplSession, modules: &[String], thaw: bool) -> Result<(), String> {
+    preload(session, modules).await?;
+    if thaw {
+        run_quietly(session, &crate::spaces::space_code("thaw"), crate::spaces::REPL_SAVE_TIMEOUT).await.map_err(|e| format!("load the template's REPL state: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Import `modules` in a fresh REPL, without writing bytecode into the
 /// sandbox's files (the zygote's files must stay the template's).
-async fn preload(session: &mut crate::repl::ReplSession, modules: &[&str]) -> Result<(), String> {
+async fn preload(session: &mut crate::repl::ReplSession, modules: &[String]) -> Result<(), String> {
+    if modules.is_empty() {
+        return Ok(());
+    }
     let list = modules.iter().map(|m| format!("{m:?}")).collect::<Vec<_>>().join(", ");
     // In a function, so the user's globals stay empty: only sys.modules
     // remembers the imports.
     let code = format!(
         "def _forkbox_preload():\n    import sys, importlib\n    sys.dont_write_bytecode = True\n    try:\n        for m in [{list}]:\n            try:\n                importlib.import_module(m)\n            except Exception:\n                pass\n    finally:\n        sys.dont_write_bytecode = False\n_forkbox_preload()\ndel _forkbox_preload\n"
     );
-    let id = session.send_exec(&code).await.map_err(|e| format!("preload: {e}"))?;
+    run_quietly(session, &code, Duration::from_secs(120)).await.map_err(|e| format!("preload: {e}"))
+}
+
+/// Run `code` in a REPL no one watches; an exception is an error.
+async fn run_quietly(session: &mut crate::repl::ReplSession, code: &str, timeout: Duration) -> Result<(), String> {
+    let id = session.send_exec(code).await.map_err(|e| e.to_string())?;
     let wait = async {
         loop {
             match session.next().await {
-                Some(ReplItem::Done(d)) if d.id == id => return Ok(()),
-                Some(ReplItem::Died(_)) | None => return Err("the zygote REPL died while importing".to_string()),
+                Some(ReplItem::Done(d)) if d.id == id => return d.error.map_or(Ok(()), |e| Err(format!("{}: {}", e.ename, e.evalue))),
+                Some(ReplItem::Died(_)) | None => return Err("the REPL died".to_string()),
                 Some(_) => {}
             }
         }
     };
-    tokio::time::timeout(Duration::from_secs(120), wait).await.map_err(|_| "preload timed out".to_string())?
+    tokio::time::timeout(timeout, wait).await.map_err(|_| "timed out".to_string())?
 }

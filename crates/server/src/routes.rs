@@ -11,7 +11,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use protocol::{CreateSandbox, Created, ExecRequest, SandboxInfo, SandboxList, TemplateInfo, MAX_CODE_BYTES};
+use protocol::{CreateSandbox, Created, ExecRequest, SandboxInfo, SandboxList, MAX_CODE_BYTES};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -219,11 +219,6 @@ pub async fn replay(State(state): State<AppState>, caller: Caller, Path(id): Pat
     Ok(ndjson(Body::from(out)))
 }
 
-#[utoipa::path(get, path = "/v1/templates", responses((status = 200, body = [TemplateInfo])))]
-pub async fn templates(State(state): State<AppState>) -> Response {
-    json(StatusCode::OK, &state.inner.templates.list())
-}
-
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", params(("id" = String, Path)), request_body = protocol::ForkRequest,
     responses((status = 200, body = protocol::Forked), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
         (status = 429, body = protocol::ErrorBody), (status = 500, body = protocol::ErrorBody), (status = 507, body = protocol::ErrorBody)))]
@@ -262,7 +257,7 @@ pub async fn diff(
 
 #[utoipa::path(get, path = "/v1/pool", responses((status = 200, body = crate::pool::PoolInfo, description = "The warm pool's hidden sandboxes by template")))]
 pub async fn pool(State(state): State<AppState>) -> Response {
-    json(StatusCode::OK, &state.inner.pool.info(state.inner.jail.spare_ids()).await)
+    json(StatusCode::OK, &state.inner.pool.info(&state.inner.templates, state.inner.jail.spare_ids()).await)
 }
 
 pub async fn not_found() -> ApiError {

@@ -37,7 +37,7 @@ const SPACE_PY: &str = include_str!("../../../repl/space.py");
 /// Where the REPL's state file lives inside the sandbox during a freeze.
 const STATE_FILE: &str = "/.forkbox-space/state.pkl";
 /// Longest a freeze or thaw of the REPL's globals may take.
-const REPL_SAVE_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const REPL_SAVE_TIMEOUT: Duration = Duration::from_secs(600);
 
 const PARTIAL: &str = ".partial-";
 const RESUMING: &str = ".resuming-";
@@ -250,7 +250,7 @@ fn new_space_id() -> String {
 
 /// The statement that runs repl/space.py in the REPL without touching
 /// the user's globals.
-fn space_code(mode: &str) -> String {
+pub(crate) fn space_code(mode: &str) -> String {
     let literal = |s: &str| serde_json::to_string(s).unwrap_or_default();
     format!(
         "exec(compile({}, '<forkbox-space>', 'exec'), {{'_user': globals(), '_path': {}, '_mode': {}}})",
@@ -261,12 +261,12 @@ fn space_code(mode: &str) -> String {
 }
 
 /// The last line a freeze/thaw printed, as JSON.
-fn parse_answer(stdout: &str) -> Result<serde_json::Value, String> {
+pub(crate) fn parse_answer(stdout: &str) -> Result<serde_json::Value, String> {
     let line = stdout.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default();
     serde_json::from_str(line).map_err(|_| format!("the REPL answered {:?}", stdout.chars().take(300).collect::<String>()))
 }
 
-fn unsaved_list(v: &serde_json::Value) -> Vec<Unsaved> {
+pub(crate) fn unsaved_list(v: &serde_json::Value) -> Vec<Unsaved> {
     serde_json::from_value(v.clone()).unwrap_or_default()
 }
 
@@ -390,7 +390,7 @@ impl AppState {
     }
 
     /// A freeze failed: the sandbox goes on as it was.
-    async fn undo_freeze(&self, entry: &Arc<SandboxEntry>, was_paused: bool) {
+    pub(crate) async fn undo_freeze(&self, entry: &Arc<SandboxEntry>, was_paused: bool) {
         let _ = crate::pause::set_paused(entry, false).await;
         if let (Ok(fs), Ok(dir)) = (entry.engine.fs(), jail::fs::SandboxPath::parse("/.forkbox-space", "/root")) {
             let _ = fs.remove(&dir, true);

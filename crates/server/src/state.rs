@@ -203,6 +203,20 @@ impl AppState {
     /// sandbox belongs to `caller`'s key.
     pub fn settings(&self, req: &CreateSandbox, caller: &Caller) -> Result<Settings, ApiError> {
         let l = &self.inner.config.limits;
+        let template = req.template.clone().unwrap_or_else(|| "default".into());
+        if template.is_empty() || template.len() > 64 {
+            return Err(ApiError::BadRequest("invalid template name".into()));
+        }
+        self.inner.templates.check_visible(caller, &template)?;
+        // The template's defaults stand in for fields the request leaves out.
+        let defaults = self.inner.templates.limits(&template);
+        let req = &CreateSandbox {
+            ram_mib: req.ram_mib.or(defaults.ram_mib),
+            rootfs_gb: req.rootfs_gb.or(defaults.rootfs_gb),
+            timeout_seconds: req.timeout_seconds.or(defaults.timeout_seconds),
+            idle_timeout_seconds: req.idle_timeout_seconds.or(defaults.idle_timeout_seconds),
+            ..req.clone()
+        };
         let egress = req.egress.clone().unwrap_or(protocol::Egress::On(self.inner.config.default_egress));
         crate::egress::plan(&egress)?;
         let ram_mib = req.ram_mib.unwrap_or(l.default_ram_mib);
@@ -222,7 +236,7 @@ impl AppState {
             }
         };
         Ok(Settings {
-            template: req.template.clone().unwrap_or_else(|| "default".into()),
+            template,
             ram_mib,
             rootfs_gb,
             timeout: secs(req.timeout_seconds, l.default_timeout, l.max_timeout, "timeout_seconds")?,
@@ -272,21 +286,27 @@ impl AppState {
             Err(e) => tracing::warn!(err = ?e, "warm pool create failed; creating from scratch"),
         }
         let id = new_id();
-        let spec = jail::SandboxSpec {
-            id: id.clone(),
-            template_rootfs: rootfs,
-            limits: self.limits_for(&settings),
-            initial_upper,
-        };
+        // Without the pool, a custom template's sandbox starts where its
+        // zygote would have: its modules imported, its saved REPL loaded.
+        let custom = !from_space && !self.inner.templates.is_builtin(&settings.template);
+        let repl_state = if custom { self.inner.templates.repl_state(&settings.template) } else { None };
+        let spec = rootfs.spec(id.clone(), self.limits_for(&settings), initial_upper.or_else(|| repl_state.clone()));
         let engine = self.inner.jail.create(spec).await.map_err(|e| ApiError::engine("could not create the sandbox", e))?;
         let jailed = started.elapsed();
-        let session = match start_repl(&engine).await {
+        let mut session = match start_repl(&engine).await {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.inner.jail.destroy(&engine).await;
                 return Err(ApiError::engine("could not start the sandbox's Python REPL", e));
             }
         };
+        if custom {
+            let modules = self.inner.templates.preimport(&settings.template);
+            if let Err(e) = crate::pool::warm_session(&mut session, &modules, repl_state.is_some()).await {
+                let _ = self.inner.jail.destroy(&engine).await;
+                return Err(ApiError::engine("could not start the template's REPL state", e));
+            }
+        }
         let entry = new_entry(id.clone(), settings, Arc::new(engine), session, Vec::new());
         self.inner.sandboxes.write().await.insert(id, Arc::clone(&entry));
         self.inner.live.fetch_add(1, Ordering::SeqCst);

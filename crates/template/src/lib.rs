@@ -27,6 +27,6 @@ pub use builtin::{builtin, builtin_names};
 pub use error::TemplateError;
 pub use key::BUILDER_VERSION;
 pub use progress::{BarProgress, NoProgress, Progress, RecordedProgress};
-pub use recipe::{Recipe, DEFAULT_MIRROR, DEFAULT_SUITE, DEFAULT_VARIANT};
+pub use recipe::{is_valid_name, is_valid_package, Recipe, DEFAULT_MIRROR, DEFAULT_SUITE, DEFAULT_VARIANT};
 pub use store::{BuiltTemplate, TemplateStore};
 pub use tools::check_tools;

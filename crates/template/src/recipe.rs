@@ -210,7 +210,7 @@ impl Recipe {
 
 /// Template names: `[a-z0-9][a-z0-9_-]*`, no dots so `<name>.lock` can't clash
 /// with another template's directory.
-pub(crate) fn is_valid_name(name: &str) -> bool {
+pub fn is_valid_name(name: &str) -> bool {
     let bytes = name.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= MAX_NAME_LEN
@@ -221,7 +221,7 @@ pub(crate) fn is_valid_name(name: &str) -> bool {
 }
 
 /// Debian policy package names; also keeps option-looking strings off command lines.
-fn is_valid_package(name: &str) -> bool {
+pub fn is_valid_package(name: &str) -> bool {
     let bytes = name.as_bytes();
     bytes.len() >= 2
         && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())

@@ -17,12 +17,13 @@ pub struct Family {
     reaper: Pid,
     pub userns: OwnedFd,
     pub pidns: OwnedFd,
-    /// The template, id-mapped into the family, mounted read-only here.
-    pub lower: PathBuf,
+    /// The template's layers (top first), each id-mapped into the family
+    /// and mounted read-only here.
+    pub lowers: Vec<PathBuf>,
 }
 
 impl Family {
-    pub fn create(id_base: u32, id_count: u32, template: &Path, run_dir: &Path) -> Result<Family> {
+    pub fn create(id_base: u32, id_count: u32, layers: &[PathBuf], run_dir: &Path) -> Result<Family> {
         let (go_r, go_w) = pipe().map_err(|e| Error::sys("pipe", e))?;
         // SAFETY: the shim is single-threaded.
         match unsafe { sys::fork_with(libc::CLONE_NEWUSER | libc::CLONE_NEWPID) }.map_err(|e| Error::sys("clone family", e))? {
@@ -42,16 +43,22 @@ impl Family {
                 go.write_all(b"g").map_err(|e| Error::io("start reaper", e))?;
                 let userns = open_ns(pid, "user")?;
                 let pidns = open_ns(pid, "pid")?;
-                let lower = run_dir.join("lower");
-                fs::create_dir_all(&lower).map_err(|e| Error::io("create lower mount point", e))?;
-                let tree = sys::open_tree_clone(template).map_err(|e| Error::sys("open template", e))?;
-                sys::mount_setattr_idmap(tree.as_fd(), userns.as_fd(), true).map_err(|e| Error::sys("id-map template", e))?;
-                sys::move_mount_to(tree.as_fd(), &lower).map_err(|e| Error::sys("mount template", e))?;
+                let mut lowers = Vec::with_capacity(layers.len());
+                for (i, layer) in layers.iter().enumerate() {
+                    // The single-layer name stays `lower`, as families made
+                    // before stacked templates have it.
+                    let lower = run_dir.join(if i == 0 { "lower".to_string() } else { format!("lower{i}") });
+                    fs::create_dir_all(&lower).map_err(|e| Error::io("create lower mount point", e))?;
+                    let tree = sys::open_tree_clone(layer).map_err(|e| Error::sys("open template", e))?;
+                    sys::mount_setattr_idmap(tree.as_fd(), userns.as_fd(), true).map_err(|e| Error::sys("id-map template", e))?;
+                    sys::move_mount_to(tree.as_fd(), &lower).map_err(|e| Error::sys("mount template", e))?;
+                    lowers.push(lower);
+                }
                 Ok(Family {
                     reaper: pid,
                     userns,
                     pidns,
-                    lower,
+                    lowers,
                 })
             }
         }
@@ -80,7 +87,9 @@ impl Family {
                 break;
             }
         }
-        let _ = nix::mount::umount2(&self.lower, nix::mount::MntFlags::MNT_DETACH);
+        for lower in &self.lowers {
+            let _ = nix::mount::umount2(lower, nix::mount::MntFlags::MNT_DETACH);
+        }
     }
 
     pub fn reaper(&self) -> Pid {

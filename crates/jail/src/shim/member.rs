@@ -47,11 +47,14 @@ pub fn mount_root(family: &Family, run_dir: &Path, name: &str, upper: &Path, wor
     // The layer paths overlayfs shows in the sandbox's /proc/self/mountinfo
     // are the strings we pass: pass short relative names (links in `dir`)
     // so no host path is visible inside.
-    for (link, target) in [("l", family.lower.as_path()), ("u", upper), ("w", work)] {
+    let lower_links: Vec<String> = (0..family.lowers.len()).map(|i| if i == 0 { "l".to_string() } else { format!("l{i}") }).collect();
+    let links = lower_links.iter().map(String::as_str).zip(family.lowers.iter().map(PathBuf::as_path)).chain([("u", upper), ("w", work)]);
+    for (link, target) in links {
         let path = dir.join(link);
         let _ = fs::remove_file(&path);
         std::os::unix::fs::symlink(target, &path).map_err(|e| Error::io("link overlay layer", e))?;
     }
+    let options = format!("lowerdir={},upperdir=u,workdir=w", lower_links.join(":"));
     chdir(&dir).map_err(|e| Error::sys("enter run dir", e))?;
     // After a rebuild the previous overlay on these layers may take a moment
     // to be released by the kernel (EBUSY: "upperdir in use").
@@ -62,7 +65,7 @@ pub fn mount_root(family: &Family, run_dir: &Path, name: &str, upper: &Path, wor
             &root,
             Some("overlay"),
             MsFlags::empty(),
-            Some("lowerdir=l,upperdir=u,workdir=w"),
+            Some(options.as_str()),
         ) {
             Err(nix::errno::Errno::EBUSY) if tries < 200 => {
                 tries += 1;

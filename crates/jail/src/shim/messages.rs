@@ -11,8 +11,11 @@ pub struct ShimConfig {
     /// First host uid/gid of the family's range; uid 0 inside maps to it.
     pub id_base: u32,
     pub id_count: u32,
-    /// The template's root filesystem (the overlay's lower layer).
+    /// The template's root filesystem (the overlay's lowest layer).
     pub template_rootfs: PathBuf,
+    /// Layers over it, top first (a custom template's; docs/templates.md).
+    #[serde(default)]
+    pub template_layers: Vec<PathBuf>,
     /// A directory of the shim's own for mount points.
     pub run_dir: PathBuf,
     /// How long the family outlives a server that went away without saying
@@ -20,6 +23,16 @@ pub struct ShimConfig {
     /// a new server to adopt it. Zero: it ends with the server.
     #[serde(default)]
     pub orphan_grace_ms: u64,
+}
+
+impl ShimConfig {
+    /// The overlay's lower layers, top first.
+    pub fn lower_layers(&self) -> Vec<PathBuf> {
+        match self.template_layers.is_empty() {
+            true => vec![self.template_rootfs.clone()],
+            false => self.template_layers.clone(),
+        }
+    }
 }
 
 /// The socket in a family's run directory where an orphaned shim waits.

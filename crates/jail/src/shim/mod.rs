@@ -123,7 +123,7 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
         nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
     )
     .map_err(|e| Error::sys("signalfd", e))?;
-    let started = Family::create(config.id_base, config.id_count, &config.template_rootfs, &config.run_dir).and_then(|family| {
+    let started = Family::create(config.id_base, config.id_count, &config.lower_layers(), &config.run_dir).and_then(|family| {
         match family_view(&family, &config.run_dir) {
             Ok(view) => Ok((family, view)),
             Err(e) => {
