@@ -1,4 +1,7 @@
-//! The CLI's HTTP client for `run`, `ls` and `rm`.
+//! The CLI's HTTP client for `run`, `ls`, `top`, `rm` and the server's
+//! templates (`template build PATH`).
+
+pub mod templates;
 
 use std::io::{Read, Write};
 
