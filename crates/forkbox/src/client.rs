@@ -1,5 +1,5 @@
 //! The CLI's HTTP client for `run`, `ls`, `top`, `rm` and the server's
-//! templates (`template build PATH`).
+//! templates (`template build PATH`, `list`, `show`, `rm`).
 
 pub mod templates;
 

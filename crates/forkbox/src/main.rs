@@ -88,6 +88,24 @@ enum TemplateCommand {
         #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox")]
         state_dir: PathBuf,
     },
+    /// List the server's templates (built-in and custom).
+    List(ClientArgs),
+    /// Print what the server knows of a template, as JSON.
+    Show {
+        #[command(flatten)]
+        client: ClientArgs,
+        name: String,
+    },
+    /// Delete custom templates from the server (409 while in use, unless --force).
+    Rm {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Delete even while sandboxes, Spaces or templates depend on it.
+        #[arg(long)]
+        force: bool,
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
 }
 
 /// Whether `template build`'s argument is a recipe file rather than a
@@ -335,6 +353,13 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 println!("{name}\tcurrent={}\tbuilt={}", current.unwrap_or_else(|| "-".into()), versions.join(","));
             }
             Ok(0)
+        }
+        Command::Template { command: TemplateCommand::List(client) } => tokio::runtime::Runtime::new()?.block_on(client::templates::list(&client)),
+        Command::Template { command: TemplateCommand::Show { client, name } } => {
+            tokio::runtime::Runtime::new()?.block_on(client::templates::show(&client, &name))
+        }
+        Command::Template { command: TemplateCommand::Rm { client, force, names } } => {
+            tokio::runtime::Runtime::new()?.block_on(client::templates::rm(&client, &names, force))
         }
         Command::Run(args) => tokio::runtime::Runtime::new()?.block_on(client::run(args)),
         Command::Ls(args) => tokio::runtime::Runtime::new()?.block_on(client::ls(args)),

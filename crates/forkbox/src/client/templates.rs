@@ -1,5 +1,6 @@
 //! Custom templates on the server: `forkbox template build PATH` (a recipe
-//! file, built by the server while its NDJSON stream is shown).
+//! file, built by the server while its NDJSON stream is shown), `list`,
+//! `show` and `rm`.
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -9,7 +10,7 @@ use anyhow::{bail, Context};
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use protocol::{BuildEvent, TemplateInfo};
 
-use super::{ndjson, Api};
+use super::{delete_each, ndjson, Api};
 use crate::ClientArgs;
 
 /// Sends the recipe file at `path` to `POST /v1/templates` and shows the
@@ -105,10 +106,58 @@ impl BuildView {
     }
 }
 
+/// `forkbox template list`: the server's templates as a table.
+pub async fn list(args: &ClientArgs) -> anyhow::Result<i32> {
+    let api = Api::new(args);
+    let resp = api.req(reqwest::Method::GET, "/v1/templates").send().await.context("connect to the server")?;
+    let list: Vec<TemplateInfo> = Api::check(resp).await?.json().await.context("read the template list")?;
+    print!("{}", table(&list));
+    Ok(0)
+}
+
+fn table(list: &[TemplateInfo]) -> String {
+    let row = |cells: [&str; 7]| {
+        let [name, kind, state, base, layers, size, used] = cells;
+        format!("{name:<24} {kind:<8} {state:<14} {base:<20} {layers:>6} {size:>11} {used:>6}\n")
+    };
+    let mut out = row(["NAME", "KIND", "STATE", "BASE", "LAYERS", "SIZE", "IN_USE"]);
+    for t in list {
+        let state = if t.state == "building" { format!("building {:.0}%", t.progress * 100.0) } else { t.state.clone() };
+        let used = t.in_use.sandboxes.len() + t.in_use.spaces.len() + t.in_use.templates.len();
+        let kind = if t.kind.is_empty() { "-" } else { &t.kind };
+        out += &row([
+            &t.name,
+            kind,
+            &state,
+            t.base.as_deref().unwrap_or("-"),
+            &t.layers.to_string(),
+            &HumanBytes(t.size_bytes).to_string(),
+            &used.to_string(),
+        ]);
+    }
+    out
+}
+
+/// `forkbox template show NAME`: the server's JSON for it, pretty, as is.
+pub async fn show(args: &ClientArgs, name: &str) -> anyhow::Result<i32> {
+    let api = Api::new(args);
+    let resp = api.req(reqwest::Method::GET, &format!("/v1/templates/{name}")).send().await.context("connect to the server")?;
+    let info: serde_json::Value = Api::check(resp).await.with_context(|| format!("template `{name}`"))?.json().await?;
+    println!("{}", serde_json::to_string_pretty(&info)?);
+    Ok(0)
+}
+
+/// `forkbox template rm NAME... [--force]`.
+pub async fn rm(args: &ClientArgs, names: &[String], force: bool) -> anyhow::Result<i32> {
+    let query = if force { "?force=true" } else { "" };
+    let hint = " (--force deletes it anyway)";
+    delete_each(&Api::new(args), names, |name| format!("/v1/templates/{name}{query}"), hint).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use protocol::TemplateRecipe;
+    use protocol::{TemplateRecipe, TemplateUse};
 
     /// A server whose `POST /v1/templates` answers the recipe named `ok`
     /// with a build that succeeds, `fails` with one that fails, `cut` with
@@ -164,5 +213,27 @@ mod tests {
         assert_eq!(summary(&t), "built template ml: 4 layers, 3.00 MiB, on python-datasci");
         let t = TemplateInfo { name: "x".into(), layers: 1, size_bytes: 10, ..Default::default() };
         assert_eq!(summary(&t), "built template x: 1 layer, 10 B");
+    }
+
+    #[test]
+    fn list_table() {
+        let list = [
+            TemplateInfo { name: "default".into(), kind: "builtin".into(), state: "ready".into(), layers: 1, size_bytes: 1 << 30, ..Default::default() },
+            TemplateInfo {
+                name: "ml".into(),
+                kind: "recipe".into(),
+                state: "building".into(),
+                progress: 0.42,
+                base: Some("default".into()),
+                layers: 3,
+                in_use: TemplateUse { sandboxes: vec!["a".into(), "b".into()], spaces: vec![], templates: vec!["c".into()] },
+                ..Default::default()
+            },
+        ];
+        let out = table(&list);
+        let lines: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(lines[0], ["NAME", "KIND", "STATE", "BASE", "LAYERS", "SIZE", "IN_USE"]);
+        assert_eq!(lines[1], ["default", "builtin", "ready", "-", "1", "1.00", "GiB", "0"]);
+        assert_eq!(lines[2], ["ml", "recipe", "building", "42%", "default", "3", "0", "B", "3"]);
     }
 }
