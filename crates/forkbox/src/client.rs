@@ -1,4 +1,7 @@
-//! The CLI's HTTP client for `run`, `ls` and `rm`.
+//! The CLI's HTTP client for `run`, `ls`, `top`, `rm` and the server's
+//! templates (`template build PATH`, `list`, `show`, `rm`).
+
+pub mod templates;
 
 use std::io::{Read, Write};
 
@@ -74,38 +77,55 @@ async fn exec(api: &Api, id: &str, code: &str, args: &RunArgs) -> anyhow::Result
         body["timeout_ms"] = t.into();
     }
     let resp = Api::check(api.req(reqwest::Method::POST, &format!("/v1/sandboxes/{id}/exec")).json(&body).send().await?).await?;
+    let mut exit = 1;
+    ndjson(resp, |ev: Event| {
+        let text = |ev: &Event| {
+            let mut s = ev.data.as_str().unwrap_or_default().to_string();
+            if ev.nl.unwrap_or(true) {
+                s.push('\n');
+            }
+            s
+        };
+        match ev.kind {
+            EventKind::Stdout => {
+                print!("{}", text(&ev));
+                std::io::stdout().flush()?;
+            }
+            EventKind::Stderr => eprint!("{}", text(&ev)),
+            EventKind::Result | EventKind::Display => {
+                if let Some(text) = ev.data.as_str() {
+                    println!("{text}");
+                }
+            }
+            EventKind::Exit => exit = ev.data.as_i64().unwrap_or(1) as i32,
+            EventKind::Error | EventKind::Warning => {}
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(exit)
+}
+
+/// Calls `each` with every line of an NDJSON answer, parsed, as it arrives
+/// (blank lines skipped; a last line without its newline counts).
+async fn ndjson<T: serde::de::DeserializeOwned>(resp: reqwest::Response, mut each: impl FnMut(T) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let mut line = |bytes: &[u8]| -> anyhow::Result<()> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(());
+        }
+        let item = serde_json::from_slice(bytes).with_context(|| format!("unexpected line from the server: {}", String::from_utf8_lossy(bytes).trim_end()))?;
+        each(item)
+    };
     let mut stream = resp.bytes_stream();
     let mut buf = Vec::new();
-    let mut exit = 1;
     while let Some(chunk) = stream.next().await {
-        buf.extend_from_slice(&chunk?);
+        buf.extend_from_slice(&chunk.context("read the server's answer")?);
         while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=pos).collect();
-            let ev: Event = serde_json::from_slice(&line)?;
-            let text = |ev: &Event| {
-                let mut s = ev.data.as_str().unwrap_or_default().to_string();
-                if ev.nl.unwrap_or(true) {
-                    s.push('\n');
-                }
-                s
-            };
-            match ev.kind {
-                EventKind::Stdout => {
-                    print!("{}", text(&ev));
-                    std::io::stdout().flush()?;
-                }
-                EventKind::Stderr => eprint!("{}", text(&ev)),
-                EventKind::Result | EventKind::Display => {
-                    if let Some(text) = ev.data.as_str() {
-                        println!("{text}");
-                    }
-                }
-                EventKind::Exit => exit = ev.data.as_i64().unwrap_or(1) as i32,
-                EventKind::Error | EventKind::Warning => {}
-            }
+            let bytes: Vec<u8> = buf.drain(..=pos).collect();
+            line(&bytes)?;
         }
     }
-    Ok(exit)
+    line(&buf)
 }
 
 pub async fn ls(args: ClientArgs) -> anyhow::Result<i32> {
@@ -160,13 +180,21 @@ pub async fn top(args: ClientArgs, interval: std::time::Duration, once: bool) ->
 }
 
 pub async fn rm(args: ClientArgs, ids: Vec<String>) -> anyhow::Result<i32> {
-    let api = Api::new(&args);
+    delete_each(&Api::new(&args), &ids, |id| format!("/v1/sandboxes/{id}"), "").await
+}
+
+/// DELETEs `path(name)` for each name and prints the names deleted; 1 if
+/// any failed. `conflict_hint` is added to a 409's message.
+async fn delete_each(api: &Api, names: &[String], path: impl Fn(&str) -> String, conflict_hint: &str) -> anyhow::Result<i32> {
     let mut code = 0;
-    for id in ids {
-        match Api::check(api.req(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}")).send().await?).await {
-            Ok(_) => println!("{id}"),
+    for name in names {
+        let resp = api.req(reqwest::Method::DELETE, &path(name)).send().await.context("connect to the server")?;
+        let conflict = resp.status() == reqwest::StatusCode::CONFLICT;
+        match Api::check(resp).await {
+            Ok(_) => println!("{name}"),
             Err(e) => {
-                eprintln!("forkbox: {id}: {e}");
+                let hint = if conflict { conflict_hint } else { "" };
+                eprintln!("forkbox: {name}: {e}{hint}");
                 code = 1;
             }
         }

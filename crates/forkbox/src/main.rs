@@ -1,6 +1,7 @@
 //! `forkbox`: the server and its command-line client in one binary.
 
 mod client;
+mod recipe_file;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -68,17 +69,49 @@ enum Command {
 
 #[derive(Subcommand)]
 enum TemplateCommand {
-    /// Build a built-in template (`default`, `python-datasci`) if its recipe changed.
+    /// Build a built-in template (`default`, `python-datasci`) here if its
+    /// recipe changed, or have the server build a custom one from a TOML
+    /// recipe file (a path: it has a `/`, ends in `.toml` or exists).
     Build {
+        /// A built-in template's name, or the path of a recipe file.
+        #[arg(value_name = "NAME|PATH")]
         name: String,
+        /// Where a built-in is built.
         #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox")]
         state_dir: PathBuf,
+        /// The server a recipe file is sent to.
+        #[command(flatten)]
+        client: ClientArgs,
     },
     /// List built-in templates and the versions built on disk.
     Ls {
         #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox")]
         state_dir: PathBuf,
     },
+    /// List the server's templates (built-in and custom).
+    List(ClientArgs),
+    /// Print what the server knows of a template, as JSON.
+    Show {
+        #[command(flatten)]
+        client: ClientArgs,
+        name: String,
+    },
+    /// Delete custom templates from the server (409 while in use, unless --force).
+    Rm {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Delete even while sandboxes, Spaces or templates depend on it.
+        #[arg(long)]
+        force: bool,
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+/// Whether `template build`'s argument is a recipe file rather than a
+/// built-in's name: a built-in's name wins over a file of that name.
+fn is_recipe_path(arg: &str) -> bool {
+    arg.contains('/') || arg.ends_with(".toml") || (template::builtin(arg).is_none() && std::path::Path::new(arg).is_file())
 }
 
 #[derive(Subcommand)]
@@ -299,10 +332,13 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             rt.block_on(server::serve(config))?;
             Ok(0)
         }
-        Command::Template { command: TemplateCommand::Build { name, state_dir } } => {
+        Command::Template { command: TemplateCommand::Build { name, client, .. } } if is_recipe_path(&name) => {
+            tokio::runtime::Runtime::new()?.block_on(client::templates::build(&client, std::path::Path::new(&name)))
+        }
+        Command::Template { command: TemplateCommand::Build { name, state_dir, .. } } => {
             template::check_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
             let recipe = template::builtin(&name)
-                .with_context(|| format!("unknown template `{name}` (built-in: {})", template::builtin_names().join(", ")))?;
+                .with_context(|| format!("unknown template `{name}` (built-in: {}; or a recipe file's path)", template::builtin_names().join(", ")))?;
             let store = template::TemplateStore::new(state_dir.join("templates"));
             let built = store.build(&recipe, &template::BarProgress).map_err(|e| anyhow::anyhow!("{e}"))?;
             println!("{} {} {}", built.name, built.hash, built.rootfs.display());
@@ -317,6 +353,13 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 println!("{name}\tcurrent={}\tbuilt={}", current.unwrap_or_else(|| "-".into()), versions.join(","));
             }
             Ok(0)
+        }
+        Command::Template { command: TemplateCommand::List(client) } => tokio::runtime::Runtime::new()?.block_on(client::templates::list(&client)),
+        Command::Template { command: TemplateCommand::Show { client, name } } => {
+            tokio::runtime::Runtime::new()?.block_on(client::templates::show(&client, &name))
+        }
+        Command::Template { command: TemplateCommand::Rm { client, force, names } } => {
+            tokio::runtime::Runtime::new()?.block_on(client::templates::rm(&client, &names, force))
         }
         Command::Run(args) => tokio::runtime::Runtime::new()?.block_on(client::run(args)),
         Command::Ls(args) => tokio::runtime::Runtime::new()?.block_on(client::ls(args)),
