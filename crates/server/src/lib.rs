@@ -136,6 +136,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     if adopted + lost > 0 {
         tracing::info!(adopted, lost, "took back the sandboxes a previous server left running");
     }
+    state.mount_template_stacks().await;
     if config.build_templates {
         std::thread::Builder::new().name("template-builder".into()).spawn(move || templates.build_all())?;
     }

@@ -294,34 +294,32 @@ impl AppState {
         }
     }
 
-    /// A custom template was replaced or deleted: its zygote (holding the
-    /// old files and REPL state) goes; with `rewarm`, a fresh one of the new
-    /// version takes over before it does, so creates never wait.
-    pub(crate) async fn retire_template(&self, template: &str, rewarm: bool) {
-        if rewarm {
-            if !self.inner.config.warm_pool {
-                return;
-            }
-            if let Ok(mut w) = self.inner.pool.wanted.lock() {
-                w.insert(template.to_string());
-            }
-            match self.inner.pool.current(template) {
-                Some(old) => self.retire(&old).await,
-                None => {
-                    if let Err(e) = self.warm_up(template).await {
-                        tracing::warn!(template, err = %e, "could not warm the template's pool");
-                    }
-                }
-            }
-            return;
-        }
+    /// A custom template was replaced or deleted: creates stop using its
+    /// zygote (which holds the old files and REPL state) at once, and it is
+    /// torn down; a replaced template's new version warms up on its own
+    /// (`warm_template`).
+    pub(crate) async fn drop_zygote(&self, template: &str, keep_wanted: bool) {
         if let Ok(mut w) = self.inner.pool.wanted.lock() {
-            w.remove(template);
+            match keep_wanted {
+                true => w.insert(template.to_string()),
+                false => w.remove(template),
+            };
         }
         let old = self.inner.pool.warm.lock().ok().and_then(|mut m| m.remove(template));
         if let Some(old) = old {
-            old.retiring.store(true, Ordering::SeqCst);
-            self.destroy_warm(&old).await;
+            if !old.retiring.swap(true, Ordering::SeqCst) {
+                self.destroy_warm(&old).await;
+            }
+        }
+    }
+
+    /// Warm `template` now (after a build or save), so its first create is a fork.
+    pub(crate) async fn warm_template(&self, template: &str) {
+        if !self.inner.config.warm_pool || self.inner.pool.current(template).is_some() {
+            return;
+        }
+        if let Err(e) = self.warm_up(template).await {
+            tracing::warn!(template, err = %e, "could not warm the template's pool");
         }
     }
 
@@ -394,11 +392,22 @@ impl AppState {
             self.destroy_warm(&warm).await;
             return Err("the server is shutting down".into());
         }
+        if !self.inner.templates.is_ready(template) {
+            self.destroy_warm(&warm).await;
+            return Err(format!("template `{template}` was deleted meanwhile"));
+        }
         let old = self.inner.pool.warm.lock().ok().and_then(|mut m| m.insert(template.to_string(), Arc::clone(&warm)));
         if let Some(old) = old {
             if !Arc::ptr_eq(&old, &warm) {
-                if let Ok(mut r) = self.inner.pool.retired.lock() {
-                    r.push(old);
+                // A zygote being retired is torn down by `retire`; one that
+                // two warm-ups raced to replace is torn down here.
+                if old.retiring.swap(true, Ordering::SeqCst) {
+                    if let Ok(mut r) = self.inner.pool.retired.lock() {
+                        r.push(old);
+                    }
+                } else {
+                    let me = self.clone();
+                    tokio::spawn(async move { me.destroy_warm(&old).await });
                 }
             }
         }

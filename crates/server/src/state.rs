@@ -386,6 +386,7 @@ impl AppState {
             self.teardown(e).await
         });
         futures::future::join_all(jobs).await;
+        self.inner.templates.layers.unmount_all();
     }
 
     /// Remove the quota groups of deleted sandboxes' subvolumes once

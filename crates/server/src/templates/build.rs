@@ -267,10 +267,15 @@ impl AppState {
             let cached = layers.exists(&step.key);
             let _ = events.send(BuildEvent::Step { index: i as u32 + 1, total, step: step.label.clone(), cached }).await;
             if !cached {
-                self.run_step(&plan, below.as_deref(), step, events).await.map_err(|e| format!("step {} ({}): {e}", i + 1, step.label))?;
+                let ran = self.run_step(&plan, below.as_deref(), step, events).await;
+                if let Err(e) = ran {
+                    self.note_build_cache(&plan.recipe.name, below.as_deref());
+                    return Err(format!("step {} ({}): {e}", i + 1, step.label));
+                }
             }
             below = Some(step.key.clone());
         }
+        self.note_build_cache(&plan.recipe.name, below.as_deref());
         if !own_imports.is_empty() {
             let list: Vec<&str> = own_imports.iter().map(|s| s.as_str()).collect();
             let label = format!("import {}", list.join(", "));
@@ -306,6 +311,14 @@ impl AppState {
         let mut info = self.register_template(t).await.map_err(|e| e.to_string())?;
         info.in_use = self.template_use(&info.name).await;
         Ok(info)
+    }
+
+    fn note_build_cache(&self, name: &str, top: Option<&str>) {
+        if let (Some(top), Ok(u)) = (top, self.inner.templates.user.read()) {
+            if let Err(e) = u.set_build_cache(name, top) {
+                tracing::warn!(template = name, err = %e, "could not note the build cache");
+            }
+        }
     }
 
     /// The root filesystem of the stack with `top` over the plan's base.

@@ -235,6 +235,17 @@ impl LayerStore {
         }
     }
 
+    /// Unmount every stack (a graceful shutdown: nothing runs on them any
+    /// more, and the next start mounts what it needs).
+    pub fn unmount_all(&self) {
+        for key in self.all() {
+            let rootfs = self.dir(&key).join("rootfs");
+            if is_mount_root(&rootfs) {
+                let _ = nix::mount::umount2(&rootfs, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
+
     pub fn all(&self) -> Vec<String> {
         let Ok(dir) = fs::read_dir(&self.root) else { return Vec::new() };
         dir.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| is_key(n)).collect()

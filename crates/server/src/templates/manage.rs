@@ -68,10 +68,12 @@ impl AppState {
                 .map_err(|_| ApiError::Internal("template registry".into()))?
                 .put(t)
                 .map_err(|e| ApiError::Internal(format!("save the template `{name}`: {e}")))?;
+            // From here on, creates get the new version.
+            self.drop_zygote(&name, true).await;
             let me = self.clone();
             let warm = name.clone();
             tokio::spawn(async move {
-                me.retire_template(&warm, true).await;
+                me.warm_template(&warm).await;
                 me.collect_layers().await;
             });
         }
@@ -101,10 +103,31 @@ impl AppState {
             .map_err(|_| ApiError::Internal("template registry".into()))?
             .remove(name)
             .map_err(|e| ApiError::Internal(format!("delete the template `{name}`: {e}")))?;
-        self.retire_template(name, false).await;
+        if let Ok(u) = self.inner.templates.user.read() {
+            u.forget_build_cache(name);
+        }
+        self.drop_zygote(name, false).await;
         self.collect_layers().await;
         tracing::info!(template = %name, force, "template deleted");
         Ok(())
+    }
+
+    /// At start: mount the stacks of the custom templates and of the
+    /// sandboxes a previous server left (what `diff` reads as their
+    /// template's files); drop layers nothing uses.
+    pub async fn mount_template_stacks(&self) {
+        let templates = self.inner.templates.clone();
+        let mut tops: Vec<String> = templates.customs().into_iter().filter_map(|t| t.top).collect();
+        tops.extend(self.inner.sandboxes.read().await.values().filter_map(|e| templates.layers.key_of_rootfs(&e.engine.layers().1)));
+        let _ = tokio::task::spawn_blocking(move || {
+            for key in tops {
+                if let Err(e) = templates.layers.root(&key) {
+                    tracing::warn!(layer = %key, err = %e, "could not mount a template's layers");
+                }
+            }
+        })
+        .await;
+        self.collect_layers().await;
     }
 
     /// Remove the layers no template, live sandbox or zygote stands on.

@@ -140,16 +140,17 @@ impl Templates {
         }
     }
 
-    /// Layer keys every custom template stands on.
+    /// Layer keys every custom template, and each name's latest build,
+    /// stands on.
     pub fn layers_in_use(&self) -> HashSet<String> {
         let mut keep = HashSet::new();
-        for t in self.customs() {
-            if let Some(top) = &t.top {
-                match self.layers.chain(top) {
-                    Ok(chain) => keep.extend(chain.into_iter().map(|m| m.key)),
-                    Err(_) => {
-                        keep.insert(top.clone());
-                    }
+        let mut tops: Vec<String> = self.customs().into_iter().filter_map(|t| t.top).collect();
+        tops.extend(self.user.read().map(|u| u.build_cache_tops()).unwrap_or_default());
+        for top in tops {
+            match self.layers.chain(&top) {
+                Ok(chain) => keep.extend(chain.into_iter().map(|m| m.key)),
+                Err(_) => {
+                    keep.insert(top);
                 }
             }
         }

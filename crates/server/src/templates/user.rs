@@ -95,4 +95,27 @@ impl UserTemplates {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// Remember the last layer the latest build of `name` got to (it
+    /// may have failed after it): the build cache keeps that chain, so
+    /// fixing the failed step rebuilds from there.
+    pub fn set_build_cache(&self, name: &str, top: &str) -> io::Result<()> {
+        let dir = self.cache_dir();
+        fs::create_dir_all(&dir)?;
+        fs::write(dir.join(name), top)
+    }
+
+    pub fn forget_build_cache(&self, name: &str) {
+        let _ = fs::remove_file(self.cache_dir().join(name));
+    }
+
+    /// The top layer of each name's latest build.
+    pub fn build_cache_tops(&self) -> Vec<String> {
+        let Ok(dir) = fs::read_dir(self.cache_dir()) else { return Vec::new() };
+        dir.filter_map(|e| fs::read_to_string(e.ok()?.path()).ok()).map(|s| s.trim().to_string()).collect()
+    }
+
+    fn cache_dir(&self) -> PathBuf {
+        self.dir.with_file_name("build-cache")
+    }
 }
