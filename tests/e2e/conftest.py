@@ -102,6 +102,19 @@ def stop_and_assert_clean(srv: ForkboxServer) -> None:
     assert not problems, f"{srv.name} server leaked:\n" + "\n".join(problems) + "\n--- log ---\n" + srv.log_tail()
 
 
+def serve(s: ForkboxServer):
+    """For a fixture: start `s` (its keys added already), yield it, then
+    stop it and check for leaks."""
+    s.start()
+    try:
+        s.wait_ready()
+    except BaseException:
+        s.stop()
+        raise
+    yield s
+    stop_and_assert_clean(s)
+
+
 @pytest.fixture(scope="session")
 def server(say):
     """The main server, with default settings."""

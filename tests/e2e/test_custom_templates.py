@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from conftest import stop_and_assert_clean
+from conftest import serve, stop_and_assert_clean
 from helpers import FORKBOX_BIN, ForkboxServer, assert_json_error, create_raw, delete_raw, exec_ok, exec_raw
 
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
@@ -71,14 +71,7 @@ def layer_dirs(srv: ForkboxServer) -> set[str]:
 
 @pytest.fixture(scope="module")
 def srv(say, server):  # `server` first: the default template is built
-    s = ForkboxServer("templates", build_templates=False, log=say).start()
-    try:
-        s.wait_ready()
-    except BaseException:
-        s.stop()
-        raise
-    yield s
-    stop_and_assert_clean(s)
+    yield from serve(ForkboxServer("templates", build_templates=False, log=say))
 
 
 @pytest.fixture(scope="module")

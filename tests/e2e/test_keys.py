@@ -16,22 +16,10 @@ import httpx
 import pytest
 from podflare import Sandbox
 
-from conftest import stop_and_assert_clean
+from conftest import serve
 from helpers import ForkboxServer, assert_json_error, create_raw, exec_ok
 
 UNKNOWN = {"sb": "sb-" + "z" * 20, "sp": "sp-" + "z" * 20, "cp": "cp-" + "z" * 20}
-
-
-def serve(s: ForkboxServer):
-    """Start `s` (its keys added already), yield it, then stop it and check for leaks."""
-    s.start()
-    try:
-        s.wait_ready()
-    except BaseException:
-        s.stop()
-        raise
-    yield s
-    stop_and_assert_clean(s)
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ fn fixture() -> &'static Fixture {
             drain: std::time::Duration::from_secs(30),
         };
         let jail = jail::Jail::open_clean(jail::JailConfig::new(state_dir, config.shim_exe.clone(), 16)).expect("engine");
-        let templates = server::Templates::new(templates_dir);
+        let templates = server::Templates::new(templates_dir, &config.state_dir.join("custom-templates"));
         templates.scan();
         assert!(templates.is_ready("default"), "build the default template first: forkbox template build default");
         Fixture { state: server::AppState::new(config, jail, templates) }

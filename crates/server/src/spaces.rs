@@ -29,7 +29,7 @@ use crate::error::ApiError;
 use crate::events::now_ms;
 use crate::keys::Caller;
 use crate::routes::json;
-use crate::sandbox::{SandboxEntry, Settings};
+use crate::sandbox::{ReplSlot, SandboxEntry, Settings};
 use crate::state::{valid_id, AppState};
 
 /// The REPL side of a freeze and a thaw.
@@ -319,19 +319,8 @@ impl AppState {
             return Err(ApiError::NotFound(format!("sandbox `{}` was destroyed", entry.id)));
         }
         let was_paused = entry.engine.is_paused();
-        crate::pause::ensure_running(entry).await?;
         // The REPL writes its state into the sandbox's files ...
-        let answer = match slot.session.is_some() {
-            true => entry.run_hidden(&mut slot, &space_code("freeze"), REPL_SAVE_TIMEOUT).await.and_then(|out| parse_answer(&out)),
-            false => Ok(serde_json::json!({"unsaved": []})),
-        };
-        let answer = match answer {
-            Ok(a) => a,
-            Err(e) => {
-                self.undo_freeze(entry, was_paused).await;
-                return Err(ApiError::Conflict(format!("could not save the REPL's state: {e}")));
-            }
-        };
+        let answer = self.write_repl_state(entry, &mut slot, was_paused).await?;
         // ... and every file stands still while they are copied.
         crate::pause::set_paused(entry, true).await?;
         let space_id = new_space_id();
@@ -385,6 +374,24 @@ impl AppState {
                 } else {
                     io_err("could not write the space", e)
                 })
+            }
+        }
+    }
+
+    /// Have the sandbox's REPL write its state to `STATE_FILE` in its files
+    /// (a freeze, or a save as a template); its answer lists what it could
+    /// not keep. On failure the sandbox goes on as it was.
+    pub(crate) async fn write_repl_state(&self, entry: &Arc<SandboxEntry>, slot: &mut ReplSlot, was_paused: bool) -> Result<serde_json::Value, ApiError> {
+        crate::pause::ensure_running(entry).await?;
+        let answer = match slot.session.is_some() {
+            true => entry.run_hidden(slot, &space_code("freeze"), REPL_SAVE_TIMEOUT).await.and_then(|out| parse_answer(&out)),
+            false => Ok(serde_json::json!({"unsaved": []})),
+        };
+        match answer {
+            Ok(a) => Ok(a),
+            Err(e) => {
+                self.undo_freeze(entry, was_paused).await;
+                Err(ApiError::Conflict(format!("could not save the REPL's state: {e}")))
             }
         }
     }

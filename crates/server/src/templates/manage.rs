@@ -89,7 +89,8 @@ impl AppState {
         }
         self.inner.templates.check_visible(caller, name)?;
         let used = self.template_use(name).await;
-        if !force && !(used.sandboxes.is_empty() && used.spaces.is_empty()) {
+        let unused = used.sandboxes.is_empty() && used.spaces.is_empty();
+        if !(force || unused) {
             return Err(ApiError::Conflict(format!(
                 "template `{name}` is in use by {} sandbox(es) and {} space(s); delete them first, or pass ?force=true",
                 used.sandboxes.len(),

@@ -15,7 +15,7 @@ use protocol::{SaveTemplate, TemplateInfo, TemplateLimits};
 use crate::error::ApiError;
 use crate::keys::Caller;
 use crate::sandbox::SandboxEntry;
-use crate::spaces::{parse_answer, space_code, unsaved_list, REPL_SAVE_TIMEOUT};
+use crate::spaces::unsaved_list;
 use crate::state::AppState;
 use crate::templates::layers::{self, LayerMeta};
 use crate::templates::user::UserTemplate;
@@ -64,18 +64,7 @@ impl AppState {
             return Err(ApiError::NotFound(format!("sandbox `{}` was destroyed", entry.id)));
         }
         let was_paused = entry.engine.is_paused();
-        crate::pause::ensure_running(entry).await?;
-        let answer = match slot.session.is_some() {
-            true => entry.run_hidden(&mut slot, &space_code("freeze"), REPL_SAVE_TIMEOUT).await.and_then(|out| parse_answer(&out)),
-            false => Ok(serde_json::json!({"unsaved": []})),
-        };
-        let answer = match answer {
-            Ok(a) => a,
-            Err(e) => {
-                self.undo_freeze(entry, was_paused).await;
-                return Err(ApiError::Conflict(format!("could not save the REPL's state: {e}")));
-            }
-        };
+        let answer = self.write_repl_state(entry, &mut slot, was_paused).await?;
         if let Err(e) = crate::pause::set_paused(entry, true).await {
             self.undo_freeze(entry, was_paused).await;
             return Err(e);
