@@ -296,8 +296,9 @@ impl AppState {
 
     /// A custom template was replaced or deleted: creates stop using its
     /// zygote (which holds the old files and REPL state) at once, and it is
-    /// torn down; a replaced template's new version warms up on its own
-    /// (`warm_template`).
+    /// torn down; with `keep_wanted`, the pool loop warms the new version
+    /// within half a second (one warm-up at a time, so a big saved state is
+    /// loaded once).
     pub(crate) async fn drop_zygote(&self, template: &str, keep_wanted: bool) {
         if let Ok(mut w) = self.inner.pool.wanted.lock() {
             match keep_wanted {
@@ -310,16 +311,6 @@ impl AppState {
             if !old.retiring.swap(true, Ordering::SeqCst) {
                 self.destroy_warm(&old).await;
             }
-        }
-    }
-
-    /// Warm `template` now (after a build or save), so its first create is a fork.
-    pub(crate) async fn warm_template(&self, template: &str) {
-        if !self.inner.config.warm_pool || self.inner.pool.current(template).is_some() {
-            return;
-        }
-        if let Err(e) = self.warm_up(template).await {
-            tracing::warn!(template, err = %e, "could not warm the template's pool");
         }
     }
 

@@ -71,11 +71,7 @@ impl AppState {
             // From here on, creates get the new version.
             self.drop_zygote(&name, true).await;
             let me = self.clone();
-            let warm = name.clone();
-            tokio::spawn(async move {
-                me.warm_template(&warm).await;
-                me.collect_layers().await;
-            });
+            tokio::spawn(async move { me.collect_layers().await });
         }
         tracing::info!(template = %name, changed, "template registered");
         Ok(self.inner.templates.custom(&name).map(|t| self.inner.templates.custom_info(&t)).unwrap_or_default())
