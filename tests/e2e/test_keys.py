@@ -95,6 +95,7 @@ BODIES = {
     "/egress": {"egress": True},
     "/input": {"data_b64": ""},
     "/resize": {"cols": 80, "rows": 24},
+    "/template": {"name": "bobs-copy"},
 }
 
 

@@ -34,7 +34,7 @@ pub struct DeleteQuery {
 }
 
 #[utoipa::path(delete, path = "/v1/templates/{name}", params(("name" = String, Path), DeleteQuery),
-    responses((status = 204), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
+    responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
 pub async fn delete(State(state): State<AppState>, caller: Caller, Path(name): Path<String>, Query(q): Query<DeleteQuery>) -> Result<Response, ApiError> {
     let force = flag(&q.force, "force", false)?;
     state.delete_template(&caller, &name, force).await?;
