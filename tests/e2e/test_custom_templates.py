@@ -426,3 +426,51 @@ def test_a_keys_templates_are_its_own(say, server):
             assert a.delete("/v1/templates/private").status_code == 204
     finally:
         stop_and_assert_clean(s)
+
+
+def test_a_sandbox_cannot_change_its_template_for_the_next_one(c, tools):
+    """Layers are read-only lowers: a sandbox that rewrites, deletes and
+    renames the template's files, and tries the layers' own mounts, changes
+    only its own copy."""
+    sid = create_raw(c, template="tools")
+    try:
+        out = exec_ok(c, sid, textwrap.dedent("""
+            set +e
+            echo tampered > /opt/app/hello.sh
+            rm -f /etc/built-marker /usr/bin/jq
+            mv /opt/app /opt/app-moved
+            grep -c ' overlay ' /proc/self/mountinfo
+            grep -o 'lowerdir=[^,]*' /proc/self/mountinfo | head -1
+            mount -o remount,rw / 2>&1 | tail -1
+            echo done
+        """), language="bash")
+        lines = out.splitlines()
+        assert lines[-1] == "done" and lines[1].startswith("lowerdir=l"), out
+        assert "custom-templates" not in out and "/var/lib" not in out, out  # no host path shows
+    finally:
+        delete_raw(c, sid)
+    fresh = create_raw(c, template="tools")
+    try:
+        out = exec_ok(c, fresh, "/opt/app/hello.sh; cat /etc/built-marker; jq -n 2", language="bash")
+        assert out == "hello from the recipe\nbuilt\n2\n", out
+    finally:
+        delete_raw(c, fresh)
+
+
+def test_recipe_files_land_inside_the_template_whatever_their_path_says(srv, c):
+    escape = "/../../../../../tmp/forkbox-template-escape"
+    events = build(c, {"name": "escapes", "files": [{"path": escape, "content_b64": b64(b"inside")}],
+                       "commands": ["ln -s /etc/shadow /srv/shadow-link; cat /tmp/forkbox-template-escape"]})
+    done(events)
+    assert not os.path.exists("/tmp/forkbox-template-escape"), "a recipe file was written on the host"
+    assert "inside" in "".join(e["text"] for e in events if e["type"] == "log")
+    sid = create_raw(c, template="escapes")
+    try:
+        # The symlink stays a symlink into the sandbox's own /etc.
+        assert exec_ok(c, sid, "readlink /srv/shadow-link; cat /tmp/forkbox-template-escape", language="bash") == "/etc/shadow\ninside"
+    finally:
+        delete_raw(c, sid)
+    layers = os.path.join(srv.state_dir, "custom-templates", "layers")
+    links = [os.path.join(r, f) for r, _, fs in os.walk(layers) for f in fs if f == "shadow-link"]
+    assert links and all(os.readlink(p) == "/etc/shadow" for p in links), links
+    assert c.delete("/v1/templates/escapes").status_code == 204
