@@ -474,3 +474,26 @@ def test_recipe_files_land_inside_the_template_whatever_their_path_says(srv, c):
     links = [os.path.join(r, f) for r, _, fs in os.walk(layers) for f in fs if f == "shadow-link"]
     assert links and all(os.readlink(p) == "/etc/shadow" for p in links), links
     assert c.delete("/v1/templates/escapes").status_code == 204
+
+
+def test_without_the_warm_pool_a_create_loads_the_template_state_itself(say, server):
+    s = ForkboxServer("templates-cold", ["--no-warm-pool"], build_templates=False, log=say).start()
+    try:
+        s.wait_ready()
+        with s.http(timeout=300.0) as c:
+            src = create_raw(c)
+            exec_ok(c, src, "import json\nmemo = {'k': [1, 2]}")
+            assert c.post(f"/v1/sandboxes/{src}/template", json={"name": "cold"}).status_code == 200
+            built = done(build(c, {"name": "cold-recipe", "base": "cold", "preimport": ["csv"]}))
+            assert built["preimport"] == ["numpy", "pandas", "csv"], built
+            delete_raw(c, src)
+            sid = create_raw(c, template="cold")
+            assert exec_ok(c, sid, "print(memo['k'], 'json' in dir())") == "[1, 2] True\n"
+            other = create_raw(c, template="cold-recipe")
+            # A recipe on a saved template has its files, imports its modules, not its REPL state.
+            assert exec_ok(c, other, "import sys; print('csv' in sys.modules, 'memo' in globals())") == "True False\n"
+            assert c.get("/v1/pool").json()["templates"] == {}
+            for x in (sid, other):
+                delete_raw(c, x)
+    finally:
+        stop_and_assert_clean(s)
