@@ -225,7 +225,8 @@ class Sandbox(SandboxOps):
     environment. ``Sandbox(...)`` creates one; use it as a context manager, or
     ``close()`` it.
 
-    Arguments as podflare's: ``template`` (``"default"``, ``"python-datasci"``),
+    Arguments as podflare's: ``template`` (``"default"``, ``"python-datasci"``, or one
+    of yours: ``save_template``, ``Client.build_template``),
     ``timeout_seconds``, ``idle_timeout_seconds``, ``ram_mib``, ``rootfs_gb``,
     ``persistent``, ``egress`` (``True``, ``False`` or ``{"allow": [...]}``);
     the server: ``url`` (or ``host``), ``api_key``, or a shared ``client``.
