@@ -2,7 +2,8 @@
  * The HTTP layer: where the server is, the bearer key, JSON calls and NDJSON
  * streams, all on the platform's `fetch`.
  */
-import { errorFromResponse } from "./errors.js";
+import { errorFromResponse, ForkboxError } from "./errors.js";
+import type { BuildEvent, TemplateFile, TemplateInfo, TemplateRecipe } from "./types.js";
 
 export const DEFAULT_URL = "http://127.0.0.1:7070";
 
@@ -25,6 +26,20 @@ export interface RequestOptions {
   body?: string | Uint8Array | ReadableStream<Uint8Array>;
   headers?: Record<string, string>;
   signal?: AbortSignal;
+}
+
+export interface BuildTemplateOptions {
+  /** Called with each event of the build as it comes: `step`, `log`, then `done` or `error`. */
+  onEvent?: (event: BuildEvent) => void;
+  /** Stops following the build (the server goes on with it; its layers are kept). */
+  signal?: AbortSignal;
+}
+
+/** A recipe file as the server takes it: `content` (text or bytes) sent as `content_b64`. */
+function wireFile({ content, ...file }: TemplateFile): TemplateFile {
+  if (content === undefined) return file;
+  const bytes = typeof content === "string" ? new TextEncoder().encode(content) : content;
+  return { ...file, content_b64: toBase64(bytes) };
 }
 
 function env(name: string): string | undefined {
@@ -88,6 +103,42 @@ export class Client {
     if (user?.aborted) abort.abort(user.reason);
     const res = await this.fetch(method, path, { ...options, signal: abort.signal });
     return new EventStream(ndjson<T>(res.body!), abort, user);
+  }
+
+  /**
+   * Build a template from a recipe (docs/templates.md#recipes), streaming its
+   * events to `onEvent`; resolves to the template. A bad recipe is a typed
+   * error before anything runs (`BadRequestError`, `NotFoundError` for an
+   * unknown base, `ConflictError` for a taken name); a failed step rejects with
+   * a `ForkboxError` carrying the server's message.
+   */
+  async buildTemplate(recipe: TemplateRecipe, options: BuildTemplateOptions = {}): Promise<TemplateInfo> {
+    const json = recipe.files === undefined ? recipe : { ...recipe, files: recipe.files.map(wireFile) };
+    const events = await this.stream<BuildEvent>("POST", "/v1/templates", { json, signal: options.signal });
+    for await (const ev of events) {
+      options.onEvent?.(ev);
+      if (ev.type === "done") return ev.template;
+      if (ev.type === "error") throw new ForkboxError(ev.error);
+    }
+    throw new ForkboxError("the build stream ended without a done or error event");
+  }
+
+  /** The built-in templates and your custom ones. */
+  listTemplates(): Promise<TemplateInfo[]> {
+    return this.json("GET", "/v1/templates");
+  }
+
+  /** One template: its kind, base, size, recipe, and what uses it (`in_use`). */
+  getTemplate(name: string): Promise<TemplateInfo> {
+    return this.json("GET", `/v1/templates/${name}`);
+  }
+
+  /**
+   * Delete a custom template: `ConflictError` while sandboxes or spaces use it,
+   * unless `force` (they keep their files; the name goes at once).
+   */
+  async deleteTemplate(name: string, options: { force?: boolean } = {}): Promise<void> {
+    await this.json("DELETE", `/v1/templates/${name}`, { query: { force: options.force ? "true" : undefined } });
   }
 }
 

@@ -1,4 +1,4 @@
-export { Client, DEFAULT_URL, EventStream, type ClientOptions } from "./client.js";
+export { Client, DEFAULT_URL, EventStream, type BuildTemplateOptions, type ClientOptions } from "./client.js";
 export {
   BadRequestError,
   ConflictError,

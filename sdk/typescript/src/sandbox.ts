@@ -4,7 +4,7 @@ import { ExecTimeoutError, ForkboxError, NotFoundError } from "./errors.js";
 import { Execution, outputText } from "./execution.js";
 import { Files } from "./files.js";
 import { Pty } from "./pty.js";
-import type { Checkpoint, DiffResult, Egress, ExecEvent, SandboxInfo, Space } from "./types.js";
+import type { Checkpoint, DiffResult, Egress, ExecEvent, SandboxInfo, Space, TemplateInfo } from "./types.js";
 
 /** Settings of a sandbox's life, shared by `create` and `resume`. */
 export interface LifetimeOptions extends ClientOptions {
@@ -18,7 +18,7 @@ export interface LifetimeOptions extends ClientOptions {
 }
 
 export interface CreateOptions extends LifetimeOptions {
-  /** `default` or `python-datasci`. */
+  /** `default`, `python-datasci` or one of your templates (`client.listTemplates()`). */
   template?: string;
   /** Memory limit for everything in the sandbox (default 1024). */
   ramMib?: number;
@@ -198,6 +198,15 @@ export class Sandbox implements AsyncDisposable {
   /** Freeze to disk as a space; bring it back with `Sandbox.resume(spaceId)`. */
   freeze(): Promise<Space> {
     return this.client.json("POST", `${this.#path}/freeze`);
+  }
+
+  /**
+   * Save this sandbox's files and REPL state as the template `name`
+   * (docs/templates.md#saving-a-sandbox): new sandboxes of it start where this
+   * one is. The sandbox goes on; saving again under a name replaces it.
+   */
+  saveTemplate(name: string, options: { description?: string } = {}): Promise<TemplateInfo> {
+    return this.client.json("POST", `${this.#path}/template`, { json: { name, description: options.description } });
   }
 
   async getEgress(): Promise<Egress> {

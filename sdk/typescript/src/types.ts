@@ -156,3 +156,110 @@ export interface PtyInfo {
   cols: number;
   rows: number;
 }
+
+/** Defaults a template gives its sandboxes (a create's own options win). */
+export interface TemplateLimits {
+  ram_mib?: number;
+  rootfs_gb?: number;
+  timeout_seconds?: number;
+  idle_timeout_seconds?: number;
+}
+
+/**
+ * A file of a recipe: `content_b64` (the server's field), or `content` (text or
+ * bytes), which the SDK sends base64. `mode` defaults to `0o644`.
+ */
+export interface TemplateFile {
+  /** Absolute path in the template; parents are made as needed. */
+  path: string;
+  content_b64?: string;
+  content?: string | Uint8Array;
+  mode?: number;
+}
+
+/** What `buildTemplate` sends (docs/templates.md#recipes); only `name` is required. */
+export interface TemplateRecipe {
+  /** Lower-case letters, digits, `-` and `_`; at most 64. Building a name again replaces it. */
+  name: string;
+  description?: string;
+  /** The template it starts from (default `default`): a built-in or one of yours. */
+  base?: string;
+  /** Debian packages (one step). */
+  apt?: string[];
+  /** pip requirement specifiers (one step). */
+  pip?: string[];
+  /** Written first (one step). */
+  files?: TemplateFile[];
+  /** Shell commands run as root with bash, in order (one step each). */
+  commands?: string[];
+  /** Modules the template's warm REPL imports. */
+  preimport?: string[];
+  limits?: TemplateLimits;
+  /** The build steps' network. */
+  egress?: Egress;
+}
+
+/** What depends on a template: `deleteTemplate` is `ConflictError` while sandboxes or spaces do, unless forced. */
+export interface TemplateUse {
+  sandboxes: string[];
+  spaces: string[];
+  /** Templates built on it (they do not block a delete). */
+  templates: string[];
+}
+
+/** `GET /v1/templates/{name}` (docs/templates.md#managing-templates). */
+export interface TemplateInfo {
+  name: string;
+  /** `ready`, `building`, `queued` or `failed` (built-ins build at the server's start). */
+  state: string;
+  progress: number;
+  error?: string;
+  kind: "builtin" | "recipe" | "saved";
+  description?: string;
+  /** The template it was made on (none for built-ins). */
+  base?: string;
+  /** Unix milliseconds (0 for built-ins). */
+  created_at: number;
+  /** File data of its own layers. */
+  size_bytes: number;
+  layers: number;
+  preimport: string[];
+  limits: TemplateLimits;
+  /** A `recipe` template's recipe, file contents left out. */
+  recipe?: TemplateRecipe;
+  /** A `saved` template's sandbox. */
+  saved_from?: string;
+  /** Globals of the saved REPL that could not be kept. */
+  unsaved?: Unsaved[];
+  in_use: TemplateUse;
+}
+
+/** A build step begins (`index` from 1 of `total`); `cached`: its layer is reused, nothing runs. */
+export interface BuildStepEvent {
+  type: "step";
+  index: number;
+  total: number;
+  step: string;
+  cached: boolean;
+}
+
+/** Output of the running step. */
+export interface BuildLogEvent {
+  type: "log";
+  stream: "stdout" | "stderr";
+  text: string;
+}
+
+export interface BuildDoneEvent {
+  type: "done";
+  template: TemplateInfo;
+}
+
+/** The build failed; nothing was registered. */
+export interface BuildErrorEvent {
+  type: "error";
+  error: string;
+}
+
+/** One event of `POST /v1/templates`. */
+export type BuildEvent = BuildStepEvent | BuildLogEvent | BuildDoneEvent | BuildErrorEvent;

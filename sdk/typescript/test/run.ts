@@ -1,7 +1,7 @@
 /**
  * `npm test`: start one forkbox server with an API key, run every test file
  * with `node --test` against it (the SDK finds it through FORKBOX_URL and
- * FORKBOX_API_KEY), check that the tests left no sandbox or space behind, stop it.
+ * FORKBOX_API_KEY), check that the tests left no sandbox, space or custom template behind, stop it.
  *
  *   node build/test/run.js                      every *.test.js
  *   node build/test/run.js files.test.js ...    some of them
@@ -38,6 +38,12 @@ try {
   const kept = spaces.ok ? ((await spaces.json()) as { spaces: { space_id: string }[] }).spaces : [];
   if (kept.length > 0) {
     console.error(`the tests left ${kept.length} space(s) behind: ${kept.map((s) => s.space_id).join(" ")}`);
+    status ||= 1;
+  }
+  const templates = (await (await fetch(`${server.url}/v1/templates`, { headers })).json()) as { name: string; kind: string }[];
+  const custom = templates.filter((t) => t.kind !== "builtin");
+  if (custom.length > 0) {
+    console.error(`the tests left ${custom.length} template(s) behind: ${custom.map((t) => t.name).join(" ")}`);
     status ||= 1;
   }
 } finally {

@@ -14,15 +14,18 @@ from ._core import DEFAULT_URL, Ports
 from ._sync import Client, PtyHandle, PtyNamespace, Sandbox
 from .errors import (BadRequest, Conflict, ForkboxError, NotFound, PayloadTooLarge, RateLimited, SandboxError,
                      ServerError, Timeout, Unauthorized)
-from .types import (Bundle, Checkpoint, EgressPolicy, Event, ExecResult, Execution, ExecutionError, FileInfo,
-                    Language, Listing, PtyRead, PtySessionInfo, SandboxInfo, Space, WatchEvent)
+from .types import (BuildEvent, Bundle, Checkpoint, EgressPolicy, Event, ExecResult, Execution, ExecutionError,
+                    FileInfo, Language, Listing, PtyRead, PtySessionInfo, SandboxInfo, Space, TemplateFile,
+                    TemplateInfo, TemplateLimits, TemplateRecipe, TemplateUse, WatchEvent)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncClient", "AsyncPtyHandle", "AsyncPtyNamespace", "AsyncSandbox", "BadRequest", "Bundle", "Checkpoint",
+    "AsyncClient", "AsyncPtyHandle", "AsyncPtyNamespace", "AsyncSandbox", "BadRequest", "BuildEvent", "Bundle",
+    "Checkpoint",
     "Client", "Conflict", "DEFAULT_URL", "EgressPolicy", "Event", "ExecResult", "Execution", "ExecutionError",
     "FileInfo", "ForkboxError", "Language", "Listing", "NotFound", "PayloadTooLarge", "Ports", "PtyHandle",
     "PtyNamespace", "PtyRead", "PtySessionInfo", "RateLimited", "Sandbox", "SandboxError", "SandboxInfo",
-    "ServerError", "Space", "Timeout", "Unauthorized", "WatchEvent",
+    "ServerError", "Space", "TemplateFile", "TemplateInfo", "TemplateLimits", "TemplateRecipe", "TemplateUse",
+    "Timeout", "Unauthorized", "WatchEvent",
 ]

@@ -12,11 +12,12 @@ from typing import (Any, AsyncIterator, Awaitable, Callable, Concatenate, Corout
 
 import httpx
 
-from ._core import (CHUNK, Call, ClientOps, Config, ExecutionBuilder, Op, P, Ports, PtyEvents, PtyHandleBase,
-                    PtyOps, R, S, SandboxOps, check, class_or_instance, exec_call, is_local_file, ndjson_lines,
-                    parse_call, transport_error, upload_target)
+from ._core import (CHUNK, BuildCallback, Call, ClientOps, Config, ExecutionBuilder, Op, P, Ports, PtyEvents,
+                    PtyHandleBase, PtyOps, R, S, SandboxOps, TemplateBuild, build_call, check, class_or_instance,
+                    exec_call, is_local_file, ndjson_lines, parse_call, transport_error, upload_target)
 from .errors import ForkboxError, NotFound, SandboxError, Timeout
-from .types import EgressPolicy, Event, Execution, Language, OutputCallback, Space, WatchEvent
+from .types import (EgressPolicy, Event, Execution, Language, OutputCallback, Space, TemplateInfo, TemplateRecipe,
+                    WatchEvent)
 
 
 async def adrive(op: Op[R], send: Callable[[Call], Awaitable[Any]]) -> R:
@@ -92,8 +93,19 @@ class AsyncClient(ClientOps):
             async for chunk in r.aiter_bytes(chunk_size):
                 yield chunk
 
+    async def build_template(self, recipe: Union[TemplateRecipe, Mapping[str, Any]],
+                             on_event: Optional[BuildCallback] = None) -> TemplateInfo:
+        """As ``Client.build_template`` (``on_event`` is a plain function, called in the loop)."""
+        build = TemplateBuild(on_event)
+        async for ev in self.stream_lines(build_call(recipe)):
+            build.add(ev)  # type: ignore[arg-type]
+        return build.finish()
+
     list_sandboxes = async_op(ClientOps._op_list_sandboxes)
-    templates = async_op(ClientOps._op_templates)
+    list_templates = async_op(ClientOps._op_list_templates)
+    templates = list_templates
+    get_template = async_op(ClientOps._op_get_template)
+    delete_template = async_op(ClientOps._op_delete_template)
     healthz = async_op(ClientOps._op_healthz)
     list_spaces = async_op(ClientOps._op_list_spaces)
     get_space = async_op(ClientOps._op_get_space)
@@ -402,5 +414,6 @@ class AsyncSandbox(SandboxOps):
     restore = async_op(SandboxOps._op_restore)
     delete_checkpoint = async_op(SandboxOps._op_delete_checkpoint)
     freeze = async_op(SandboxOps._op_freeze)
+    save_template = async_op(SandboxOps._op_save_template)
     list_spaces = class_or_instance(_list_spaces, lambda self: self._client.list_spaces())
     delete_space = class_or_instance(_delete_space_cls, _delete_space)

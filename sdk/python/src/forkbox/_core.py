@@ -26,8 +26,9 @@ from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Concatenate, Dict, 
 import httpx
 
 from .errors import ForkboxError, SandboxError, Timeout, error_for_status
-from .types import (Bundle, Checkpoint, EgressPolicy, Event, Execution, ExecutionError, FileInfo, Language,
-                    Listing, OutputCallback, PtyRead, PtySessionInfo, SandboxInfo, Space)
+from .types import (BuildEvent, Bundle, Checkpoint, EgressPolicy, Event, Execution, ExecutionError, FileInfo,
+                    Language, Listing, OutputCallback, PtyRead, PtySessionInfo, SandboxInfo, Space, TemplateInfo,
+                    TemplateRecipe)
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -205,6 +206,54 @@ class ExecutionBuilder:
         if ex.timed_out:
             raise Timeout(ex.error.value if ex.error else "execution timed out", execution=ex)
         return ex
+
+
+# ── templates ───────────────────────────────────────────────────────
+
+BuildCallback = Callable[[BuildEvent], None]
+
+
+def build_call(recipe: Union[TemplateRecipe, Mapping[str, Any]]) -> Call:
+    """``POST /v1/templates``. A file given as ``content`` (bytes or text) is sent
+    as the server's ``content_b64``. No read timeout: a step may be quiet for
+    long (pip), and the server ends every build with ``done`` or ``error``."""
+    body = dict(recipe)
+    if "files" in body:
+        body["files"] = [_recipe_file(f) for f in body["files"]]
+    return Call("POST", "/v1/templates", json=body, read_timeout=None)
+
+
+def _recipe_file(f: Mapping[str, Any]) -> Dict[str, Any]:
+    out = dict(f)
+    if "content" in out:
+        out["content_b64"] = base64.b64encode(as_bytes(out.pop("content"))).decode("ascii")
+    return out
+
+
+class TemplateBuild:
+    """Follows a build's events, calling ``on_event`` with each; ``finish`` is the
+    template of its ``done`` event, or raises ``SandboxError`` with the server's
+    message for its ``error`` event."""
+
+    def __init__(self, on_event: Optional[BuildCallback] = None):
+        self._on_event = on_event
+        self.template: Optional[TemplateInfo] = None
+        self.error: Optional[str] = None
+
+    def add(self, ev: BuildEvent) -> None:
+        if self._on_event is not None:
+            self._on_event(ev)
+        if ev.get("type") == "done":
+            self.template = ev["template"]
+        elif ev.get("type") == "error":
+            self.error = str(ev.get("error", "the build failed"))
+
+    def finish(self) -> TemplateInfo:
+        if self.error is not None:
+            raise SandboxError(self.error)
+        if self.template is None:
+            raise SandboxError("the build stream ended without a done or error event")
+        return self.template
 
 
 # ── files ───────────────────────────────────────────────────────────────
@@ -583,6 +632,12 @@ class SandboxOps:
         self._space_id = space["space_id"]
         return space
 
+    def _op_save_template(self, name: str, description: str = "") -> Op[TemplateInfo]:
+        """Save this sandbox's files and REPL state as the template ``name`` (docs/templates.md#saving-a-sandbox);
+        new sandboxes of it start where this one is. Saving again under a name replaces it."""
+        return (yield Call("POST", self._p("template"), json={"name": name, "description": description},
+                           read_timeout=600.0))
+
 
 
 class Ports:
@@ -708,9 +763,18 @@ class ClientOps:
         """Every live sandbox, oldest first."""
         return (yield Call("GET", "/v1/sandboxes"))["sandboxes"]
 
-    def _op_templates(self) -> Op[List[Dict[str, Any]]]:
-        """The built-in templates and their build state."""
+    def _op_list_templates(self) -> Op[List[TemplateInfo]]:
+        """The built-in templates and your custom ones (docs/templates.md)."""
         return (yield Call("GET", "/v1/templates"))
+
+    def _op_get_template(self, name: str) -> Op[TemplateInfo]:
+        """One template: its kind, base, size, recipe, and what uses it (``in_use``)."""
+        return (yield Call("GET", f"/v1/templates/{name}"))
+
+    def _op_delete_template(self, name: str, force: bool = False) -> Op[None]:
+        """Delete a custom template: ``Conflict`` while sandboxes or Spaces use it, unless
+        ``force`` (they keep their files; the name goes at once)."""
+        yield Call("DELETE", f"/v1/templates/{name}", params={"force": "true"} if force else None, parse=_nothing)
 
     def _op_healthz(self) -> Op[bool]:
         """Whether the server is up and its default template ready."""

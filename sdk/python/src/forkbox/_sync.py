@@ -11,11 +11,13 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import httpx
 
-from ._core import (CHUNK, Call, ClientOps, Config, ExecutionBuilder, Op, Ports, PtyEvents, PtyHandleBase, PtyOps,
-                    SandboxOps, check, class_or_instance, drive, exec_call, is_local_file, ndjson_lines,
-                    parse_call, sync_chunks, sync_op, transport_error, upload_target)
+from ._core import (CHUNK, BuildCallback, Call, ClientOps, Config, ExecutionBuilder, Op, Ports, PtyEvents,
+                    PtyHandleBase, PtyOps, SandboxOps, TemplateBuild, build_call, check, class_or_instance, drive,
+                    exec_call, is_local_file, ndjson_lines, parse_call, sync_chunks, sync_op, transport_error,
+                    upload_target)
 from .errors import NotFound, SandboxError, Timeout
-from .types import (EgressPolicy, Event, Execution, Language, OutputCallback, SandboxInfo, Space, WatchEvent)
+from .types import (EgressPolicy, Event, Execution, Language, OutputCallback, SandboxInfo, Space, TemplateInfo,
+                    TemplateRecipe, WatchEvent)
 
 
 class Client(ClientOps):
@@ -73,8 +75,22 @@ class Client(ClientOps):
         with self._open(call) as r:
             yield from r.iter_bytes(chunk_size)
 
+    def build_template(self, recipe: Union[TemplateRecipe, Mapping[str, Any]],
+                       on_event: Optional[BuildCallback] = None) -> TemplateInfo:
+        """Build a template from a recipe (docs/templates.md#recipes), calling
+        ``on_event`` with each event of the build as it comes (``step``, ``log``,
+        ``done``). Returns the template; a failed build raises ``SandboxError``
+        with the server's message (a bad recipe: ``BadRequest`` before anything runs)."""
+        build = TemplateBuild(on_event)
+        for ev in self.stream_lines(build_call(recipe)):
+            build.add(ev)  # type: ignore[arg-type]
+        return build.finish()
+
     list_sandboxes = sync_op(ClientOps._op_list_sandboxes)
-    templates = sync_op(ClientOps._op_templates)
+    list_templates = sync_op(ClientOps._op_list_templates)
+    templates = list_templates
+    get_template = sync_op(ClientOps._op_get_template)
+    delete_template = sync_op(ClientOps._op_delete_template)
     healthz = sync_op(ClientOps._op_healthz)
     list_spaces = sync_op(ClientOps._op_list_spaces)
     get_space = sync_op(ClientOps._op_get_space)
@@ -209,7 +225,8 @@ class Sandbox(SandboxOps):
     environment. ``Sandbox(...)`` creates one; use it as a context manager, or
     ``close()`` it.
 
-    Arguments as podflare's: ``template`` (``"default"``, ``"python-datasci"``),
+    Arguments as podflare's: ``template`` (``"default"``, ``"python-datasci"``, or one
+    of yours: ``save_template``, ``Client.build_template``),
     ``timeout_seconds``, ``idle_timeout_seconds``, ``ram_mib``, ``rootfs_gb``,
     ``persistent``, ``egress`` (``True``, ``False`` or ``{"allow": [...]}``);
     the server: ``url`` (or ``host``), ``api_key``, or a shared ``client``.
@@ -351,5 +368,6 @@ class Sandbox(SandboxOps):
     restore = sync_op(SandboxOps._op_restore)
     delete_checkpoint = sync_op(SandboxOps._op_delete_checkpoint)
     freeze = sync_op(SandboxOps._op_freeze)
+    save_template = sync_op(SandboxOps._op_save_template)
     list_spaces = class_or_instance(_list_spaces, lambda self: self._client.list_spaces())
     delete_space = class_or_instance(_delete_space_cls, _delete_space)

@@ -197,3 +197,88 @@ class PtySessionInfo:
     exit_code: Optional[int] = None
     cols: Optional[int] = None
     rows: Optional[int] = None
+
+
+class TemplateLimits(TypedDict, total=False):
+    """Defaults a template gives its sandboxes (a create's own arguments win)."""
+
+    ram_mib: int
+    rootfs_gb: int
+    timeout_seconds: int
+    idle_timeout_seconds: int
+
+
+class TemplateFile(TypedDict, total=False):
+    """A file of a recipe: ``path`` and ``content_b64`` (the server's fields), or
+    ``content`` (``bytes`` or ``str``), which the SDK sends base64; ``mode`` default ``0o644``."""
+
+    path: str
+    content_b64: str
+    content: Union[bytes, str]
+    mode: int
+
+
+class TemplateRecipe(TypedDict, total=False):
+    """The body of ``build_template`` (docs/templates.md#recipes); only ``name`` is required."""
+
+    name: str
+    description: str
+    base: str
+    apt: List[str]
+    pip: List[str]
+    files: List[TemplateFile]
+    commands: List[str]
+    preimport: List[str]
+    limits: TemplateLimits
+    egress: EgressPolicy
+
+
+class TemplateUse(TypedDict):
+    """What depends on a template: ``delete_template`` is ``Conflict`` while
+    ``sandboxes`` or ``spaces`` are not empty, unless forced."""
+
+    sandboxes: List[str]
+    spaces: List[str]
+    templates: List[str]
+
+
+class TemplateInfo(TypedDict, total=False):
+    """A template, as ``GET /v1/templates/{name}`` shows it (docs/templates.md#managing-templates)."""
+
+    name: str
+    #: ``ready``, ``building``, ``queued`` or ``failed`` (built-ins build at the server's start).
+    state: str
+    progress: float
+    error: str
+    #: ``builtin``, ``recipe`` or ``saved``.
+    kind: Literal["builtin", "recipe", "saved"]
+    description: str
+    base: str
+    #: Unix milliseconds (0 for built-ins).
+    created_at: int
+    size_bytes: int
+    layers: int
+    preimport: List[str]
+    limits: TemplateLimits
+    #: A ``recipe`` template's recipe, file contents left out.
+    recipe: TemplateRecipe
+    #: A ``saved`` template's sandbox, and the globals it could not keep.
+    saved_from: str
+    unsaved: List[UnsavedItem]
+    in_use: TemplateUse
+
+
+class BuildEvent(TypedDict, total=False):
+    """One event of a template build: ``step`` (``index`` of ``total``, ``step``,
+    ``cached``), ``log`` (``stream``, ``text``), then ``done`` (``template``) or
+    ``error`` (``error``)."""
+
+    type: Literal["step", "log", "done", "error"]
+    index: int
+    total: int
+    step: str
+    cached: bool
+    stream: str
+    text: str
+    template: TemplateInfo
+    error: str
