@@ -124,7 +124,7 @@ pub struct TemplateInfo {
     /// Unix ms (0 if unknown).
     #[serde(default)]
     pub created_at: u64,
-    /// Bytes of its own layers (a built-in: its whole root filesystem).
+    /// Bytes of file data in its own layers, not its base's (0 for a built-in).
     #[serde(default)]
     pub size_bytes: u64,
     /// Layers under its sandboxes' files, built-in root filesystem included.
