@@ -266,3 +266,50 @@ def test_a_pool_sibling_cannot_use_up_the_others_per_user_limits(http, new_sandb
     repl(http, attacker, hog + "\nreport('exhausted')")
     assert repl(http, attacker, use) != "ok", "the attacker did not reach the limit"
     assert repl(http, victim, use) == "ok", f"{limit}: a sibling's use left the victim none"
+
+
+def host_use(limit: str) -> str:
+    """The victim call of PER_USER, made by this test process: host root."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if limit == "inotify-instances":
+        fd = libc.inotify_init1(0)
+        if fd >= 0:
+            os.close(fd)
+            return "ok"
+    else:
+        rt = ctypes.CDLL("librt.so.1", use_errno=True)
+        name = b"/forkbox-host-%d" % os.getpid()
+        fd = rt.mq_open(name, 0o100 | 0o200 | 0o2, 0o600, (ctypes.c_long * 8)(0, 10, 8192, 0))
+        if fd >= 0:
+            os.close(fd)
+            rt.mq_unlink(name)
+            return "ok"
+    import errno
+    return errno.errorcode.get(ctypes.get_errno(), "?")
+
+
+@pytest.mark.parametrize("limit", list(PER_USER))
+def test_a_sandbox_cannot_use_up_the_hosts_or_another_familys_per_user_limits(http, new_sandbox, limit):
+    """The kernel also charges a family's per-user counts to the owner of
+    its user namespace, on the host. Were that host root, one sandbox could
+    leave the host's root (systemd, pasta, the server) and every other
+    family without inotify instances or message queue bytes (it could,
+    until the shim made each family's namespace as the family's own uid)."""
+    attacker = new_sandbox()
+    # Another family: the zygote of a template of its own.
+    seed = new_sandbox()
+    name = f"other-family-{limit}"
+    assert http.post(f"/v1/sandboxes/{seed}/template", json={"name": name}).status_code == 200
+    try:
+        victim = create_raw(http, template=name)
+        assert uid_base(http, victim) != uid_base(http, attacker), "not another family"
+        hog, use = PER_USER[limit]
+        repl(http, attacker, hog + "\nreport('exhausted')")
+        assert repl(http, attacker, use) != "ok", "the attacker did not reach the limit"
+        assert host_use(limit) == "ok", f"{limit}: a sandbox left host root none"
+        assert repl(http, victim, use) == "ok", f"{limit}: a sandbox left another family none"
+        delete_raw(http, victim)
+    finally:
+        delete_raw(http, attacker)
+        http.delete(f"/v1/templates/{name}?force=true")

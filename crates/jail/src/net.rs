@@ -158,6 +158,9 @@ pub struct Pasta {
 /// How long pasta may take to configure the namespace.
 const PASTA_START: Duration = Duration::from_secs(10);
 
+/// The descriptor pasta finds the sandbox's network namespace on.
+const PASTA_NETNS_FD: i32 = 3;
+
 /// Whether the namespace that `/proc/<pid>/net/route` shows has a default
 /// route yet (pasta adds it last when it configures the namespace).
 fn has_default_route(route: &Path) -> bool {
@@ -172,15 +175,31 @@ impl Pasta {
     /// (`kill_stale`). Blocking.
     pub fn start(ns_pid: i32, pidfile: &Path) -> Result<Pasta> {
         let pasta = crate::tools::find_tool("pasta").ok_or_else(|| Error::MissingTool { tool: "pasta".into(), package: "passt".into() })?;
-        let netns = format!("/proc/{ns_pid}/ns/net");
-        let mut child = Command::new(pasta)
+        // pasta gets the namespace as an open descriptor (fd 3): it drops
+        // its capabilities before it opens a path, and a family's
+        // namespaces belong to the family's own host uid, not to root
+        // (shim/family.rs), so it could no longer open /proc/<pid>/ns/net.
+        let netns = std::fs::File::open(format!("/proc/{ns_pid}/ns/net")).map_err(|e| Error::io("open the sandbox's network namespace", e))?;
+        let netns_fd = std::os::fd::AsRawFd::as_raw_fd(&netns);
+        let mut command = Command::new(pasta);
+        // SAFETY: dup2 is async-signal-safe; it runs in the forked child
+        // before exec and touches no memory of the parent.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                if libc::dup2(netns_fd, PASTA_NETNS_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
             .args(["--runas", "0", "--netns-only", "--config-net", "--no-map-gw", "--quiet", "--foreground"])
             // No port forwarding either way: by default pasta would offer the
             // host's listening ports on the sandbox's loopback (`-T auto`),
             // and the sandbox's on the host's (`-t auto`).
             .args(["--tcp-ports", "none", "--udp-ports", "none", "--tcp-ns", "none", "--udp-ns", "none"])
             .arg("--netns")
-            .arg(&netns)
+            .arg(format!("/proc/self/fd/{PASTA_NETNS_FD}"))
             .arg("--pid")
             .arg(pidfile)
             .stdin(Stdio::null())

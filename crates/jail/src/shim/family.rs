@@ -25,8 +25,23 @@ pub struct Family {
 impl Family {
     pub fn create(id_base: u32, id_count: u32, layers: &[PathBuf], run_dir: &Path) -> Result<Family> {
         let (go_r, go_w) = pipe().map_err(|e| Error::sys("pipe", e))?;
+        // The namespace is made with our effective uid set to the family's
+        // host root: the kernel charges what the family's users hold against
+        // per-user limits (inotify instances, message queue bytes, ...) to the
+        // namespace's owner at the host level too. Owned by host root, every
+        // family shared host root's own counters, so one sandbox could use up
+        // the host's inotify instances.
+        let owner = nix::unistd::Uid::from_raw(id_base);
+        nix::unistd::setresuid(nix::unistd::Uid::from_raw(u32::MAX), owner, nix::unistd::Uid::from_raw(u32::MAX))
+            .map_err(|e| Error::sys("take the family's owner uid", e))?;
         // SAFETY: the shim is single-threaded.
-        match unsafe { sys::fork_with(libc::CLONE_NEWUSER | libc::CLONE_NEWPID) }.map_err(|e| Error::sys("clone family", e))? {
+        let forked = unsafe { sys::fork_with(libc::CLONE_NEWUSER | libc::CLONE_NEWPID) };
+        // Back to root (the permitted set was kept: only the effective uid moved).
+        if !matches!(forked, Ok(sys::Forked::Child)) {
+            nix::unistd::setresuid(nix::unistd::Uid::from_raw(u32::MAX), nix::unistd::Uid::from_raw(0), nix::unistd::Uid::from_raw(u32::MAX))
+                .map_err(|e| Error::sys("return to root", e))?;
+        }
+        match forked.map_err(|e| Error::sys("clone family", e))? {
             Forked::Child => {
                 drop(go_w);
                 reaper(go_r)
@@ -109,6 +124,12 @@ fn reaper(go: OwnedFd) -> ! {
     let _ = sys::set_parent_death_signal(nix::sys::signal::Signal::SIGKILL);
     let mut b = [0u8; 1];
     if !matches!(read(go.as_fd(), &mut b), Ok(1)) {
+        std::process::exit(1);
+    }
+    // Our ids are mapped now: be the family's root through and through
+    // (the real and saved uid were still host root's).
+    let root = (nix::unistd::Gid::from_raw(0), nix::unistd::Uid::from_raw(0));
+    if nix::unistd::setresgid(root.0, root.0, root.0).is_err() || nix::unistd::setresuid(root.1, root.1, root.1).is_err() {
         std::process::exit(1);
     }
     // Allocate the family's pids from LEAF_PID_MAX up, so a forked REPL's
