@@ -120,16 +120,12 @@ pub fn open_ns(pid: Pid, kind: &str) -> Result<OwnedFd> {
 
 /// PID 1 of the family's pid namespace: reap whatever is orphaned into it.
 fn reaper(go: OwnedFd) -> ! {
-    // Die with the shim; everything in the family dies with us.
+    // Die with the shim; everything in the family dies with us. (A change
+    // of our uids would clear this: the reaper keeps the ones it was cloned
+    // with, host root's real uid and the family's effective one.)
     let _ = sys::set_parent_death_signal(nix::sys::signal::Signal::SIGKILL);
     let mut b = [0u8; 1];
     if !matches!(read(go.as_fd(), &mut b), Ok(1)) {
-        std::process::exit(1);
-    }
-    // Our ids are mapped now: be the family's root through and through
-    // (the real and saved uid were still host root's).
-    let root = (nix::unistd::Gid::from_raw(0), nix::unistd::Uid::from_raw(0));
-    if nix::unistd::setresgid(root.0, root.0, root.0).is_err() || nix::unistd::setresuid(root.1, root.1, root.1).is_err() {
         std::process::exit(1);
     }
     // Allocate the family's pids from LEAF_PID_MAX up, so a forked REPL's
