@@ -304,3 +304,90 @@ pub fn is_mount_root(path: &Path) -> bool {
         .map(|st| st.stx_attributes.contains(rustix::fs::StatxAttributes::MOUNT_ROOT))
         .unwrap_or(false)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, LayerStore) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = LayerStore::new(dir.path().join("layers"));
+        (dir, store)
+    }
+
+    fn add(store: &LayerStore, key: &str, parent: Option<&str>, file: &str) -> LayerMeta {
+        store
+            .commit(key, parent, Path::new("/base/rootfs"), "a step", |dir| {
+                fs::create_dir_all(dir.join("diff/etc"))?;
+                fs::write(dir.join("diff").join(file), "x")?;
+                fs::write(dir.join("diff/etc/resolv.conf"), "nameserver 127.0.0.53")?;
+                Ok(1)
+            })
+            .expect("commit")
+    }
+
+    #[test]
+    fn step_keys_chain_their_parent_and_their_step() {
+        let a = step_key("builtin:/t/default/1/rootfs", b"{\"run\":\"true\"}");
+        assert!(is_key(&a), "{a}");
+        assert_eq!(a, step_key("builtin:/t/default/1/rootfs", b"{\"run\":\"true\"}"));
+        assert_ne!(a, step_key("builtin:/t/default/2/rootfs", b"{\"run\":\"true\"}"));
+        assert_ne!(a, step_key("builtin:/t/default/1/rootfs", b"{\"run\":\"false\"}"));
+        assert_ne!(unique_key(), unique_key());
+    }
+
+    #[test]
+    fn a_committed_layer_is_whole_and_its_chain_walks_to_the_base() {
+        let (_dir, store) = store();
+        let (a, b) = (step_key("x", b"1"), step_key("x", b"2"));
+        add(&store, &a, None, "one");
+        let meta = add(&store, &b, Some(&a), "two");
+        assert_eq!(meta.parent.as_deref(), Some(a.as_str()));
+        let chain: Vec<String> = store.chain(&b).expect("chain").into_iter().map(|m| m.key).collect();
+        assert_eq!(chain, vec![b.clone(), a.clone()]);
+        // The sandbox's own network file is not part of a layer.
+        assert!(!store.dir(&b).join("diff/etc/resolv.conf").exists());
+        assert!(store.dir(&b).join("diff/two").exists());
+        assert_eq!(store.all().len(), 2);
+        // A failed fill leaves nothing, not even a partial directory.
+        let c = step_key("x", b"3");
+        assert!(store.commit(&c, Some(&b), Path::new("/base/rootfs"), "fails", |_| Err(io::Error::other("no"))).is_err());
+        assert!(!store.exists(&c) && !store.root.join(format!("{c}{PARTIAL}")).exists());
+        // A chain whose layer is missing is an error, not a shorter stack.
+        fs::remove_dir_all(store.dir(&a)).expect("remove");
+        assert!(store.chain(&b).is_err());
+    }
+
+    #[test]
+    fn collect_keeps_what_is_kept_or_pinned_and_removes_the_rest() {
+        let (_dir, store) = store();
+        let keys: Vec<String> = (0..4).map(|i| step_key("x", &[i])).collect();
+        for k in &keys {
+            add(&store, k, None, "f");
+        }
+        fs::create_dir_all(store.root.join(format!("{}{PARTIAL}", step_key("y", b"left by a crash")))).expect("partial");
+        let mut pins = store.pins();
+        pins.add(&keys[1]);
+        let keep: HashSet<String> = [keys[0].clone()].into();
+        assert_eq!(store.collect(&keep), 2);
+        let mut left = store.all();
+        left.sort();
+        let mut want = vec![keys[0].clone(), keys[1].clone()];
+        want.sort();
+        assert_eq!(left, want);
+        assert_eq!(fs::read_dir(&store.root).expect("dir").count(), 2, "the partial directory went too");
+        drop(pins);
+        assert_eq!(store.collect(&keep), 1, "unpinned, it goes");
+    }
+
+    #[test]
+    fn only_a_layers_own_rootfs_path_names_it() {
+        let (_dir, store) = store();
+        let k = step_key("x", b"1");
+        assert_eq!(store.key_of_rootfs(&store.dir(&k).join("rootfs")), Some(k.clone()));
+        assert_eq!(store.key_of_rootfs(&store.dir(&k).join("diff")), None);
+        assert_eq!(store.key_of_rootfs(Path::new("/var/lib/forkbox/templates/default/abc/rootfs")), None);
+        assert_eq!(store.key_of_rootfs(&store.root.join("not-a-key/rootfs")), None);
+        assert!(store.meta("../../etc").is_none());
+    }
+}
