@@ -8,6 +8,7 @@ Environment:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -61,7 +62,12 @@ def start_server(say, name: str, args=(), api_keys=(), build=None) -> ForkboxSer
         # Build the templates only when the default one is missing (a fresh
         # machine): then healthz answers 503 with progress until it is ready.
         build = not default_template_built(say)
-    srv = ForkboxServer(name, list(args), list(api_keys), build_templates=build, log=say).start()
+    return launch(ForkboxServer(name, list(args), list(api_keys), build_templates=build, log=say))
+
+
+def launch(srv: ForkboxServer) -> ForkboxServer:
+    """Start `srv` and wait until it serves (stopping it if it never does)."""
+    srv.start()
     try:
         srv.wait_ready()
     except BaseException:
@@ -102,17 +108,20 @@ def stop_and_assert_clean(srv: ForkboxServer) -> None:
     assert not problems, f"{srv.name} server leaked:\n" + "\n".join(problems) + "\n--- log ---\n" + srv.log_tail()
 
 
-def serve(s: ForkboxServer):
-    """For a fixture: start `s` (its keys added already), yield it, then
-    stop it and check for leaks."""
-    s.start()
+@contextlib.contextmanager
+def running(s: ForkboxServer):
+    """Start `s` (its keys added already); at the end stop it and check for leaks."""
+    launch(s)
     try:
-        s.wait_ready()
-    except BaseException:
-        s.stop()
-        raise
-    yield s
-    stop_and_assert_clean(s)
+        yield s
+    finally:
+        stop_and_assert_clean(s)
+
+
+def serve(s: ForkboxServer):
+    """For a fixture: `running`, as a generator."""
+    with running(s):
+        yield s
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,8 @@ import time
 import httpx
 import pytest
 
-from conftest import serve, stop_and_assert_clean
-from helpers import FORKBOX_BIN, ForkboxServer, assert_json_error, create_raw, delete_raw, exec_ok, exec_raw
+from conftest import running, serve
+from helpers import FORKBOX_BIN, ForkboxServer, assert_json_error, create_raw, delete_raw, exec_ok
 
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 BUILD_TIMEOUT = 900
@@ -380,9 +380,7 @@ def test_the_cli_builds_a_toml_recipe_with_files_next_to_it(srv, c, tmp_path):
 
 
 def test_custom_templates_and_their_state_survive_a_restart(say, server):
-    s = ForkboxServer("templates-restart", build_templates=False, log=say).start()
-    try:
-        s.wait_ready()
+    with running(ForkboxServer("templates-restart", build_templates=False, log=say)) as s:
         with s.http(timeout=300.0) as c:
             src = create_raw(c)
             exec_ok(c, src, "import pandas as pd\nframe = pd.DataFrame({'v': [1, 2, 3]})\nopen('/srv/mark', 'w').write('m')")
@@ -398,16 +396,12 @@ def test_custom_templates_and_their_state_survive_a_restart(say, server):
                 assert exec_ok(c, sid, "print(int(frame.v.sum()), open('/srv/mark').read())") == "6 m\n"
                 delete_raw(c, sid)
             assert c.delete("/v1/templates/lasting").status_code == 204
-    finally:
-        stop_and_assert_clean(s)
 
 
 def test_a_keys_templates_are_its_own(say, server):
     s = ForkboxServer("templates-keys", build_templates=False, log=say)
     alice, bob = s.add_key("alice"), s.add_key("bob")
-    s.start()
-    try:
-        s.wait_ready()
+    with running(s):
         with s.http(alice, timeout=300.0) as a, s.http(bob, timeout=300.0) as b:
             src = create_raw(a)
             exec_ok(a, src, "secret = 'alice only'")
@@ -424,8 +418,6 @@ def test_a_keys_templates_are_its_own(say, server):
             for sid, cl in ((src, a), (mine, a), (bsrc, b)):
                 delete_raw(cl, sid)
             assert a.delete("/v1/templates/private").status_code == 204
-    finally:
-        stop_and_assert_clean(s)
 
 
 def test_a_sandbox_cannot_change_its_template_for_the_next_one(c, tools):
@@ -477,9 +469,7 @@ def test_recipe_files_land_inside_the_template_whatever_their_path_says(srv, c):
 
 
 def test_without_the_warm_pool_a_create_loads_the_template_state_itself(say, server):
-    s = ForkboxServer("templates-cold", ["--no-warm-pool"], build_templates=False, log=say).start()
-    try:
-        s.wait_ready()
+    with running(ForkboxServer("templates-cold", ["--no-warm-pool"], build_templates=False, log=say)) as s:
         with s.http(timeout=300.0) as c:
             src = create_raw(c)
             exec_ok(c, src, "import json\nmemo = {'k': [1, 2]}")
@@ -495,5 +485,3 @@ def test_without_the_warm_pool_a_create_loads_the_template_state_itself(say, ser
             assert c.get("/v1/pool").json()["templates"] == {}
             for x in (sid, other):
                 delete_raw(c, x)
-    finally:
-        stop_and_assert_clean(s)

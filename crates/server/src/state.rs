@@ -257,9 +257,7 @@ impl AppState {
     /// `initial_upper`: files to start with (a Space's), which rules out
     /// the warm pool.
     pub async fn create_with(&self, caller: &Caller, settings: Settings, initial_upper: Option<std::path::PathBuf>) -> Result<Arc<SandboxEntry>, ApiError> {
-        if settings.template.is_empty() || settings.template.len() > 64 {
-            return Err(ApiError::BadRequest("invalid template name".into()));
-        }
+        // `settings` checked the template's name and who may use it.
         let rootfs = self.inner.templates.rootfs(&settings.template)?;
         let quota = self.reserve_quota(caller, settings.owner.as_deref(), 1, settings.ram_mib, false)?;
         let _slot = CreateSlot::take(self)?;
