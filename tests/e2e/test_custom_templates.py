@@ -164,9 +164,13 @@ def test_an_unchanged_recipe_runs_nothing_and_a_changed_step_rebuilds_from_there
     done(events)
     new = layer_dirs(srv) - before
     assert len(new) == 1, new
-    for d in before & layer_dirs(srv):
+    for d in before:
         path = os.path.join(srv.state_dir, "custom-templates", "layers", d, "layer.json")
-        assert os.stat(path).st_mtime_ns == mtimes[d], f"layer {d} was rewritten"
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            continue  # the replaced step's layer, collected as soon as nothing uses it (counted below)
+        assert mtime == mtimes[d], f"layer {d} was rewritten"
     sid = create_raw(c, template="tools")
     try:
         assert exec_ok(c, sid, "cat /etc/version-2; jq -n 1", language="bash") == "v2\n1\n"
