@@ -216,6 +216,11 @@ struct ServeArgs {
     /// the next call resumes them.
     #[arg(long, default_value_t = 0)]
     idle_pause_seconds: u64,
+    /// CPU weight multiplier of sandboxes using under a quarter of a core
+    /// (docs/reliability.md#noisy-neighbours): a quiet sandbox's execs
+    /// run ahead of busy neighbours'. 1 turns it off.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100))]
+    cpu_boost: u64,
     /// Largest file one files-API upload may write (MiB).
     #[arg(long, default_value_t = 16384)]
     max_file_mib: u64,
@@ -446,5 +451,6 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         idle_pause: (a.idle_pause_seconds > 0).then(|| Duration::from_secs(a.idle_pause_seconds)),
         orphan_grace: Duration::from_secs(a.orphan_grace_seconds),
         drain: Duration::from_secs(a.drain_seconds),
+        cpu_boost: a.cpu_boost,
     })
 }

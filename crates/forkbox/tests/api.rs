@@ -47,6 +47,7 @@ fn fixture() -> &'static Fixture {
             default_egress: false,
             idle_pause: None,
             orphan_grace: std::time::Duration::ZERO,
+            cpu_boost: 1,
             drain: std::time::Duration::from_secs(30),
         };
         let jail = jail::Jail::open_clean(jail::JailConfig::new(state_dir, config.shim_exe.clone(), 16)).expect("engine");

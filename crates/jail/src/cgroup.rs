@@ -14,8 +14,13 @@ use crate::error::{Error, Result};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-/// The v1 controllers we use; each is its own hierarchy.
-const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "freezer"];
+/// The v1 controllers we use; each is its own hierarchy, or shares one
+/// with another (`cpu,cpuacct`: then both names lead to one directory,
+/// which create, join and remove all tolerate).
+const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "freezer", "cpuacct"];
+/// The v1 controllers a sandbox cannot do without: a cgroup that lacks
+/// only `cpuacct` (made by a server before it counted CPU time) still is one.
+const V1_ESSENTIAL: usize = 4;
 
 /// Resource limits of one sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -184,8 +189,6 @@ impl Cgroup {
                     write(&memsw, &value)?;
                 }
                 write(&self.dir("pids").join("pids.max"), &l.pids.to_string())?;
-                // v1 shares: 1024 is the default weight of a group.
-                write(&self.dir("cpu").join("cpu.shares"), &(l.cpu_weight * 1024 / 100).max(2).to_string())?;
             }
             Version::V2 => {
                 let d = &self.dirs[0];
@@ -197,10 +200,36 @@ impl Cgroup {
                 // Kill only the biggest process on OOM, never the whole group.
                 write(&d.join("memory.oom.group"), "0")?;
                 write(&d.join("pids.max"), &l.pids.to_string())?;
-                write(&d.join("cpu.weight"), &l.cpu_weight.clamp(1, 10000).to_string())?;
             }
         }
-        Ok(())
+        self.set_cpu_weight(l.cpu_weight)
+    }
+
+    /// The cgroup's CPU weight file: v1 `cpu.shares` (1024 for a weight
+    /// of 100), v2 `cpu.weight`.
+    fn cpu_weight_file(&self) -> PathBuf {
+        match self.version {
+            Version::V1 => self.dir("cpu").join("cpu.shares"),
+            Version::V2 => self.dirs[0].join("cpu.weight"),
+        }
+    }
+
+    /// Set the relative CPU weight alone (100 = an ordinary group).
+    pub fn set_cpu_weight(&self, weight: u64) -> Result<()> {
+        let value = match self.version {
+            Version::V1 => (weight.clamp(1, 10000) * 1024 / 100).max(2),
+            Version::V2 => weight.clamp(1, 10000),
+        };
+        write(&self.cpu_weight_file(), &value.to_string())
+    }
+
+    /// The relative CPU weight in force now, as `set_cpu_weight` takes it.
+    pub fn cpu_weight(&self) -> Option<u64> {
+        let value: u64 = fs::read_to_string(self.cpu_weight_file()).ok()?.trim().parse().ok()?;
+        Some(match self.version {
+            Version::V1 => (value * 100).div_ceil(1024),
+            Version::V2 => value,
+        })
     }
 
     /// The `cgroup.procs` files a process writes its pid to, to join.
@@ -245,10 +274,10 @@ impl Cgroup {
         fs::read_to_string(file).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
     }
 
-    /// CPU time its processes have used, in nanoseconds. v2 counts every
-    /// process that ever ran in it; v1 (whose cpu hierarchy has no usage
-    /// counter without cpuacct) sums the live processes' user and system
-    /// time, which is what a `top` needs.
+    /// CPU time its processes have used, in nanoseconds, counting every
+    /// process that ever ran in it (v2 `cpu.stat`, v1 `cpuacct.usage`). A
+    /// v1 cgroup without cpuacct (an adopted sandbox of an older server)
+    /// sums its live processes' user and system time instead.
     pub fn cpu_usage_ns(&self) -> u64 {
         match self.version {
             Version::V2 => fs::read_to_string(self.dirs[0].join("cpu.stat"))
@@ -257,6 +286,9 @@ impl Cgroup {
                 .find_map(|l| l.strip_prefix("usage_usec ").and_then(|v| v.trim().parse::<u64>().ok()))
                 .map_or(0, |us| us * 1000),
             Version::V1 => {
+                if let Some(ns) = fs::read_to_string(self.dir("cpuacct").join("cpuacct.usage")).ok().and_then(|s| s.trim().parse().ok()) {
+                    return ns;
+                }
                 let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100).max(1) as u64;
                 let ticks: u64 = self.pids().iter().filter_map(|pid| proc_cpu_ticks(*pid)).sum();
                 ticks * (1_000_000_000 / tick)
@@ -273,9 +305,10 @@ impl Cgroup {
         }
     }
 
-    /// Whether the cgroup exists (in every hierarchy it uses).
+    /// Whether the cgroup exists (in every hierarchy it cannot do without).
     pub fn exists(&self) -> bool {
-        self.dirs.iter().all(|d| d.is_dir())
+        let essential = if self.version == Version::V1 { V1_ESSENTIAL } else { 1 };
+        self.dirs.iter().take(essential).all(|d| d.is_dir())
     }
 
     /// Stop every process of the cgroup and wait until they all are.

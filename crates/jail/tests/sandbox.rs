@@ -231,3 +231,19 @@ async fn limits_are_written_to_the_sandbox_cgroup() {
     }
     jail().destroy(&sb).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cpu_time_counts_processes_that_have_exited_and_the_weight_reads_back() {
+    let sb = jail().create(spec(&unique("t-cpu"))).await.unwrap();
+    let before = sb.cgroup().cpu_usage_ns();
+    // A child that burns CPU and is gone when we look.
+    let (code, _, err) = bash(&sb, "python3 -c 'sum(range(20_000_000))'").await;
+    assert_eq!(code, 0, "{err}");
+    let used = sb.cgroup().cpu_usage_ns() - before;
+    assert!(used >= 100_000_000, "only {used} ns counted for a process that has exited");
+    for w in [2000, 100, 10_000, 1] {
+        sb.cgroup().set_cpu_weight(w).unwrap();
+        assert_eq!(sb.cgroup().cpu_weight(), Some(w));
+    }
+    jail().destroy(&sb).await.unwrap();
+}

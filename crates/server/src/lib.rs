@@ -7,6 +7,7 @@
 pub mod adopt;
 pub mod checkpoints;
 pub mod config;
+pub mod cpu_boost;
 pub mod disk;
 pub mod dns;
 pub mod drain;
@@ -143,6 +144,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     tokio::spawn(state.clone().expire_loop());
     tokio::spawn(state.clone().pool_loop());
     tokio::spawn(state.clone().quota_sweep_loop());
+    tokio::spawn(state.clone().cpu_boost_loop());
     use axum::serve::ListenerExt;
     // Events are small writes: without TCP_NODELAY, Nagle and delayed ACKs
     // add ~40 ms to every exec.

@@ -82,6 +82,8 @@ pub struct Metrics {
     spaces: Gauge,
     checkpoints: Gauge,
     memory_bytes: Gauge,
+    /// Sandboxes whose CPU weight is raised for being quiet (src/cpu_boost.rs).
+    pub cpu_boosted: Gauge,
     repl_restarts: Counter,
     oom_kills: Counter,
     /// Bytes through the files API, by `direction` (`in`: uploads,
@@ -106,7 +108,7 @@ impl Default for Metrics {
         let create_seconds: Histograms<Kind> = Family::new_with_constructor(latency);
         let fork_seconds = latency();
         let sandboxes = Family::<StateLabel, Gauge>::default();
-        let (spaces, checkpoints, memory_bytes) = (Gauge::default(), Gauge::default(), Gauge::default());
+        let (spaces, checkpoints, memory_bytes, cpu_boosted) = (Gauge::default(), Gauge::default(), Gauge::default(), Gauge::default());
         let (repl_restarts, oom_kills) = (Counter::default(), Counter::default());
         let file_bytes = Family::<Direction, Counter>::default();
         let restart_sandboxes = Family::<Outcome, Counter>::default();
@@ -123,6 +125,7 @@ impl Default for Metrics {
         registry.register("spaces", "Spaces on disk", spaces.clone());
         registry.register("checkpoints", "Checkpoints held", checkpoints.clone());
         registry.register("memory_bytes", "Memory the live sandboxes' cgroups use", memory_bytes.clone());
+        registry.register("cpu_boosted_sandboxes", "Live sandboxes whose CPU weight is raised for using little CPU", cpu_boosted.clone());
         registry.register("repl_restarts", "REPLs replaced after dying (state lost)", repl_restarts.clone());
         registry.register("oom_kills", "Processes killed by a sandbox's memory limit", oom_kills.clone());
         registry.register("file_bytes", "Bytes through the files API, by direction (in: uploads, out: downloads)", file_bytes.clone());
@@ -139,6 +142,7 @@ impl Default for Metrics {
             spaces,
             checkpoints,
             memory_bytes,
+            cpu_boosted,
             repl_restarts,
             oom_kills,
             file_bytes,

@@ -1,0 +1,101 @@
+"""Interactive CPU boost (src/cpu_boost.rs, docs/reliability.md#noisy-neighbours):
+a sandbox using under a quarter of a core weighs --cpu-boost times more
+than one burning CPU, loses that within a tick of starting to burn, and
+gets it back after a second of calm. Read from the cgroups themselves."""
+from __future__ import annotations
+
+import glob
+import subprocess
+import time
+
+import pytest
+
+from conftest import serve
+from helpers import FORKBOX_BIN, ForkboxServer, create_raw, delete_raw, exec_ok
+from test_metrics import get, scrape
+
+BASE = 100
+
+
+def cpu_weight(sandbox_id: str) -> int:
+    """The sandbox's CPU weight as the server sets it (100 = an ordinary group)."""
+    v1 = glob.glob(f"/sys/fs/cgroup/cpu/forkbox-*/{sandbox_id}/cpu.shares")
+    if v1:
+        return -(-int(open(v1[0]).read()) * 100 // 1024)
+    (v2,) = glob.glob(f"/sys/fs/cgroup/forkbox-*/{sandbox_id}/cpu.weight")
+    return int(open(v2).read())
+
+
+def wait_weight(sandbox_id: str, want: int, timeout: float = 5.0) -> float:
+    """Seconds until the sandbox's weight is `want`; fails after `timeout`."""
+    start = time.monotonic()
+    while (w := cpu_weight(sandbox_id)) != want:
+        assert time.monotonic() - start < timeout, f"{sandbox_id}: weight {w}, expected {want}"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+START_HOG = ("import subprocess, sys\n"
+             "hog = subprocess.Popen([sys.executable, '-c', 'while True: pass'], start_new_session=True)\n")
+
+
+def test_a_quiet_sandbox_outweighs_a_busy_one_until_the_busy_one_calms_down(http):
+    quiet, busy = create_raw(http), create_raw(http)
+    try:
+        # Both start quiet: boosted within a tick or two.
+        wait_weight(quiet, BASE * 20)
+        wait_weight(busy, BASE * 20)
+        exec_ok(http, busy, START_HOG)
+        took = wait_weight(busy, BASE)
+        assert took < 2, f"the hog kept its boost for {took:.1f} s"
+        # It stays down while it burns, and the quiet one stays up.
+        time.sleep(1.5)
+        assert (cpu_weight(busy), cpu_weight(quiet)) == (BASE, BASE * 20)
+        assert get(scrape(http), "forkbox_cpu_boosted_sandboxes") >= 1
+        exec_ok(http, busy, "hog.kill(); hog.wait()")
+        # Boosted again only after a second of calm.
+        t0 = time.monotonic()
+        wait_weight(busy, BASE * 20)
+        assert time.monotonic() - t0 >= 0.9, "the boost came back before a second of calm"
+    finally:
+        delete_raw(http, quiet)
+        delete_raw(http, busy)
+
+
+def test_short_lived_processes_count_as_busy(http):
+    """The CPU counter includes processes that have exited (v1 cpuacct, v2
+    cpu.stat): a loop of brief compilers-like children loses the boost too."""
+    sid = create_raw(http)
+    try:
+        wait_weight(sid, BASE * 20)
+        # Each child burns ~10-30 ms of CPU and exits; none lives through a tick.
+        exec_ok(http, sid, "import subprocess\n"
+                           "loop = subprocess.Popen(['bash', '-c', 'while :; do python3 -c \"sum(range(300000))\"; done'],"
+                           " start_new_session=True)\n")
+        wait_weight(sid, BASE)
+        exec_ok(http, sid, "import os, signal; os.killpg(loop.pid, signal.SIGKILL); loop.wait()")
+    finally:
+        delete_raw(http, sid)
+
+
+@pytest.fixture(scope="module")
+def unboosted(say, server):
+    yield from serve(ForkboxServer("no-boost", ["--cpu-boost", "1"], build_templates=False, log=say))
+
+
+def test_cpu_boost_1_leaves_every_weight_as_created(unboosted):
+    with unboosted.http() as c:
+        sid = create_raw(c)
+        try:
+            time.sleep(1.0)
+            assert cpu_weight(sid) == BASE
+            assert get(scrape(c), "forkbox_cpu_boosted_sandboxes") == 0
+        finally:
+            delete_raw(c, sid)
+
+
+@pytest.mark.parametrize("value", ["0", "101", "x"])
+def test_an_out_of_range_cpu_boost_is_refused_at_start(value):
+    r = subprocess.run([FORKBOX_BIN, "serve", "--cpu-boost", value],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "--cpu-boost" in r.stderr, r.stderr
