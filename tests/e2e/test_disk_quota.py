@@ -3,7 +3,8 @@ layer is a btrfs subvolume with a simple quota. At the edge: 0.9 GiB fits in
 `rootfs_gb: 1`, 1.1 GiB does not, and deleting gives the room back. Fork
 children, restored checkpoints and resumed Spaces keep their limit; a fork
 child pays only for what it writes itself; neighbours write on; no quota
-group outlives its subvolume; a sandbox adopted after a crash keeps its limit."""
+group outlives its subvolume; a sandbox adopted after a crash keeps its limit.
+The image under a loop-mounted volume is read and written with direct I/O."""
 from __future__ import annotations
 
 import json
@@ -196,3 +197,16 @@ def test_no_quota_group_outlives_its_subvolume(server, http, sandboxes):
         time.sleep(1)
     assert groups == subvolumes, f"quota groups without a subvolume: {sorted(groups - subvolumes)}; " \
                                  f"subvolumes without one: {sorted(subvolumes - groups)}"
+
+
+def test_the_volumes_loop_device_does_direct_io(server):
+    """The image under the volume is read and written with direct I/O, so
+    its blocks are not cached twice and a sandbox's fsyncs do not feed the
+    host's writeback threads (docs/reliability.md#noisy-neighbours)."""
+    image = os.path.realpath(os.path.join(server.state_dir, "volume.img"))
+    out = subprocess.run(["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE,DIO"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [line.split() for line in out.splitlines() if image in line]
+    assert len(rows) == 1, out
+    name, _, dio = rows[0]
+    assert dio == "1", f"{name} backs {image} without direct I/O"
