@@ -453,11 +453,11 @@ fn mount_source(root: &Path) -> Option<String> {
     let root = fs::canonicalize(root).ok()?;
     let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines()
-        .filter_map(|line| {
+        .rev()
+        .find_map(|line| {
             // `id parent major:minor root mount-point options... - fstype source super-options`
             let (left, right) = line.split_once(" - ")?;
             let point = left.split(' ').nth(4)?;
             (Path::new(point) == root).then(|| right.split(' ').nth(1).map(str::to_string))?
         })
-        .last()
 }
