@@ -198,9 +198,23 @@ def wait_burning(fb: Forkbox, hogs: list[dict], ram_mib: int, window: float, tim
         log(f"waiting for the hogs: {lazy[:3]}{' …' if len(lazy) > 3 else ''}")
 
 
-def cpu_facts(server_pid: int, quiet: str) -> dict:
-    """Where the scheduler puts the server and the sandboxes (cgroup cpu weights)."""
-    facts = {}
+def cgroup_cpu_weight(sandbox_id: str) -> str:
+    """A sandbox's `cpu.shares` (v1) or `cpu.weight` (v2), as written."""
+    for d in sandbox_cgroup_dirs(sandbox_id):
+        for name in ("cpu.shares", "cpu.weight"):
+            try:
+                with open(os.path.join(d, name)) as f:
+                    return f.read().strip()
+            except OSError:
+                pass
+    return "?"
+
+
+def cpu_facts(server_pid: int, quiet: str, hogs: list[dict]) -> dict:
+    """Where the scheduler puts the server and the sandboxes (cgroup cpu
+    weights: the quiet sandbox's and the hogs', which the server's CPU
+    boost sets apart once the hogs burn)."""
+    facts = {"hog_weights": sorted({cgroup_cpu_weight(h["id"]) for h in hogs})}
     try:
         with open(f"/proc/{server_pid}/cgroup") as f:
             lines = f.read().splitlines()
@@ -320,7 +334,7 @@ def main() -> int:
 
         hogs = start_hogs(fb, args.hogs, args)
         burn = wait_burning(mon, hogs, args.hog_ram_mib, args.settle, timeout=120)
-        facts = cpu_facts(srv.proc.pid, quiet)
+        facts = cpu_facts(srv.proc.pid, quiet, hogs)
         loaded = loaded_phase(fb, mon, srv, quiet, hogs, args, f"phase 2, beside {args.hogs} hogs")
 
         if not args.no_by_kind:
@@ -407,6 +421,7 @@ def render(args, before, loaded, after, burn, by_kind, facts, cmdline) -> tuple[
         for q in (50, 99):
             all_cells.append(f"{fmt_ms(loaded['series'][key].pct(q))} ({loaded['series'][key].pct(q) / before['series'][key].pct(q):.2f}×)")
 
+    weight_file = "cpu.shares" if "sandbox_cpu.shares" in facts else "cpu.weight"
     lines = [
         f"{run_header()}; one quiet sandbox (default settings) beside {args.hogs} hog sandboxes "
         f"(`ram_mib` {args.hog_ram_mib}, egress off): {plural(n_cpu, 'CPU hog')} ({args.cpu_procs} spinning processes each), "
@@ -428,10 +443,11 @@ def render(args, before, loaded, after, burn, by_kind, facts, cmdline) -> tuple[
         f"(limit {args.hog_ram_mib}); the server process used {loaded['server_cores']:.2f} cores; "
         f"load average {loaded['loadavg']}.",
         f"- CPU weights: the server runs in cpu cgroup `{facts.get('server_cgroup', '?')}` "
-        f"({facts.get('server_threads', '?')} threads); each sandbox has "
-        f"`cpu.shares` {facts.get('sandbox_cpu.shares', facts.get('sandbox_cpu.weight', '?'))} (no quota) under its server's "
-        f"`forkbox-<instance>` parent (`cpu.shares` {facts.get('parent_cpu.shares', facts.get('parent_cpu.weight', '?'))}): "
-        "sandboxes split the parent's share equally whatever their number of processes"
+        f"({facts.get('server_threads', '?')} threads); the quiet sandbox has "
+        f"`{weight_file}` {facts.get('sandbox_' + weight_file, '?')} and the hogs {', '.join(facts['hog_weights'])} "
+        f"(no quota; the server's `--cpu-boost` raises the weight of sandboxes using under a quarter of a core), under its server's "
+        f"`forkbox-<instance>` parent (`{weight_file}` {facts.get('parent_' + weight_file, '?')}): "
+        "sandboxes split the parent's share by weight whatever their number of processes"
         + (", and (cgroup v1) the parent as a whole weighs as much as one runnable thread of the server's cgroup "
            "(or of any other process in it)." if "parent_cpu.shares" in facts else "."),
     ]
