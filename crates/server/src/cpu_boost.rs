@@ -14,6 +14,13 @@
 //! sandbox is back at the ordinary weight until it has been calm for
 //! `calm_for` again. Usage comes from the cgroup's CPU counter (v2
 //! `cpu.stat`, v1 `cpuacct.usage`), which counts short-lived processes too.
+//!
+//! On a crowded host a hog that its neighbours hold under a quarter of a
+//! core counts as quiet too (bench/noisy.py's memory and disk hogs, at
+//! 0.16 cores each beside sixteen spinning processes). Counting run-queue
+//! wait as use as well kept every hog at the ordinary weight, but doubled
+//! the quiet sandbox's median exec there (6 ms against 2-3 ms), so CPU
+//! time alone decides.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
