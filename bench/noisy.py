@@ -19,7 +19,8 @@ keep-alive stdlib connection; every answer is checked. Three phases:
    their limit, the disk hogs' written bytes growing);
 3. unloaded again, after the hogs are destroyed (shows the machine's drift).
 
-Target (issue 8): loaded p50 and p99 within 3× of the unloaded ones.
+Target (issue 8): loaded p50 and p99 within 3× of the unloaded ones (the
+lower of phases 1 and 3, so that a hiccup in one does not flatter the ratio).
 Results go to docs/benchmarks.md between the `bench:noisy` markers.
 """
 from __future__ import annotations
@@ -391,10 +392,16 @@ def render(args, before, loaded, after, burn, by_kind, facts, cmdline) -> tuple[
     n_mem = (args.hogs + 1) // 3
     n_disk = args.hogs // 3
     rows, ok = [], True
+
+    def unloaded(key: str, q: int) -> float:
+        # The lower of the two unloaded phases: a hiccup of the machine in
+        # one of them must not make the loaded figures look better.
+        return min(before["series"][key].pct(q), after["series"][key].pct(q))
+
     for key in ("print", "compute"):
         b, l, a = before["series"][key], loaded["series"][key], after["series"][key]
         for q in (50, 99):
-            ratio = l.pct(q) / b.pct(q)
+            ratio = l.pct(q) / unloaded(key, q)
             verdict = "PASS" if ratio <= TARGET_RATIO else "MISS"
             ok &= verdict == "PASS"
             rows.append(f"| {b.label} | p{q} | {fmt_ms(b.pct(q))} | {fmt_ms(l.pct(q))} | {fmt_ms(a.pct(q))} | "
@@ -414,12 +421,12 @@ def render(args, before, loaded, after, burn, by_kind, facts, cmdline) -> tuple[
         cells = []
         for key in ("print", "compute"):
             for q in (50, 99):
-                cells.append(f"{fmt_ms(d['series'][key].pct(q))} ({d['series'][key].pct(q) / before['series'][key].pct(q):.2f}×)")
+                cells.append(f"{fmt_ms(d['series'][key].pct(q))} ({d['series'][key].pct(q) / unloaded(key, q):.2f}×)")
         kind_rows.append(f"| {KIND_LABEL[kind]} alone | {' | '.join(cells)} | {load_note(d)} |")
     all_cells = []
     for key in ("print", "compute"):
         for q in (50, 99):
-            all_cells.append(f"{fmt_ms(loaded['series'][key].pct(q))} ({loaded['series'][key].pct(q) / before['series'][key].pct(q):.2f}×)")
+            all_cells.append(f"{fmt_ms(loaded['series'][key].pct(q))} ({loaded['series'][key].pct(q) / unloaded(key, q):.2f}×)")
 
     weight_file = "cpu.shares" if "sandbox_cpu.shares" in facts else "cpu.weight"
     lines = [
@@ -430,11 +437,11 @@ def render(args, before, loaded, after, burn, by_kind, facts, cmdline) -> tuple[
         f"{args.samples} calls of each kind per phase, interleaved, {args.gap_ms:g} ms apart, "
         "on one keep-alive stdlib connection; every answer checked.",
         "",
-        "| quiet sandbox's exec | | unloaded (ms) | beside the hogs (ms) | unloaded again (ms) | loaded / unloaded | ≤ 3× |",
+        "| quiet sandbox's exec | | unloaded (ms) | beside the hogs (ms) | unloaded again (ms) | loaded / lower unloaded | ≤ 3× |",
         "|---|---|---:|---:|---:|---:|---|",
         *rows,
         "",
-        f"Target (issue 8): p50 and p99 of both calls within {TARGET_RATIO:g}× of the unloaded phase: "
+        f"Target (issue 8): p50 and p99 of both calls within {TARGET_RATIO:g}× of the lower unloaded phase: "
         f"**{'PASS' if ok else 'MISS'}**.",
         "",
         f"- During the loaded phase ({loaded['seconds']:.0f} s) the hogs used {loaded['cores']:.2f} cores "
@@ -455,7 +462,7 @@ def render(args, before, loaded, after, burn, by_kind, facts, cmdline) -> tuple[
         lines += [
             "",
             "Which hog costs what: the same calls with one kind of hog running and the others paused "
-            "(cgroup freezer, `POST …/pause`); ms, and the ratio to the unloaded phase.",
+            "(cgroup freezer, `POST …/pause`); ms, and the ratio to the unloaded figure (the lower of the two unloaded phases).",
             "",
             "| beside | `print(1)` p50 | `print(1)` p99 | compute p50 | compute p99 | what the hogs did |",
             "|---|---:|---:|---:|---:|---|",

@@ -513,6 +513,26 @@ def _fork(fid, counts, plan):
     _frame(b'f', _json({'id': fid, 'pids': pids, 'error': error}))
 
 
+# The REPL's scheduler slice (crates/server/src/sandbox.rs, REPL_TIME_SLICE)
+# and sched_setattr's number per machine. The slice is set with
+# SCHED_FLAG_RESET_ON_FORK, so what the REPL starts runs with the default
+# one, and a forked REPL asks for it anew.
+_SLICE_NS = 300_000
+_SCHED_SETATTR = {'x86_64': 314, 'aarch64': 274}.get(os.uname().machine)
+
+
+def _short_slice(libc):
+    """A short slice for this thread: woken for an exec, the REPL gets an
+    early deadline and preempts hogs started from other REPLs."""
+    if _SCHED_SETATTR is None:
+        return
+    import ctypes
+    import struct
+    # struct sched_attr: size, policy, flags (RESET_ON_FORK), nice, priority, runtime, deadline, period, util_min, util_max
+    attr = ctypes.create_string_buffer(struct.pack('IIQiIQQQII', 56, 0, 1, 0, 0, _SLICE_NS, 0, 0, 0, 0))
+    libc.syscall(_SCHED_SETATTR, 0, attr, 0)     # older kernels ignore the slice; failure changes nothing
+
+
 def _take_descriptors(slot):
     """In fork child ``slot``: its descriptors, from the family's
     supervisor, which answers with a socket holding them in one message."""
@@ -541,6 +561,7 @@ def _become_child(fds, plan, cwd):
             os.write(fd, b'0')
         except OSError:
             pass
+    _short_slice(libc)
     ctl_fd, out_fd, err_fd, leaf = fds[5], fds[6], fds[7], fds[4]
     os.dup2(ctl_fd, _CTL, inheritable=False)
     os.dup2(out_fd, 1)

@@ -1,10 +1,12 @@
 """Interactive CPU boost (src/cpu_boost.rs, docs/reliability.md#noisy-neighbours):
 a sandbox using under a quarter of a core weighs --cpu-boost times more
 than one burning CPU, loses that within a tick of starting to burn, and
-gets it back after a second of calm. Read from the cgroups themselves."""
+gets it back after a second of calm. Read from the cgroups themselves.
+And a REPL's short scheduler slice, which what it starts does not inherit."""
 from __future__ import annotations
 
 import glob
+import os
 import subprocess
 import time
 
@@ -99,3 +101,47 @@ def test_an_out_of_range_cpu_boost_is_refused_at_start(value):
     r = subprocess.run([FORKBOX_BIN, "serve", "--cpu-boost", value],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "--cpu-boost" in r.stderr, r.stderr
+
+
+SLICE_NS = 300_000
+
+
+def host_slice(pid: int) -> int:
+    with open(f"/proc/{pid}/sched") as f:
+        return int(next(line for line in f if line.startswith("se.slice")).split(":")[1])
+
+
+def repl_and_child_slices(http, sid: str) -> tuple[int, int]:
+    """The REPL's scheduler slice, and that of a process it starts (read
+    on the host: the sandbox's /proc hides `sched`)."""
+    exec_ok(http, sid, "import subprocess\n_sleeper = subprocess.Popen(['sleep', '60'])")
+    try:
+        procs = glob.glob(f"/sys/fs/cgroup/pids/forkbox-*/{sid}/cgroup.procs") + glob.glob(f"/sys/fs/cgroup/forkbox-*/{sid}/cgroup.procs")
+        by_comm = {}
+        for pid in open(procs[0]).read().split():
+            with open(f"/proc/{pid}/comm") as f:
+                by_comm.setdefault(f.read().strip(), []).append(int(pid))
+        (repl,), (sleeper,) = by_comm["python3"], by_comm["sleep"]
+        return host_slice(repl), host_slice(sleeper)
+    finally:
+        exec_ok(http, sid, "_sleeper.kill(); _sleeper.wait()")
+
+
+def test_a_repl_runs_with_a_short_slice_that_what_it_starts_does_not_inherit(http):
+    """A waking REPL preempts hogs started from other REPLs (docs/reliability.md#noisy-neighbours):
+    made fresh, from the warm pool, and forked, every REPL has the short slice; its children the default."""
+    if not os.path.exists("/proc/self/sched") or "se.slice" not in open("/proc/self/sched").read():  # the host's
+        pytest.skip("this kernel shows no scheduler slice (/proc/<pid>/sched without se.slice)")
+    sid = create_raw(http)
+    child = None
+    try:
+        r = http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 1})
+        assert r.status_code == 200, r.text
+        child = r.json()["children"][0]
+        for who in (sid, child):
+            repl, started = repl_and_child_slices(http, who)
+            assert repl == SLICE_NS and started != SLICE_NS, (who, repl, started)
+    finally:
+        for s in (child, sid):
+            if s:
+                delete_raw(http, s)

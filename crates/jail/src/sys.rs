@@ -247,11 +247,19 @@ struct SchedAttr {
 
 /// Give every thread of process `pid` (a host pid) a scheduler time slice
 /// of `slice` under the normal policy at nice 0. On EEVDF kernels (≥ 6.12)
-/// a shorter slice means an earlier deadline when the thread wakes, so it
-/// runs sooner beside CPU-bound neighbours; its children inherit it.
-/// Older kernels ignore the slice.
+/// a shorter slice means an earlier deadline when the thread wakes, and a
+/// waking thread with a shorter slice than the running one preempts it
+/// (`PREEMPT_SHORT`), so it runs sooner beside CPU-bound neighbours. Its
+/// children do *not* inherit it (`SCHED_FLAG_RESET_ON_FORK`): a hog started
+/// from a REPL runs with the default slice. Older kernels ignore the slice.
 pub fn set_time_slice(pid: i32, slice: std::time::Duration) -> std::io::Result<()> {
-    let attr = SchedAttr { size: std::mem::size_of::<SchedAttr>() as u32, runtime: slice.as_nanos() as u64, ..Default::default() };
+    const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
+    let attr = SchedAttr {
+        size: std::mem::size_of::<SchedAttr>() as u32,
+        flags: SCHED_FLAG_RESET_ON_FORK,
+        runtime: slice.as_nanos() as u64,
+        ..Default::default()
+    };
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
         let Some(tid) = task.file_name().to_str().and_then(|t| t.parse::<i32>().ok()) else { continue };
         // SAFETY: `attr` is a valid sched_attr of the size it declares.

@@ -124,7 +124,8 @@ pub fn sandbox_env(id: &str) -> Vec<String> {
     .collect()
 }
 
-/// Scheduler slice of a REPL and everything it starts (`set_time_slice`).
+/// Scheduler slice of a REPL (`set_time_slice`; a forked REPL asks for it
+/// again itself, repl/repl.py `_short_slice`).
 const REPL_TIME_SLICE: Duration = Duration::from_micros(300);
 
 /// Spawn a REPL in `engine` and wait until it is ready.
@@ -136,8 +137,9 @@ pub async fn start_repl(engine: &jail::Sandbox) -> Result<ReplSession, String> {
         .map_err(|e| format!("start the Python REPL: {e}"))?;
     let mut session = ReplSession::start(process).await?;
     // A short time slice: a REPL that wakes for an exec runs soon beside
-    // CPU hogs in other sandboxes (bench/noisy.py). Forks and subprocesses
-    // inherit it, so no sandbox gains on another.
+    // CPU hogs in other sandboxes (bench/noisy.py). What it starts gets the
+    // default slice; a REPL that computes itself loses its CPU boost
+    // instead (src/cpu_boost.rs).
     if let Err(e) = jail::sys::set_time_slice(session.host_pid, REPL_TIME_SLICE) {
         tracing::debug!(sandbox = %engine.id, err = %e, "could not set the REPL's time slice");
     }
