@@ -18,8 +18,10 @@ const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 /// with another (`cpu,cpuacct`: then both names lead to one directory,
 /// which create, join and remove all tolerate).
 const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "freezer", "cpuacct"];
-/// The v1 controllers a sandbox cannot do without: a cgroup that lacks
-/// only `cpuacct` (made by a server before it counted CPU time) still is one.
+/// The v1 controllers a sandbox cannot do without. `cpuacct` is used
+/// where it is mounted (CPU time that counts exited processes); a host
+/// without it, or a cgroup made by a server before it counted CPU time,
+/// sums the live processes' time instead.
 const V1_ESSENTIAL: usize = 4;
 
 /// Resource limits of one sandbox.
@@ -86,13 +88,18 @@ impl Cgroups {
     fn parents(&self) -> Vec<PathBuf> {
         match self.version {
             Version::V2 => vec![self.root.join(&self.parent)],
-            Version::V1 => V1_CONTROLLERS.iter().map(|c| self.root.join(c).join(&self.parent)).collect(),
+            Version::V1 => V1_CONTROLLERS
+                .iter()
+                .enumerate()
+                .filter(|(i, c)| *i < V1_ESSENTIAL || self.root.join(c).join("cgroup.procs").exists())
+                .map(|(_, c)| self.root.join(c).join(&self.parent))
+                .collect(),
         }
     }
 
     fn prepare_parent(&self) -> Result<()> {
         if self.version == Version::V1 {
-            for c in V1_CONTROLLERS {
+            for c in &V1_CONTROLLERS[..V1_ESSENTIAL] {
                 if !self.root.join(c).join("cgroup.procs").exists() {
                     return Err(Error::Unsupported(format!("cgroup v1 controller `{c}` is not mounted at {}", self.root.display())));
                 }
@@ -162,12 +169,15 @@ impl Cgroup {
     }
 
     fn dir(&self, controller: &str) -> &Path {
+        self.optional_dir(controller).unwrap_or(&self.dirs[0])
+    }
+
+    /// The directory of `controller`, if this cgroup has one (v1 `cpuacct`
+    /// may be missing).
+    fn optional_dir(&self, controller: &str) -> Option<&Path> {
         match self.version {
-            Version::V2 => &self.dirs[0],
-            Version::V1 => {
-                let i = V1_CONTROLLERS.iter().position(|c| *c == controller).unwrap_or(0);
-                &self.dirs[i]
-            }
+            Version::V2 => Some(&self.dirs[0]),
+            Version::V1 => self.dirs.get(V1_CONTROLLERS.iter().position(|c| *c == controller)?).map(PathBuf::as_path),
         }
     }
 
@@ -286,7 +296,8 @@ impl Cgroup {
                 .find_map(|l| l.strip_prefix("usage_usec ").and_then(|v| v.trim().parse::<u64>().ok()))
                 .map_or(0, |us| us * 1000),
             Version::V1 => {
-                if let Some(ns) = fs::read_to_string(self.dir("cpuacct").join("cpuacct.usage")).ok().and_then(|s| s.trim().parse().ok()) {
+                let usage = self.optional_dir("cpuacct").and_then(|d| fs::read_to_string(d.join("cpuacct.usage")).ok());
+                if let Some(ns) = usage.and_then(|s| s.trim().parse().ok()) {
                     return ns;
                 }
                 let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100).max(1) as u64;
@@ -416,4 +427,46 @@ fn proc_cpu_ticks(pid: i32) -> Option<u64> {
     // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
     let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake v1 root (plain files; statfs says it is not cgroup2) with
+    /// the four essential controllers, and `cpuacct` if asked.
+    fn fake_v1_root(with_cpuacct: bool) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        let controllers = if with_cpuacct { &V1_CONTROLLERS[..] } else { &V1_CONTROLLERS[..V1_ESSENTIAL] };
+        for c in controllers {
+            fs::create_dir(root.path().join(c)).unwrap();
+            fs::write(root.path().join(c).join("cgroup.procs"), "").unwrap();
+        }
+        root
+    }
+
+    const LIMITS: Limits = Limits { memory_bytes: 64 << 20, pids: 10, cpu_weight: 100, disk_bytes: 0 };
+
+    #[test]
+    fn a_v1_host_without_cpuacct_still_makes_sandboxes_and_counts_live_processes() {
+        let root = fake_v1_root(false);
+        let cgroups = Cgroups::at(root.path(), "t").unwrap();
+        let cg = cgroups.create("sb", &LIMITS).unwrap();
+        assert_eq!(cg.dirs.len(), V1_ESSENTIAL);
+        assert!(cg.exists());
+        fs::write(cg.dir("pids").join("cgroup.procs"), "").unwrap();
+        assert_eq!(cg.cpu_usage_ns(), 0, "no live process, no cpuacct: nothing counted");
+        assert_eq!(cg.cpu_weight(), Some(100));
+    }
+
+    #[test]
+    fn with_cpuacct_the_cpu_time_comes_from_it() {
+        let root = fake_v1_root(true);
+        let cg = Cgroups::at(root.path(), "t").unwrap().create("sb", &LIMITS).unwrap();
+        assert_eq!(cg.dirs.len(), V1_CONTROLLERS.len());
+        fs::write(cg.optional_dir("cpuacct").unwrap().join("cpuacct.usage"), "123456789\n").unwrap();
+        assert_eq!(cg.cpu_usage_ns(), 123_456_789);
+        cg.set_cpu_weight(2000).unwrap();
+        assert_eq!(fs::read_to_string(cg.dir("cpu").join("cpu.shares")).unwrap(), "20480");
+    }
 }
