@@ -111,16 +111,34 @@ def host_slice(pid: int) -> int:
         return int(next(line for line in f if line.startswith("se.slice")).split(":")[1])
 
 
+def processes_of(sandbox_id: str) -> dict[str, list[int]]:
+    """Host pids of the sandbox's processes by name, from every process's
+    /proc/<pid>/cgroup (whatever the hierarchy)."""
+    out: dict[str, list[int]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                if f"/{sandbox_id}\n" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/comm") as f:
+                out.setdefault(f.read().strip(), []).append(int(pid))
+        except OSError:
+            pass
+    return out
+
+
 def repl_and_child_slices(http, sid: str) -> tuple[int, int]:
     """The REPL's scheduler slice, and that of a process it starts (read
     on the host: the sandbox's /proc hides `sched`)."""
     exec_ok(http, sid, "import subprocess\n_sleeper = subprocess.Popen(['sleep', '60'])")
     try:
-        procs = glob.glob(f"/sys/fs/cgroup/pids/forkbox-*/{sid}/cgroup.procs") + glob.glob(f"/sys/fs/cgroup/forkbox-*/{sid}/cgroup.procs")
-        by_comm = {}
-        for pid in open(procs[0]).read().split():
-            with open(f"/proc/{pid}/comm") as f:
-                by_comm.setdefault(f.read().strip(), []).append(int(pid))
+        deadline = time.monotonic() + 10
+        while True:
+            by_comm = processes_of(sid)
+            if len(by_comm.get("python3", ())) == 1 and len(by_comm.get("sleep", ())) == 1:
+                break
+            assert time.monotonic() < deadline, by_comm
+            time.sleep(0.05)
         (repl,), (sleeper,) = by_comm["python3"], by_comm["sleep"]
         return host_slice(repl), host_slice(sleeper)
     finally:
