@@ -94,7 +94,7 @@ impl Booster {
         Booster { policy, tracks: HashMap::new() }
     }
 
-    /// One tick over `live` (id, entry, base weight); how many are boosted.
+    /// One tick over `live` (each sandbox and its base weight); how many are boosted.
     /// Blocking (cgroup files).
     fn tick(&mut self, live: &[(Arc<SandboxEntry>, u64)], now: Instant) -> usize {
         let mut boosted = 0;
