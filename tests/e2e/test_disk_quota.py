@@ -67,6 +67,14 @@ def server(say, server):
     holds other tests' sandboxes too). Requesting `server` first means the
     default template is built."""
     s = start_server(say, "quota", ["--volume-gib", "10"], build=False)
+    # A disk with less than twice that free gets a smaller volume (volume.rs),
+    # which these tests would fill: ENOSPC would then hide what they check.
+    vol = os.statvfs(os.path.join(s.state_dir, "volume"))
+    gib = vol.f_blocks * vol.f_frsize / GIB
+    if gib < 9.5:
+        stop_and_assert_clean(s)
+        pytest.fail(f"the quota server's volume is {gib:.1f} GiB, not 10: the disk under {s.state_dir} "
+                    "had under 20 GiB free (a volume takes at most half); free some and rerun")
     yield s
     stop_and_assert_clean(s)
 

@@ -40,7 +40,8 @@ fn fixture() -> &'static Fixture {
             api_keys: vec![],
             key_limits: Default::default(),
             limits: server::SandboxLimits { max_ram_mib: 4096, ..Default::default() },
-            volume_gib: 16,
+            // Allocated in full and kept between runs: small, as the e2e servers' are.
+            volume_gib: 4,
             build_templates: false,
             shim_exe: PathBuf::from(env!("CARGO_BIN_EXE_forkbox")),
             warm_pool: false,
@@ -50,7 +51,7 @@ fn fixture() -> &'static Fixture {
             cpu_boost: 1,
             drain: std::time::Duration::from_secs(30),
         };
-        let jail = jail::Jail::open_clean(jail::JailConfig::new(state_dir, config.shim_exe.clone(), 16)).expect("engine");
+        let jail = jail::Jail::open_clean(jail::JailConfig::new(state_dir, config.shim_exe.clone(), config.volume_gib)).expect("engine");
         let templates = server::Templates::new(templates_dir, &config.state_dir.join("custom-templates"));
         templates.scan();
         assert!(templates.is_ready("default"), "build the default template first: forkbox template build default");

@@ -33,7 +33,9 @@ static JAIL: std::sync::OnceLock<Jail> = std::sync::OnceLock::new();
 pub fn jail() -> &'static Jail {
     JAIL.get_or_init(|| {
         let state = PathBuf::from(std::env::var("FORKBOX_TEST_STATE").unwrap_or_else(|_| "/var/lib/forkbox-test-jail".into()));
-        let jail = Jail::open_clean(JailConfig::new(state, PathBuf::from(env!("CARGO_BIN_EXE_forkbox-jail-shim")), 16))
+        // 4 GiB: the volume image is allocated in full, and stays between
+        // runs beside the end-to-end servers' volumes on the same disk.
+        let jail = Jail::open_clean(JailConfig::new(state, PathBuf::from(env!("CARGO_BIN_EXE_forkbox-jail-shim")), 4))
             .expect("open engine");
         // SAFETY: registering a plain extern "C" function.
         unsafe { libc::atexit(close_jail) };
