@@ -216,10 +216,11 @@ struct ServeArgs {
     /// the next call resumes them.
     #[arg(long, default_value_t = 0)]
     idle_pause_seconds: u64,
-    /// CPU weight multiplier of sandboxes using under a quarter of a core
+    /// CPU weight multiplier of sandboxes using under a quarter of a core;
+    /// those using more run in the idle scheduling class
     /// (docs/reliability.md#noisy-neighbours): a quiet sandbox's execs
-    /// run ahead of busy neighbours'. 1 turns it off.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=100))]
+    /// run ahead of busy neighbours'. 1 turns both off.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=100))]
     cpu_boost: u64,
     /// Largest file one files-API upload may write (MiB).
     #[arg(long, default_value_t = 16384)]
@@ -333,7 +334,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Shim { .. } => unreachable!("handled before the runtime starts"),
         Command::Serve(args) => {
             let config = server_config(args)?;
-            let rt = tokio::runtime::Runtime::new()?;
+            let rt = server::runtime()?;
             rt.block_on(server::serve(config))?;
             Ok(0)
         }

@@ -253,6 +253,17 @@ struct SchedAttr {
 /// children do *not* inherit it (`SCHED_FLAG_RESET_ON_FORK`): a hog started
 /// from a REPL runs with the default slice. Older kernels ignore the slice.
 pub fn set_time_slice(pid: i32, slice: std::time::Duration) -> std::io::Result<()> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse::<i32>().ok()) else { continue };
+        set_thread_time_slice(tid, slice)?;
+    }
+    Ok(())
+}
+
+/// `set_time_slice` for one thread; `tid` 0 is the calling thread (the
+/// server gives its own threads the REPLs' slice, so that the hops of an
+/// exec through it are not held up either).
+pub fn set_thread_time_slice(tid: i32, slice: std::time::Duration) -> std::io::Result<()> {
     const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
     let attr = SchedAttr {
         size: std::mem::size_of::<SchedAttr>() as u32,
@@ -260,10 +271,7 @@ pub fn set_time_slice(pid: i32, slice: std::time::Duration) -> std::io::Result<(
         runtime: slice.as_nanos() as u64,
         ..Default::default()
     };
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
-        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse::<i32>().ok()) else { continue };
-        // SAFETY: `attr` is a valid sched_attr of the size it declares.
-        check(unsafe { libc::syscall(libc::SYS_sched_setattr, tid, &attr as *const SchedAttr, 0) }).map_err(std::io::Error::from)?;
-    }
+    // SAFETY: `attr` is a valid sched_attr of the size it declares.
+    check(unsafe { libc::syscall(libc::SYS_sched_setattr, tid, &attr as *const SchedAttr, 0) }).map_err(std::io::Error::from)?;
     Ok(())
 }

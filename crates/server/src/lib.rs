@@ -43,6 +43,22 @@ pub use config::{SandboxLimits, ServerConfig};
 pub use state::AppState;
 pub use templates::Templates;
 
+/// The runtime `serve` runs on. Its threads, this one included, get the
+/// REPLs' short scheduler slice (`sandbox::REPL_TIME_SLICE`): an exec wakes
+/// a server thread twice, for the request and for the REPL's answer, and
+/// beside CPU hogs each wake-up would otherwise wait out a hog's slice
+/// (bench/noisy.py, docs/reliability.md#noisy-neighbours). What the server
+/// starts (shims, pasta) gets the default slice back.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    fn short_slice() {
+        if let Err(e) = jail::sys::set_thread_time_slice(0, sandbox::REPL_TIME_SLICE) {
+            tracing::debug!(err = %e, "could not shorten a server thread's time slice");
+        }
+    }
+    short_slice();
+    tokio::runtime::Builder::new_multi_thread().enable_all().on_thread_start(short_slice).build()
+}
+
 /// The router, separate from any socket so tests can drive it directly.
 pub fn app(state: AppState) -> Router {
     Router::new()

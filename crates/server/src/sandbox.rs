@@ -125,8 +125,8 @@ pub fn sandbox_env(id: &str) -> Vec<String> {
 }
 
 /// Scheduler slice of a REPL (`set_time_slice`; a forked REPL asks for it
-/// again itself, repl/repl.py `_short_slice`).
-const REPL_TIME_SLICE: Duration = Duration::from_micros(300);
+/// again itself, repl/repl.py `_short_slice`) and of the server's threads.
+pub const REPL_TIME_SLICE: Duration = Duration::from_micros(300);
 
 /// Spawn a REPL in `engine` and wait until it is ready.
 pub async fn start_repl(engine: &jail::Sandbox) -> Result<ReplSession, String> {
