@@ -1,8 +1,9 @@
 """Interactive CPU boost (src/cpu_boost.rs, docs/reliability.md#noisy-neighbours):
 a sandbox using under a quarter of a core weighs --cpu-boost times more
-than one burning CPU, loses that within a tick of starting to burn, and
-gets it back after a second of calm. Read from the cgroups themselves.
-And a REPL's short scheduler slice, which what it starts does not inherit."""
+than one burning CPU, which runs in the idle scheduling class; it loses the
+boost within a tick of starting to burn, and gets it back after a second of
+calm. Read from the cgroups themselves. And a REPL's short scheduler slice,
+which what it starts does not inherit, and which the server's threads have."""
 from __future__ import annotations
 
 import glob
@@ -17,6 +18,7 @@ from helpers import FORKBOX_BIN, ForkboxServer, create_raw, delete_raw, exec_ok
 from test_metrics import get, scrape
 
 BASE = 100
+BOOST = 2  # the default --cpu-boost
 
 
 def cpu_weight(sandbox_id: str) -> int:
@@ -28,11 +30,27 @@ def cpu_weight(sandbox_id: str) -> int:
     return int(open(v2).read())
 
 
+def cpu_idle(sandbox_id: str) -> bool:
+    """Whether the sandbox's cgroup is in the idle scheduling class (`cpu.idle`)."""
+    (path,) = glob.glob(f"/sys/fs/cgroup/cpu/forkbox-*/{sandbox_id}/cpu.idle") or \
+        glob.glob(f"/sys/fs/cgroup/forkbox-*/{sandbox_id}/cpu.idle")
+    return open(path).read().strip() == "1"
+
+
 def wait_weight(sandbox_id: str, want: int, timeout: float = 5.0) -> float:
     """Seconds until the sandbox's weight is `want`; fails after `timeout`."""
     start = time.monotonic()
     while (w := cpu_weight(sandbox_id)) != want:
         assert time.monotonic() - start < timeout, f"{sandbox_id}: weight {w}, expected {want}"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def wait_idle(sandbox_id: str, want: bool, timeout: float = 5.0) -> float:
+    """Seconds until the sandbox is (or is not) in the idle class; fails after `timeout`."""
+    start = time.monotonic()
+    while cpu_idle(sandbox_id) != want:
+        assert time.monotonic() - start < timeout, f"{sandbox_id}: cpu.idle is not {int(want)}"
         time.sleep(0.05)
     return time.monotonic() - start
 
@@ -45,20 +63,22 @@ def test_a_quiet_sandbox_outweighs_a_busy_one_until_the_busy_one_calms_down(http
     quiet, busy = create_raw(http), create_raw(http)
     try:
         # Both start quiet: boosted within a tick or two.
-        wait_weight(quiet, BASE * 20)
-        wait_weight(busy, BASE * 20)
+        wait_weight(quiet, BASE * BOOST)
+        wait_weight(busy, BASE * BOOST)
+        assert (cpu_idle(quiet), cpu_idle(busy)) == (False, False)
         exec_ok(http, busy, START_HOG)
-        took = wait_weight(busy, BASE)
+        took = wait_idle(busy, True)
         assert took < 2, f"the hog kept its boost for {took:.1f} s"
-        # It stays down while it burns, and the quiet one stays up.
+        # It stays in the idle class while it burns; the quiet one stays boosted.
         time.sleep(1.5)
-        assert (cpu_weight(busy), cpu_weight(quiet)) == (BASE, BASE * 20)
+        assert (cpu_idle(busy), cpu_idle(quiet), cpu_weight(quiet)) == (True, False, BASE * BOOST)
         assert get(scrape(http), "forkbox_cpu_boosted_sandboxes") >= 1
         exec_ok(http, busy, "hog.kill(); hog.wait()")
-        # Boosted again only after a second of calm.
+        # Boosted again, and out of the idle class, only after a second of calm.
         t0 = time.monotonic()
-        wait_weight(busy, BASE * 20)
+        wait_weight(busy, BASE * BOOST)
         assert time.monotonic() - t0 >= 0.9, "the boost came back before a second of calm"
+        assert not cpu_idle(busy)
     finally:
         delete_raw(http, quiet)
         delete_raw(http, busy)
@@ -69,12 +89,12 @@ def test_short_lived_processes_count_as_busy(http):
     cpu.stat): a loop of brief compilers-like children loses the boost too."""
     sid = create_raw(http)
     try:
-        wait_weight(sid, BASE * 20)
+        wait_weight(sid, BASE * BOOST)
         # Each child burns ~10-30 ms of CPU and exits; none lives through a tick.
         exec_ok(http, sid, "import subprocess\n"
                            "loop = subprocess.Popen(['bash', '-c', 'while :; do python3 -c \"sum(range(300000))\"; done'],"
                            " start_new_session=True)\n")
-        wait_weight(sid, BASE)
+        wait_idle(sid, True)
         exec_ok(http, sid, "import os, signal; os.killpg(loop.pid, signal.SIGKILL); loop.wait()")
     finally:
         delete_raw(http, sid)
@@ -87,13 +107,16 @@ def unboosted(say, server):
 
 def test_cpu_boost_1_leaves_every_weight_as_created(unboosted):
     with unboosted.http() as c:
-        sid = create_raw(c)
+        sid, hog = create_raw(c), create_raw(c)
         try:
+            exec_ok(c, hog, START_HOG)
             time.sleep(1.0)
-            assert cpu_weight(sid) == BASE
+            assert [cpu_weight(s) for s in (sid, hog)] == [BASE, BASE]
+            assert [cpu_idle(s) for s in (sid, hog)] == [False, False], "a hog went to the idle class"
             assert get(scrape(c), "forkbox_cpu_boosted_sandboxes") == 0
         finally:
             delete_raw(c, sid)
+            delete_raw(c, hog)
 
 
 @pytest.mark.parametrize("value", ["0", "101", "x"])
@@ -106,9 +129,13 @@ def test_an_out_of_range_cpu_boost_is_refused_at_start(value):
 SLICE_NS = 300_000
 
 
-def host_slice(pid: int) -> int:
-    with open(f"/proc/{pid}/sched") as f:
+def host_slice_of(sched_file: str) -> int:
+    with open(sched_file) as f:
         return int(next(line for line in f if line.startswith("se.slice")).split(":")[1])
+
+
+def host_slice(pid: int) -> int:
+    return host_slice_of(f"/proc/{pid}/sched")
 
 
 def processes_of(sandbox_id: str) -> dict[str, list[int]]:
@@ -163,3 +190,22 @@ def test_a_repl_runs_with_a_short_slice_that_what_it_starts_does_not_inherit(htt
         for s in (child, sid):
             if s:
                 delete_raw(http, s)
+
+
+def test_the_servers_threads_run_with_the_short_slice_and_what_it_starts_does_not(server):
+    """An exec wakes a server thread for the request and again for the
+    REPL's answer: each wake-up preempts hogs as the REPL's does
+    (src/lib.rs `runtime`). The shims it starts get the default slice back."""
+    if "se.slice" not in open("/proc/self/sched").read():
+        pytest.skip("this kernel shows no scheduler slice (/proc/<pid>/sched without se.slice)")
+    pid = server.proc.pid
+    threads = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            threads[int(tid)] = f.read().strip()
+    workers = [t for t, name in threads.items() if name.startswith("tokio-rt")]
+    assert len(workers) >= 2, threads
+    slices = {threads[t]: host_slice_of(f"/proc/{pid}/task/{t}/sched") for t in [pid, *workers]}
+    assert set(slices.values()) == {SLICE_NS}, slices
+    shims = [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+    assert shims and all(host_slice(p) != SLICE_NS for p in shims), [(p, host_slice(p)) for p in shims]

@@ -212,6 +212,10 @@ impl Cgroup {
                 write(&d.join("pids.max"), &l.pids.to_string())?;
             }
         }
+        // An idle-class group (the server's CPU boost put it there) takes no weight.
+        if self.cpu_idle() == Some(true) {
+            self.set_cpu_idle(false)?;
+        }
         self.set_cpu_weight(l.cpu_weight)
     }
 
@@ -240,6 +244,26 @@ impl Cgroup {
             Version::V1 => (value * 100).div_ceil(1024),
             Version::V2 => value,
         })
+    }
+
+    fn cpu_idle_file(&self) -> PathBuf {
+        match self.version {
+            Version::V1 => self.dir("cpu").join("cpu.idle"),
+            Version::V2 => self.dirs[0].join("cpu.idle"),
+        }
+    }
+
+    /// Put the group in the idle scheduling class or take it out (Linux ≥
+    /// 5.15, v1 and v2): an idle group weighs next to nothing beside its
+    /// non-idle siblings, and a non-idle task that wakes preempts it at once.
+    /// While idle its weight cannot be set; taken out, it has the ordinary one.
+    pub fn set_cpu_idle(&self, idle: bool) -> Result<()> {
+        write(&self.cpu_idle_file(), if idle { "1" } else { "0" })
+    }
+
+    /// Whether the group is in the idle class; None where the kernel has no `cpu.idle`.
+    pub fn cpu_idle(&self) -> Option<bool> {
+        Some(fs::read_to_string(self.cpu_idle_file()).ok()?.trim() == "1")
     }
 
     /// The `cgroup.procs` files a process writes its pid to, to join.
@@ -289,20 +313,32 @@ impl Cgroup {
     /// v1 cgroup without cpuacct (an adopted sandbox of an older server)
     /// sums its live processes' user and system time instead.
     pub fn cpu_usage_ns(&self) -> u64 {
+        self.cpu_times().total_ns
+    }
+
+    /// CPU time of every process that ever ran in the cgroup, and the part
+    /// of it spent in the kernel (v2 `cpu.stat`, v1 `cpuacct.usage` and
+    /// `cpuacct.usage_sys`; a v1 cgroup without cpuacct sums its live
+    /// processes' times).
+    pub fn cpu_times(&self) -> CpuTimes {
         match self.version {
-            Version::V2 => fs::read_to_string(self.dirs[0].join("cpu.stat"))
-                .unwrap_or_default()
-                .lines()
-                .find_map(|l| l.strip_prefix("usage_usec ").and_then(|v| v.trim().parse::<u64>().ok()))
-                .map_or(0, |us| us * 1000),
+            Version::V2 => {
+                let stat = fs::read_to_string(self.dirs[0].join("cpu.stat")).unwrap_or_default();
+                let field = |name: &str| {
+                    stat.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok())).map_or(0, |us| us * 1000)
+                };
+                CpuTimes { total_ns: field("usage_usec "), system_ns: field("system_usec ") }
+            }
             Version::V1 => {
-                let usage = self.optional_dir("cpuacct").and_then(|d| fs::read_to_string(d.join("cpuacct.usage")).ok());
-                if let Some(ns) = usage.and_then(|s| s.trim().parse().ok()) {
-                    return ns;
+                let read = |name: &str| -> Option<u64> {
+                    fs::read_to_string(self.optional_dir("cpuacct")?.join(name)).ok()?.trim().parse().ok()
+                };
+                if let Some(total_ns) = read("cpuacct.usage") {
+                    return CpuTimes { total_ns, system_ns: read("cpuacct.usage_sys").unwrap_or(0) };
                 }
                 let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100).max(1) as u64;
-                let ticks: u64 = self.pids().iter().filter_map(|pid| proc_cpu_ticks(*pid)).sum();
-                ticks * (1_000_000_000 / tick)
+                let (user, system) = self.pids().iter().filter_map(|pid| proc_cpu_ticks(*pid)).fold((0, 0), |(u, s), (pu, ps)| (u + pu, s + ps));
+                CpuTimes { total_ns: (user + system) * (1_000_000_000 / tick), system_ns: system * (1_000_000_000 / tick) }
             }
         }
     }
@@ -422,11 +458,20 @@ fn write(path: &Path, value: &str) -> Result<()> {
 }
 
 /// utime + stime of a process (all its threads), in clock ticks.
-fn proc_cpu_ticks(pid: i32) -> Option<u64> {
+/// A process's user and system time, in clock ticks.
+fn proc_cpu_ticks(pid: i32) -> Option<(u64, u64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
     let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+    Some((rest.get(11)?.parse::<u64>().ok()?, rest.get(12)?.parse::<u64>().ok()?))
+}
+
+/// CPU time a cgroup has used (`Cgroup::cpu_times`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTimes {
+    pub total_ns: u64,
+    /// Of which in the kernel (system calls, page faults).
+    pub system_ns: u64,
 }
 
 #[cfg(test)]
@@ -466,7 +511,24 @@ mod tests {
         assert_eq!(cg.dirs.len(), V1_CONTROLLERS.len());
         fs::write(cg.optional_dir("cpuacct").unwrap().join("cpuacct.usage"), "123456789\n").unwrap();
         assert_eq!(cg.cpu_usage_ns(), 123_456_789);
+        assert_eq!(cg.cpu_times(), CpuTimes { total_ns: 123_456_789, system_ns: 0 }, "no usage_sys: no kernel time known");
+        fs::write(cg.optional_dir("cpuacct").unwrap().join("cpuacct.usage_sys"), "23456789\n").unwrap();
+        assert_eq!(cg.cpu_times(), CpuTimes { total_ns: 123_456_789, system_ns: 23_456_789 });
         cg.set_cpu_weight(2000).unwrap();
         assert_eq!(fs::read_to_string(cg.dir("cpu").join("cpu.shares")).unwrap(), "20480");
+    }
+
+    #[test]
+    fn the_idle_class_reads_back_and_new_limits_take_a_group_out_of_it() {
+        let root = fake_v1_root(true);
+        let cg = Cgroups::at(root.path(), "t").unwrap().create("sb", &LIMITS).unwrap();
+        assert_eq!(cg.cpu_idle(), None, "a kernel without cpu.idle");
+        fs::write(cg.dir("cpu").join("cpu.idle"), "0\n").unwrap();
+        cg.set_cpu_idle(true).unwrap();
+        assert_eq!(cg.cpu_idle(), Some(true));
+        // The kernel refuses a weight while idle: set_limits leaves the class first.
+        cg.set_limits(&LIMITS).unwrap();
+        assert_eq!(cg.cpu_idle(), Some(false));
+        assert_eq!(cg.cpu_weight(), Some(100));
     }
 }

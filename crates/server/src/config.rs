@@ -36,8 +36,9 @@ pub struct ServerConfig {
     /// On SIGTERM, how long running execs may go on before they are
     /// interrupted (src/drain.rs).
     pub drain: Duration,
-    /// CPU weight multiplier of sandboxes that have been using little CPU
-    /// (src/cpu_boost.rs); 1: every sandbox weighs the same.
+    /// CPU weight multiplier of sandboxes that have been using little CPU;
+    /// the others run in the idle scheduling class (src/cpu_boost.rs).
+    /// 1: every sandbox weighs the same, none is idle-class.
     pub cpu_boost: u64,
 }
 

@@ -8,6 +8,13 @@
 //! a quiet sandbox's group outweighs every hog's, so its exec runs almost
 //! as soon as it wakes (measured by bench/noisy.py).
 //!
+//! A busy sandbox also runs in the idle scheduling class (`cpu.idle`,
+//! Linux ≥ 5.15). Weights alone leave a waking quiet sandbox queued until
+//! the running hog's slice ends, up to a scheduler tick; a waking task of a
+//! non-idle group preempts an idle one at once. Busy sandboxes share the
+//! CPU among themselves as before; beside a quiet one they get what it
+//! leaves, which is all but a quarter of a core at most (bench/noisy.py).
+//!
 //! The boost is self-limiting: a sandbox keeps it only while it uses less
 //! than `busy_cores` of a core in every tick, so it can never take more
 //! than that share away from the others; one tick above it and the
@@ -38,37 +45,66 @@ pub const TICK: Duration = Duration::from_millis(200);
 pub struct Policy {
     /// Weight multiplier of a quiet sandbox; 1 turns the boost off.
     pub factor: u64,
-    /// A tick at or above this many cores (on average) is a busy one.
+    /// A tick at or above this many cores (on average) makes a quiet sandbox busy.
     pub busy_cores: f64,
-    /// A busy sandbox is boosted again after this long without a busy tick.
+    /// ... as does kernel time at this many cores, averaged over about a
+    /// second (`KERNEL_SMOOTHING`; the kernel counts it in whole scheduler
+    /// ticks, 4 ms at HZ=250, so one tick says little). What a process
+    /// does in the kernel (writes, fsync, page faults) runs to the end of
+    /// a stretch before anything else gets the CPU on kernels without full
+    /// preemption, whatever the weights.
+    pub busy_kernel_cores: f64,
+    /// A busy sandbox is boosted again after `calm_for` of ticks each
+    /// under this many cores (and under `busy_kernel_cores`). Lower than
+    /// `busy_cores`: a hog that the idle class holds at a fifth of a core
+    /// beside its neighbours has not calmed down.
+    pub calm_cores: f64,
     pub calm_for: Duration,
 }
 
 impl Policy {
     pub fn new(factor: u64) -> Policy {
-        Policy { factor: factor.max(1), busy_cores: 0.25, calm_for: Duration::from_secs(1) }
+        Policy { factor: factor.max(1), busy_cores: 0.25, busy_kernel_cores: 0.05, calm_cores: 0.1, calm_for: Duration::from_secs(1) }
     }
 }
+
+/// Weight of the newest tick in the moving average of kernel time: about
+/// a second's worth of ticks carries it.
+const KERNEL_SMOOTHING: f64 = 0.2;
 
 /// What the booster remembers of one sandbox between ticks.
 #[derive(Debug, Clone, Copy)]
 struct Track {
-    usage_ns: u64,
+    times: jail::cgroup::CpuTimes,
     at: Instant,
     last_busy: Option<Instant>,
+    /// Moving average of the cores spent in the kernel.
+    kernel_cores: f64,
 }
 
 impl Track {
-    /// Take a new usage sample; whether the sandbox is quiet now.
-    fn sample(&mut self, policy: &Policy, usage_ns: u64, now: Instant) -> bool {
+    fn new(times: jail::cgroup::CpuTimes, at: Instant) -> Track {
+        Track { times, at, last_busy: None, kernel_cores: 0.0 }
+    }
+
+    /// Take a new sample of the cgroup's CPU times; whether the sandbox is quiet now.
+    fn sample(&mut self, policy: &Policy, times: jail::cgroup::CpuTimes, now: Instant) -> bool {
         let secs = now.duration_since(self.at).as_secs_f64();
+        let busy = self.last_busy.is_some_and(|t| now.duration_since(t) < policy.calm_for);
         // A counter that went back (a v1 cgroup summing live processes
         // whose busiest one exited) says nothing about this tick.
-        let used = usage_ns.saturating_sub(self.usage_ns) as f64 / 1e9;
-        if secs > 0.0 && used / secs >= policy.busy_cores {
-            self.last_busy = Some(now);
+        if secs > 0.0 {
+            let cores = times.total_ns.saturating_sub(self.times.total_ns) as f64 / 1e9 / secs;
+            let kernel = times.system_ns.saturating_sub(self.times.system_ns) as f64 / 1e9 / secs;
+            self.kernel_cores += (kernel - self.kernel_cores) * KERNEL_SMOOTHING;
+            let limit = if busy { policy.calm_cores } else { policy.busy_cores };
+            // At a limit is over it (the tolerance is for the float division).
+            let over = |x: f64, limit: f64| x >= limit - 1e-9;
+            if over(cores, limit) || over(self.kernel_cores, policy.busy_kernel_cores) {
+                self.last_busy = Some(now);
+            }
         }
-        self.usage_ns = usage_ns;
+        self.times = times;
         self.at = now;
         self.last_busy.is_none_or(|t| now.duration_since(t) >= policy.calm_for)
     }
@@ -81,6 +117,24 @@ fn weight(policy: &Policy, base: u64, quiet: bool) -> u64 {
     } else {
         base
     }
+}
+
+/// Give a sandbox's cgroup what its state earns. A busy sandbox runs in the
+/// idle scheduling class where the kernel has one: whatever wakes in a quiet
+/// sandbox then preempts it at once, instead of waiting out its slice (up to
+/// a tick, 4 ms at HZ=250); busy sandboxes still share the CPU fairly among
+/// themselves. Elsewhere it just has the ordinary weight. Weights are read
+/// back rather than remembered: a create or a handed-out spare writes the
+/// base weight without telling the booster.
+fn apply(cgroup: &jail::cgroup::Cgroup, quiet: bool, weight: u64) -> jail::Result<()> {
+    let idle = cgroup.cpu_idle();
+    if idle == Some(quiet) {
+        cgroup.set_cpu_idle(!quiet)?;
+    }
+    if (idle.is_none() || quiet) && cgroup.cpu_weight() != Some(weight) {
+        cgroup.set_cpu_weight(weight)?;
+    }
+    Ok(())
 }
 
 /// Samples every live sandbox and sets its weight.
@@ -102,14 +156,14 @@ impl Booster {
         for (entry, base) in live {
             seen.insert(entry.id.as_str());
             let cgroup = entry.engine.cgroup();
-            let usage = cgroup.cpu_usage_ns();
+            let times = cgroup.cpu_times();
             let quiet = match self.tracks.get_mut(&entry.id) {
-                Some(track) => track.sample(&self.policy, usage, now),
+                Some(track) => track.sample(&self.policy, times, now),
                 None => {
                     // First sight: no rate yet. A new sandbox starts quiet
                     // (an agent's first call is what it waits on); a hog
                     // among them loses the boost at the next tick.
-                    self.tracks.insert(entry.id.clone(), Track { usage_ns: usage, at: now, last_busy: None });
+                    self.tracks.insert(entry.id.clone(), Track::new(times, now));
                     true
                 }
             };
@@ -117,12 +171,11 @@ impl Booster {
             if want > *base {
                 boosted += 1;
             }
-            // Read back rather than remember: a create or a handed-out
-            // spare writes the base weight without telling us.
-            if cgroup.cpu_weight() != Some(want) && !entry.destroyed.load(Ordering::Relaxed) {
-                if let Err(e) = cgroup.set_cpu_weight(want) {
-                    tracing::debug!(sandbox = %entry.id, error = %e, "set cpu weight");
-                }
+            if entry.destroyed.load(Ordering::Relaxed) {
+                continue;
+            }
+            if let Err(e) = apply(cgroup, quiet, want) {
+                tracing::debug!(sandbox = %entry.id, error = %e, "set cpu weight or idle class");
             }
         }
         self.tracks.retain(|id, _| seen.contains(id.as_str()));
@@ -160,15 +213,20 @@ impl AppState {
 mod tests {
     use super::*;
 
-    fn at(track: &mut Track, policy: &Policy, start: Instant, ms: u64, usage_ms: u64) -> bool {
-        track.sample(policy, usage_ms * 1_000_000, start + Duration::from_millis(ms))
+    fn ms(total: u64, kernel: u64) -> jail::cgroup::CpuTimes {
+        jail::cgroup::CpuTimes { total_ns: total * 1_000_000, system_ns: kernel * 1_000_000 }
+    }
+
+    /// Sample at `ms` after `start`, the cgroup having used `usage_ms` of CPU in all, none in the kernel.
+    fn at(track: &mut Track, policy: &Policy, start: Instant, ms_: u64, usage_ms: u64) -> bool {
+        track.sample(policy, ms(usage_ms, 0), start + Duration::from_millis(ms_))
     }
 
     #[test]
     fn a_quiet_sandbox_is_boosted_and_a_busy_one_is_not_until_it_has_been_calm() {
         let policy = Policy::new(20);
         let start = Instant::now();
-        let mut t = Track { usage_ns: 0, at: start, last_busy: None };
+        let mut t = Track::new(ms(0, 0), start);
         // 10 ms of CPU in 200 ms: 0.05 cores, quiet.
         assert!(at(&mut t, &policy, start, 200, 10));
         // 60 ms in the next 200 ms: 0.3 cores, busy.
@@ -184,17 +242,61 @@ mod tests {
     fn the_edge_of_busy_is_busy() {
         let policy = Policy::new(20);
         let start = Instant::now();
-        let mut t = Track { usage_ns: 0, at: start, last_busy: None };
+        let mut t = Track::new(ms(0, 0), start);
         assert!(at(&mut t, &policy, start, 200, 49), "0.245 cores is quiet");
         assert!(!at(&mut t, &policy, start, 400, 99), "0.25 cores is busy");
+    }
+
+    #[test]
+    fn a_busy_sandbox_held_under_a_quarter_of_a_core_stays_busy_until_under_a_tenth() {
+        let policy = Policy::new(20);
+        let start = Instant::now();
+        let mut t = Track::new(ms(0, 0), start);
+        assert!(!at(&mut t, &policy, start, 200, 60), "0.3 cores: busy");
+        // 0.2 cores a tick for two seconds: would be quiet, is still busy.
+        let mut used = 60;
+        for tick in 2..=11 {
+            used += 40;
+            assert!(!at(&mut t, &policy, start, tick * 200, used), "tick {tick}: 0.2 cores after a busy spell");
+        }
+        // Then 0.095 cores a tick: boosted once a second of that has passed.
+        for tick in 12..=16 {
+            used += 19;
+            assert_eq!(at(&mut t, &policy, start, tick * 200, used), tick == 16, "tick {tick}");
+        }
+        // 0.1 cores on the next tick is not calm enough once busy, but
+        // makes no quiet sandbox busy.
+        assert!(at(&mut t, &policy, start, 17 * 200, used + 20));
+    }
+
+    #[test]
+    fn kernel_time_averaging_a_twentieth_of_a_core_makes_a_sandbox_busy_and_one_tick_of_it_does_not() {
+        let policy = Policy::new(20);
+        let start = Instant::now();
+        let tick = |n: u64| start + Duration::from_millis(200 * n);
+        // One tick of 40 ms in the kernel (0.2 cores), then none: quiet.
+        let mut t = Track::new(ms(0, 0), start);
+        assert!(t.sample(&policy, ms(40, 40), tick(1)));
+        for n in 2..=10 {
+            assert!(t.sample(&policy, ms(40, 40), tick(n)), "tick {n}");
+        }
+        // 0.06 cores in the kernel, tick after tick (under a quarter in all): busy within two seconds.
+        let mut t = Track::new(ms(0, 0), start);
+        let busy_at = (1..=10).find(|&n| !t.sample(&policy, ms(12 * n, 12 * n), tick(n)));
+        assert!(busy_at.is_some_and(|n| n >= 5), "{busy_at:?}");
+        // 0.045 cores in the kernel for ever: quiet.
+        let mut t = Track::new(ms(0, 0), start);
+        for n in 1..=50 {
+            assert!(t.sample(&policy, ms(9 * n, 9 * n), tick(n)), "tick {n}");
+        }
     }
 
     #[test]
     fn a_counter_that_goes_back_counts_as_no_use() {
         let policy = Policy::new(20);
         let start = Instant::now();
-        let mut t = Track { usage_ns: 500_000_000, at: start, last_busy: None };
-        assert!(at(&mut t, &policy, start, 200, 100));
+        let mut t = Track::new(ms(500, 100), start);
+        assert!(t.sample(&policy, ms(100, 10), start + Duration::from_millis(200)));
     }
 
     #[test]
