@@ -26,8 +26,10 @@ Results go to docs/benchmarks.md between the `bench:noisy` markers.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 
@@ -200,8 +202,15 @@ def wait_burning(fb: Forkbox, hogs: list[dict], ram_mib: int, window: float, tim
 
 
 def cgroup_cpu_weight(sandbox_id: str) -> str:
-    """A sandbox's `cpu.shares` (v1) or `cpu.weight` (v2), as written."""
+    """A sandbox's `cpu.shares` (v1) or `cpu.weight` (v2), as written, or
+    "idle class" while its cgroup's `cpu.idle` is 1 (its weight is moot then)."""
     for d in sandbox_cgroup_dirs(sandbox_id):
+        try:
+            with open(os.path.join(d, "cpu.idle")) as f:
+                if f.read().strip() == "1":
+                    return "idle class"
+        except OSError:
+            pass
         for name in ("cpu.shares", "cpu.weight"):
             try:
                 with open(os.path.join(d, name)) as f:
@@ -209,6 +218,31 @@ def cgroup_cpu_weight(sandbox_id: str) -> str:
             except OSError:
                 pass
     return "?"
+
+
+def settle(fb: Forkbox, state_dir: str, timeout: float = 120) -> None:
+    """Wait until nothing the server or the kernel does in the background
+    lands in an unloaded phase: the warm pool is full and no zygote warms
+    (`GET /v1/pool`), and btrfs has cleaned the deleted subvolumes up
+    (`btrfs subvolume sync`, after the hogs are destroyed)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        st, b = fb.request("GET", "/v1/pool")
+        if st != 200:
+            raise SystemExit(f"GET /v1/pool: HTTP {st}: {b[:300]!r}")
+        info = json.loads(b)
+        spares = {t: len(v.get("spares", [])) for t, v in info.get("templates", {}).items()}
+        now = (spares, bool(info.get("fork_spares")))
+        if now == last and spares and not now[1]:
+            break
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the warm pool did not settle in {timeout:.0f} s: {b[:500]!r}")
+        last = now
+        time.sleep(1.0)
+    subprocess.run(["btrfs", "subvolume", "sync", os.path.join(state_dir, "volume")],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
+    time.sleep(1.0)
 
 
 def cpu_facts(server_pid: int, quiet: str, hogs: list[dict]) -> dict:
@@ -330,6 +364,7 @@ def main() -> int:
         quiet = create(fb, {})
         log(f"quiet sandbox {quiet}; warm-up")
         measure(fb, quiet, args.warmup, gap, "warm-up")
+        settle(mon, args.state_dir)
         log(f"phase 1, unloaded: {args.samples} calls of each kind")
         before = observed(fb, srv, quiet, args, "unloaded")
 
@@ -352,7 +387,7 @@ def main() -> int:
         for h in hogs:
             fb.destroy(h["id"])
         hogs = []
-        time.sleep(2)
+        settle(mon, args.state_dir)
         log(f"phase 3, unloaded again: {args.samples} calls of each kind")
         after = observed(fb, srv, quiet, args, "unloaded again")
         fb.destroy(quiet)
@@ -452,7 +487,8 @@ def render(args, before, loaded, after, burn, by_kind, facts, cmdline) -> tuple[
         f"- CPU weights: the server runs in cpu cgroup `{facts.get('server_cgroup', '?')}` "
         f"({facts.get('server_threads', '?')} threads); the quiet sandbox has "
         f"`{weight_file}` {facts.get('sandbox_' + weight_file, '?')} and the hogs {', '.join(facts['hog_weights'])} "
-        f"(no quota; the server's `--cpu-boost` raises the weight of sandboxes using under a quarter of a core), under its server's "
+        f"(no quota; the server's `--cpu-boost` raises the weight of sandboxes using under a quarter of a core "
+        "and puts those using more in the idle scheduling class), under its server's "
         f"`forkbox-<instance>` parent (`{weight_file}` {facts.get('parent_' + weight_file, '?')}): "
         "sandboxes split the parent's share by weight whatever their number of processes"
         + (", and (cgroup v1) the parent as a whole weighs as much as one runnable thread of the server's cgroup "
