@@ -13,7 +13,8 @@ const STATE: &str = "/var/lib/forkbox-test-recovery";
 const CHILD_ENV: &str = "FORKBOX_TEST_CRASHING_SERVER";
 
 fn open(state: &Path) -> forkbox_jail::Result<Jail> {
-    Jail::open_clean(JailConfig::new(state.to_path_buf(), PathBuf::from(env!("CARGO_BIN_EXE_forkbox-jail-shim")), 16))
+    // A small volume: its image is allocated in full and kept between runs.
+    Jail::open_clean(JailConfig::new(state.to_path_buf(), PathBuf::from(env!("CARGO_BIN_EXE_forkbox-jail-shim")), 2))
 }
 
 /// Run in a child process: create a sandbox, start a process in it, print

@@ -75,6 +75,8 @@ export class TestServer {
     mkdirSync(stateDir, { recursive: true });
     const args = ["serve", "--listen", `127.0.0.1:${port}`, "--state-dir", stateDir];
     args.push("--templates-dir", options.templatesDir ?? TEMPLATES_DIR, "--no-build-templates");
+    // The volume image is allocated in full: keep it small, as the e2e servers do.
+    args.push("--volume-gib", "4");
     if (options.apiKey !== undefined) args.push("--api-key", options.apiKey);
     const env: NodeJS.ProcessEnv = { ...process.env, RUST_LOG: process.env.RUST_LOG ?? "info" };
     for (const k of ["FORKBOX_API_KEYS", "FORKBOX_LISTEN", "FORKBOX_STATE_DIR", "FORKBOX_TEMPLATES_DIR"]) delete env[k];
