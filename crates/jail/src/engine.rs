@@ -242,8 +242,9 @@ impl Jail {
     }
 
     /// `open`, then clean up everything a predecessor left (nothing is
-    /// adopted).
+    /// adopted, so a volume image of another size is made anew).
     pub fn open_clean(config: JailConfig) -> Result<Jail> {
+        crate::volume::Volume::discard_other_size(&config.state_dir, config.volume_gib)?;
         let jail = Self::open(config)?;
         jail.kill_stale_pastas();
         jail.clean_stale(&Default::default())?;

@@ -212,6 +212,20 @@ impl Volume {
         }
     }
 
+    /// Remove the image under `state_dir` if it is not mounted and is not
+    /// `image_gib` GiB, so that the next `open` makes one of that size. For
+    /// engines that adopt nothing (tests): an image is allocated in full and
+    /// outlives its engine, so one made larger by an older run would go on
+    /// taking its room on the disk.
+    pub fn discard_other_size(state_dir: &Path, image_gib: u64) -> Result<()> {
+        let image = state_dir.join("volume.img");
+        let Ok(meta) = fs::metadata(&image) else { return Ok(()) };
+        if meta.len() == image_gib << 30 || is_btrfs(&state_dir.join("volume")).unwrap_or(true) {
+            return Ok(());
+        }
+        fs::remove_file(&image).map_err(|e| Error::io("remove a volume image of another size", e))
+    }
+
     fn mount(state_dir: &Path, image_gib: u64) -> Result<Volume> {
         if is_btrfs(state_dir)? {
             let root = state_dir.join("volume");
@@ -460,4 +474,23 @@ fn mount_source(root: &Path) -> Option<String> {
             let point = left.split(' ').nth(4)?;
             (Path::new(point) == root).then(|| right.split(' ').nth(1).map(str::to_string))?
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unmounted_image_of_another_size_is_discarded_and_one_of_the_size_asked_is_kept() {
+        let state = tempfile::tempdir().unwrap();
+        fs::create_dir(state.path().join("volume")).unwrap();
+        let image = state.path().join("volume.img");
+        // Sparse: the sizes are what counts, not the blocks.
+        fs::File::create(&image).unwrap().set_len(4 << 30).unwrap();
+        Volume::discard_other_size(state.path(), 4).unwrap();
+        assert!(image.exists(), "the size asked for");
+        Volume::discard_other_size(state.path(), 2).unwrap();
+        assert!(!image.exists(), "another size");
+        Volume::discard_other_size(state.path(), 2).unwrap();
+    }
 }
