@@ -247,10 +247,7 @@ impl Cgroup {
     }
 
     fn cpu_idle_file(&self) -> PathBuf {
-        match self.version {
-            Version::V1 => self.dir("cpu").join("cpu.idle"),
-            Version::V2 => self.dirs[0].join("cpu.idle"),
-        }
+        self.dir("cpu").join("cpu.idle")
     }
 
     /// Put the group in the idle scheduling class or take it out (Linux ≥
@@ -457,8 +454,7 @@ fn write(path: &Path, value: &str) -> Result<()> {
     fs::write(path, value).map_err(|e| Error::Io { what: "write cgroup file", source: std::io::Error::new(e.kind(), format!("{}: {e}", path.display())) })
 }
 
-/// utime + stime of a process (all its threads), in clock ticks.
-/// A process's user and system time, in clock ticks.
+/// A process's user and system time (all its threads), in clock ticks.
 fn proc_cpu_ticks(pid: i32) -> Option<(u64, u64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // After the command's closing parenthesis: state is field 3, utime 14, stime 15.

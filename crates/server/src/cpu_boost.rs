@@ -16,18 +16,14 @@
 //! leaves, which is all but a quarter of a core at most (bench/noisy.py).
 //!
 //! The boost is self-limiting: a sandbox keeps it only while it uses less
-//! than `busy_cores` of a core in every tick, so it can never take more
-//! than that share away from the others; one tick above it and the
-//! sandbox is back at the ordinary weight until it has been calm for
-//! `calm_for` again. Usage comes from the cgroup's CPU counter (v2
-//! `cpu.stat`, v1 `cpuacct.usage`), which counts short-lived processes too.
-//!
-//! On a crowded host a hog that its neighbours hold under a quarter of a
-//! core counts as quiet too (bench/noisy.py's memory and disk hogs, at
-//! 0.16 cores each beside sixteen spinning processes). Counting run-queue
-//! wait as use as well kept every hog at the ordinary weight, but doubled
-//! the quiet sandbox's median exec there (6 ms against 2-3 ms), so CPU
-//! time alone decides.
+//! than `busy_cores` of a core in every tick (and little kernel time), so
+//! it can never take more than that share away from the others; one tick
+//! above it and the sandbox is busy until it has spent `calm_for` under
+//! the lower `calm_cores` (a hog that its neighbours hold under a quarter
+//! of a core has not calmed down). Usage comes from the cgroup's CPU
+//! counters (v2 `cpu.stat`, v1 `cpuacct`), which count short-lived
+//! processes too. Counting run-queue wait as use as well (tried) doubled
+//! the quiet sandbox's median exec beside hogs, so CPU time alone decides.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -217,9 +213,9 @@ mod tests {
         jail::cgroup::CpuTimes { total_ns: total * 1_000_000, system_ns: kernel * 1_000_000 }
     }
 
-    /// Sample at `ms` after `start`, the cgroup having used `usage_ms` of CPU in all, none in the kernel.
-    fn at(track: &mut Track, policy: &Policy, start: Instant, ms_: u64, usage_ms: u64) -> bool {
-        track.sample(policy, ms(usage_ms, 0), start + Duration::from_millis(ms_))
+    /// Sample at `after_ms` after `start`, the cgroup having used `usage_ms` of CPU in all, none in the kernel.
+    fn at(track: &mut Track, policy: &Policy, start: Instant, after_ms: u64, usage_ms: u64) -> bool {
+        track.sample(policy, ms(usage_ms, 0), start + Duration::from_millis(after_ms))
     }
 
     #[test]

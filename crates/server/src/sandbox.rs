@@ -138,8 +138,8 @@ pub async fn start_repl(engine: &jail::Sandbox) -> Result<ReplSession, String> {
     let mut session = ReplSession::start(process).await?;
     // A short time slice: a REPL that wakes for an exec runs soon beside
     // CPU hogs in other sandboxes (bench/noisy.py). What it starts gets the
-    // default slice; a REPL that computes itself loses its CPU boost
-    // instead (src/cpu_boost.rs).
+    // default slice; a REPL that computes itself goes to the idle
+    // scheduling class instead (src/cpu_boost.rs).
     if let Err(e) = jail::sys::set_time_slice(session.host_pid, REPL_TIME_SLICE) {
         tracing::debug!(sandbox = %engine.id, err = %e, "could not set the REPL's time slice");
     }
