@@ -32,7 +32,7 @@ def _e2e_conftest():
 
 e2e = _e2e_conftest()
 
-from helpers import create_raw, delete_raw  # noqa: E402
+from helpers import ForkboxServer, create_raw, delete_raw  # noqa: E402
 # A directory on the host, at a path no sandbox has, holding `secret`.
 from test_files_escape import host_dir  # noqa: E402,F401
 
@@ -44,6 +44,16 @@ http = e2e.http
 small_server = e2e.small_server
 small_http = e2e.small_http
 pytest_runtest_makereport = e2e.pytest_runtest_makereport
+
+
+@pytest.fixture(scope="module")
+def tenants(say, server):  # `server` first: the default template is built
+    """A server with two API keys, `mallory` and `victim`: two tenants, each
+    with warm pools of its own."""
+    s = ForkboxServer("tenants", build_templates=False, log=say)
+    s.add_key("mallory")
+    s.add_key("victim")
+    yield from e2e.serve(s)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from adversary import healthy, repl, sh, uid_base
-from helpers import create_raw, delete_raw, exec_ok, exec_raw, sandbox_cgroup_dirs
+from helpers import create_raw, delete_raw, exec_ok, exec_raw, pooled_sandbox, sandbox_cgroup_dirs
 
 
 def cgroup_value(sid: str, name: str) -> int:
@@ -253,12 +253,13 @@ report('ok' if rt.mq_open(name, 0o100 | 0o200 | 0o2, 0o600, (_ct.c_long * 8)(0, 
 }
 
 
-@pytest.mark.xfail(strict=True, reason="open hole: warm-pool siblings share per-user kernel limits (docs/security.md#open-holes)")
+@pytest.mark.xfail(strict=True, reason="open hole: one key's warm-pool siblings share per-user kernel limits (docs/security.md#open-holes)")
 @pytest.mark.parametrize("limit", list(PER_USER))
 def test_a_pool_sibling_cannot_use_up_the_others_per_user_limits(http, new_sandbox, limit):
-    """Sandboxes made from one warm-pool zygote belong to different users
-    but to one family: one host uid. A sandbox that uses up what the kernel
-    allows per user must not leave its siblings without any."""
+    """Sandboxes made from one warm-pool zygote (here: on a server without
+    keys, one tenant's) belong to one family: one host uid. A sandbox that
+    uses up what the kernel allows per user must not leave its siblings
+    without any."""
     attacker, victim = new_sandbox(), new_sandbox()
     assert uid_base(http, attacker) == uid_base(http, victim), "not one family"
     hog, use = PER_USER[limit]
@@ -266,6 +267,24 @@ def test_a_pool_sibling_cannot_use_up_the_others_per_user_limits(http, new_sandb
     repl(http, attacker, hog + "\nreport('exhausted')")
     assert repl(http, attacker, use) != "ok", "the attacker did not reach the limit"
     assert repl(http, victim, use) == "ok", f"{limit}: a sibling's use left the victim none"
+
+
+@pytest.mark.parametrize("limit", list(PER_USER))
+def test_another_keys_pool_sibling_cannot_use_up_a_tenants_per_user_limits(tenants, limit):
+    """With API keys, no warm-pool family serves two keys: a sandbox that
+    uses up what the kernel allows per user leaves another key's sandboxes,
+    made from that key's own warm zygote, their share."""
+    with tenants.http(tenants.file_keys["mallory"]) as m, tenants.http(tenants.file_keys["victim"]) as v:
+        attacker, victim = pooled_sandbox(m), pooled_sandbox(v)
+        try:
+            assert uid_base(m, attacker) != uid_base(v, victim), "one family serves two keys"
+            hog, use = PER_USER[limit]
+            repl(m, attacker, hog + "\nreport('exhausted')")
+            assert repl(m, attacker, use) != "ok", "the attacker did not reach the limit"
+            assert repl(v, victim, use) == "ok", f"{limit}: another key's sandbox left the victim none"
+        finally:
+            delete_raw(m, attacker)
+            delete_raw(v, victim)
 
 
 def host_use(limit: str) -> str:

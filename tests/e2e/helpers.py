@@ -346,6 +346,38 @@ def create_raw(client: httpx.Client, **body) -> str:
     return data["id"]
 
 
+def wait_until(ok, timeout: float, what: str) -> None:
+    """Poll `ok()` until it holds; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, f"{what} (after {timeout:.0f} s)"
+        time.sleep(0.1)
+
+
+def wait_pool(client: httpx.Client, template: str = "default", timeout: float = 300) -> dict:
+    """Until the caller's warm pool of `template` has spares (GET /v1/pool
+    shows each key its own); that pool's entry."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pool = client.get("/v1/pool").json()["templates"].get(template) or {}
+        if pool.get("spares"):
+            return pool
+        assert time.monotonic() < deadline, f"no warm pool of {template}: {client.get('/v1/pool').text}"
+        time.sleep(0.1)
+
+
+def pooled_sandbox(client: httpx.Client, template: str = "default") -> str:
+    """A sandbox forked from the caller's own warm zygote of `template`
+    (with keys, a key's first create is what makes its pool)."""
+    if template not in client.get("/v1/pool").json()["templates"]:
+        delete_raw(client, create_raw(client, template=template))
+    before = wait_pool(client, template)
+    sid = create_raw(client, template=template)
+    after = client.get("/v1/pool").json()["templates"][template]
+    assert after["zygote"] != before["zygote"] or after["served"] > before["served"], (before, after)
+    return sid
+
+
 def delete_raw(client: httpx.Client, sandbox_id: str) -> int:
     return client.delete(f"/v1/sandboxes/{sandbox_id}").status_code
 
@@ -525,20 +557,23 @@ def leaked_processes(server: ForkboxServer, live_ids=frozenset()) -> list[str]:
 
 
 def pool_ids(server: ForkboxServer) -> set[str]:
-    """Ids of the warm pool's hidden sandboxes (GET /v1/pool), if the server runs."""
+    """Ids of the warm pool's hidden sandboxes (GET /v1/pool, as each key:
+    each sees its own key's zygotes), if the server runs."""
     if server.proc is None or server.proc.poll() is not None:
         return set()
-    try:
-        with server.http(next(iter(server.all_keys()), None)) as c:
-            r = c.get("/v1/pool")
-    except httpx.HTTPError:
-        return set()
-    if r.status_code != 200:
-        return set()
-    ids = set(r.json().get("fork_spares", []))
-    for t in r.json()["templates"].values():
-        ids.add(t["zygote"])
-        ids.update(t["spares"])
+    ids = set()
+    for key in server.all_keys() or [None]:
+        try:
+            with server.http(key) as c:
+                r = c.get("/v1/pool")
+        except httpx.HTTPError:
+            continue
+        if r.status_code != 200:
+            continue
+        ids.update(r.json().get("fork_spares", []))
+        for t in r.json()["templates"].values():
+            ids.add(t["zygote"])
+            ids.update(t["spares"])
     return ids
 
 

@@ -17,7 +17,8 @@ import pytest
 from podflare import Sandbox
 
 from conftest import serve
-from helpers import ForkboxServer, assert_json_error, create_raw, exec_ok
+from helpers import (ForkboxServer, assert_json_error, create_raw, delete_raw, exec_ok, pooled_sandbox,
+                     sandbox_cgroup_dirs, wait_until)
 
 UNKNOWN = {"sb": "sb-" + "z" * 20, "sp": "sp-" + "z" * 20, "cp": "cp-" + "z" * 20}
 
@@ -306,3 +307,74 @@ def test_refusals_are_counted_by_limit(qsrv):
         text = c.get("/metrics").text
     counts = {m[0]: float(m[1]) for m in re.findall(r'forkbox_quota_refusals_total\{limit="(\w+)"\} (\S+)', text)}
     assert counts.get("max_sandboxes", 0) >= 3 and counts.get("forks_per_minute", 0) >= 3 and counts.get("max_memory_mib", 0) >= 2, counts
+
+
+# ── warm pools per key (docs/fork.md#warm-pool) ─────────────────────────
+
+def uid_base(c, sid: str) -> int:
+    """The host uid that root of the sandbox's family is."""
+    return int(exec_ok(c, sid, "cat /proc/self/uid_map", language="bash").split()[1])
+
+
+def test_each_key_forks_its_sandboxes_from_warm_zygotes_of_its_own(srv):
+    """Members of one family share what the kernel counts per user, so no
+    family serves two keys; a server with keys warms nothing until a key
+    creates (an owner-less pool would serve no one)."""
+    newcomer = srv.add_key("newcomer")
+    try:
+        with srv.http(newcomer) as c:
+            assert c.get("/v1/pool").json()["templates"] == {}
+    finally:
+        srv.remove_key("newcomer")
+    with srv.http(srv.file_keys["alice"]) as a, srv.http(srv.file_keys["bob"]) as b:
+        mine, theirs = pooled_sandbox(a), pooled_sandbox(b)
+        try:
+            pa, pb = (c.get("/v1/pool").json()["templates"]["default"] for c in (a, b))
+            assert not {pa["zygote"], *pa["spares"]} & {pb["zygote"], *pb["spares"]}, (pa, pb)
+            assert uid_base(a, mine) != uid_base(b, theirs), "one family serves two keys"
+            # A sibling from the same key's pool is in the same family.
+            sibling = create_raw(a)
+            assert uid_base(a, sibling) == uid_base(a, mine)
+            delete_raw(a, sibling)
+        finally:
+            delete_raw(a, mine)
+            delete_raw(b, theirs)
+
+
+POOL_IDLE_S = 20
+
+
+@pytest.fixture(scope="module")
+def idle_srv(say, server):  # `server` first: the default template is built
+    s = ForkboxServer("pool-idle", args=["--pool-idle-seconds", str(POOL_IDLE_S)], build_templates=False, log=say)
+    s.add_key("erin")
+    s.add_key("frank")
+    yield from serve(s)
+
+
+def zygote_gone(zygote: str) -> bool:
+    return not sandbox_cgroup_dirs(zygote)
+
+
+def test_a_keys_pool_is_let_go_once_idle_and_its_sandboxes_live_on(idle_srv):
+    with idle_srv.http(idle_srv.file_keys["erin"]) as c:
+        sid = pooled_sandbox(c)
+        zygote = c.get("/v1/pool").json()["templates"]["default"]["zygote"]
+        assert not zygote_gone(zygote)
+        wait_until(lambda: c.get("/v1/pool").json()["templates"] == {} and zygote_gone(zygote),
+                 POOL_IDLE_S + 30, "the idle pool was not let go")
+        assert exec_ok(c, sid, "print(1)") == "1\n"
+        # The next create makes a new pool.
+        again = pooled_sandbox(c)
+        assert c.get("/v1/pool").json()["templates"]["default"]["zygote"] != zygote
+        for x in (sid, again):
+            delete_raw(c, x)
+
+
+def test_a_removed_keys_pool_is_let_go_at_once(idle_srv):
+    with idle_srv.http(idle_srv.file_keys["frank"]) as c:
+        delete_raw(c, pooled_sandbox(c))
+        zygote = c.get("/v1/pool").json()["templates"]["default"]["zygote"]
+    idle_srv.remove_key("frank")
+    # Well before the pool would go for being idle.
+    wait_until(lambda: zygote_gone(zygote), POOL_IDLE_S / 2, "a removed key's pool outlived it")

@@ -251,6 +251,10 @@ struct ServeArgs {
     /// pre-imported zygote of its template (docs/fork.md).
     #[arg(long)]
     no_warm_pool: bool,
+    /// Let a template's warm zygote go after this many seconds without a
+    /// create (with API keys each key has its own; docs/fork.md#the-warm-pool).
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    pool_idle_seconds: u64,
     /// Default exec timeout (milliseconds).
     #[arg(long, default_value_t = 300_000)]
     exec_timeout_ms: u64,
@@ -448,6 +452,7 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         build_templates: !a.no_build_templates,
         shim_exe: std::env::current_exe().context("locate the forkbox executable")?,
         warm_pool: !a.no_warm_pool,
+        pool_idle: Duration::from_secs(a.pool_idle_seconds),
         default_egress: a.default_egress,
         idle_pause: (a.idle_pause_seconds > 0).then(|| Duration::from_secs(a.idle_pause_seconds)),
         orphan_grace: Duration::from_secs(a.orphan_grace_seconds),

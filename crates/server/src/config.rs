@@ -26,6 +26,10 @@ pub struct ServerConfig {
     pub shim_exe: PathBuf,
     /// Create sandboxes by forking a warm zygote per template (src/pool.rs).
     pub warm_pool: bool,
+    /// A pool no create used for this long is let go (src/pool.rs; with
+    /// keys every key has its own), but the default template's on a
+    /// server without keys.
+    pub pool_idle: Duration,
     /// Egress of sandboxes whose create does not say (docs/network.md).
     pub default_egress: bool,
     /// Pause sandboxes idle this long (docs/state.md); None: never.

@@ -321,6 +321,16 @@ impl KeyRing {
         *file = (now, keys);
     }
 
+    /// Whether a key of this name is accepted now (one removed with
+    /// `forkbox key remove` is not).
+    pub fn has_name(&self, name: &str) -> bool {
+        if self.flags.iter().any(|(_, t)| t.name == name) {
+            return true;
+        }
+        self.refresh();
+        self.file.lock().map(|f| f.1.iter().any(|(_, t)| t.name == name)).unwrap_or(false)
+    }
+
     /// The caller presenting `key` (the bearer token), if it is accepted.
     pub fn resolve(&self, key: Option<&str>) -> Option<Caller> {
         if !self.required {

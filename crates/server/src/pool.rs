@@ -12,6 +12,12 @@
 //!
 //! Everything the pool makes is hidden from the sandbox list, limits and
 //! timers until it is handed out.
+//!
+//! On a server with API keys each key gets zygotes of its own
+//! (`PoolKey`): members of one family share what the kernel counts per
+//! user (inotify instances, message-queue bytes; docs/security.md), so a
+//! family never serves two tenants. A key's pool is made on its first
+//! create and let go after `--pool-idle-seconds` without one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,9 +39,23 @@ const REFILL_DELAY: Duration = Duration::from_millis(100);
 /// Templates warmed at start (others warm on first use).
 const WARM_AT_START: &[&str] = &["default"];
 
-/// One template's zygote and spares.
+/// Whose zygote it is: one per template and API key (`owner` is the key's
+/// name, `None` on a server without keys).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub owner: Option<String>,
+    pub template: String,
+}
+
+impl PoolKey {
+    fn of(settings: &Settings) -> PoolKey {
+        PoolKey { owner: settings.owner.clone(), template: settings.template.clone() }
+    }
+}
+
+/// One template's zygote and spares, for one owner.
 pub struct Warm {
-    template: String,
+    key: PoolKey,
     zygote: Arc<SandboxEntry>,
     spares: Mutex<Vec<jail::ForkChild>>,
     /// pasta already serving a spare's network (by spare id), so a create
@@ -46,13 +66,15 @@ pub struct Warm {
     /// The zygote's fork plan, read once: it runs no user code, so its
     /// descriptors and mappings do not change.
     plan: serde_json::Value,
+    /// When a create last took from it (idle pools are let go).
+    last_used: std::sync::Mutex<std::time::Instant>,
 }
 
 #[derive(Default)]
 pub struct Pool {
-    warm: std::sync::Mutex<HashMap<String, Arc<Warm>>>,
-    /// Templates asked for since start (they get warmed).
-    wanted: std::sync::Mutex<std::collections::HashSet<String>>,
+    warm: std::sync::Mutex<HashMap<PoolKey, Arc<Warm>>>,
+    /// Pools asked for since start (they get warmed).
+    wanted: std::sync::Mutex<std::collections::HashSet<PoolKey>>,
     /// Zygotes being made or retired, destroyed at shutdown.
     retired: std::sync::Mutex<Vec<Arc<Warm>>>,
     /// Set at shutdown: whatever is made after it is destroyed at once.
@@ -67,6 +89,7 @@ pub struct Pool {
 /// What `GET /v1/pool` shows: the hidden sandboxes, by template.
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct PoolInfo {
+    /// The zygotes that serve the caller (with keys: its key's own).
     pub templates: HashMap<String, PoolTemplate>,
     /// Hollow members families keep for their next fork (docs/fork.md).
     pub fork_spares: Vec<String>,
@@ -81,24 +104,39 @@ pub struct PoolTemplate {
 }
 
 impl Pool {
-    fn current(&self, template: &str) -> Option<Arc<Warm>> {
-        self.warm.lock().ok()?.get(template).cloned()
+    fn current(&self, key: &PoolKey) -> Option<Arc<Warm>> {
+        self.warm.lock().ok()?.get(key).cloned()
     }
 
-    pub async fn info(&self, known: &crate::templates::Templates, mut fork_spares: Vec<String>) -> PoolInfo {
+    /// Take the pools `which` picks out of the map (creates stop using them).
+    fn take_warm(&self, which: impl Fn(&PoolKey, &Warm) -> bool) -> Vec<Arc<Warm>> {
+        let Ok(mut m) = self.warm.lock() else { return Vec::new() };
+        let keys: Vec<PoolKey> = m.iter().filter(|(k, w)| which(k, w)).map(|(k, _)| k.clone()).collect();
+        keys.iter().filter_map(|k| m.remove(k)).collect()
+    }
+
+    /// Warm `key`'s pool soon (the pool loop looks every half second).
+    pub(crate) fn want(&self, key: PoolKey) {
+        if let Ok(mut w) = self.wanted.lock() {
+            w.insert(key);
+        }
+    }
+
+    /// The pools `caller` may see: its own key's (all without keys).
+    pub async fn info(&self, caller: &crate::keys::Caller, known: &crate::templates::Templates, mut fork_spares: Vec<String>) -> PoolInfo {
         // A zygote still warming up is as hidden as a spare.
         fork_spares.extend(self.warming.lock().map(|w| w.iter().cloned().collect::<Vec<_>>()).unwrap_or_default());
         let all: Vec<Arc<Warm>> = self.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
         let mut templates = HashMap::new();
-        for w in all {
+        for w in all.into_iter().filter(|w| caller.may_use(w.key.owner.as_deref())) {
             let spares = w.spares.lock().await.iter().map(|c| c.sandbox.id.clone()).collect();
             templates.insert(
-                w.template.clone(),
+                w.key.template.clone(),
                 PoolTemplate {
                     zygote: w.zygote.id.clone(),
                     spares,
                     served: w.served.load(Ordering::Relaxed),
-                    modules: known.preimport(&w.template),
+                    modules: known.preimport(&w.key.template),
                 },
             );
         }
@@ -113,14 +151,15 @@ impl AppState {
         if !self.inner.config.warm_pool {
             return Ok(None);
         }
-        if let Ok(mut w) = self.inner.pool.wanted.lock() {
-            w.insert(settings.template.clone());
-        }
+        self.inner.pool.want(PoolKey::of(settings));
         self.create_from_zygote(settings, 0).await
     }
 
     async fn create_from_zygote(&self, settings: &Settings, attempt: u32) -> Result<Option<Arc<SandboxEntry>>, crate::error::ApiError> {
-        let Some(warm) = self.inner.pool.current(&settings.template) else { return Ok(None) };
+        let Some(warm) = self.inner.pool.current(&PoolKey::of(settings)) else { return Ok(None) };
+        if let Ok(mut t) = warm.last_used.lock() {
+            *t = std::time::Instant::now();
+        }
         let limits = self.limits_for(settings);
         let mut zygote_slot = warm.zygote.slot.lock().await;
         if zygote_slot.session.is_none() {
@@ -239,7 +278,7 @@ impl AppState {
         let made = match self.inner.jail.spare_members(&warm.zygote.engine, &ids, &limits).await {
             Ok(made) => made,
             Err(e) => {
-                tracing::warn!(template = %warm.template, err = %e, "could not refill the warm pool");
+                tracing::warn!(template = %warm.key.template, owner = ?warm.key.owner, err = %e, "could not refill the warm pool");
                 return;
             }
         };
@@ -285,8 +324,8 @@ impl AppState {
         if let Ok(mut r) = self.inner.pool.retired.lock() {
             r.push(Arc::clone(old));
         }
-        if let Err(e) = self.warm_up(&old.template).await {
-            tracing::warn!(template = %old.template, err = %e, "could not replace a retired zygote");
+        if let Err(e) = self.warm_up(&old.key).await {
+            tracing::warn!(template = %old.key.template, owner = ?old.key.owner, err = %e, "could not replace a retired zygote");
         }
         self.destroy_warm(old).await;
         if let Ok(mut r) = self.inner.pool.retired.lock() {
@@ -295,22 +334,49 @@ impl AppState {
     }
 
     /// A custom template was replaced or deleted: creates stop using its
-    /// zygote (which holds the old files and REPL state) at once, and it is
-    /// torn down; with `keep_wanted`, the pool loop warms the new version
-    /// within half a second (one warm-up at a time, so a big saved state is
-    /// loaded once).
-    pub(crate) async fn drop_zygote(&self, template: &str, keep_wanted: bool) {
-        if let Ok(mut w) = self.inner.pool.wanted.lock() {
-            match keep_wanted {
-                true => w.insert(template.to_string()),
-                false => w.remove(template),
-            };
+    /// zygotes (which hold the old files and REPL state) at once, and they
+    /// are torn down. (On a replace the caller then `want`s the new
+    /// version's, which the pool loop warms within half a second, one
+    /// warm-up at a time, so a big saved state is loaded once.)
+    pub(crate) async fn drop_zygotes(&self, template: &str) {
+        let pool = &self.inner.pool;
+        if let Ok(mut w) = pool.wanted.lock() {
+            w.retain(|k| k.template != template);
         }
-        let old = self.inner.pool.warm.lock().ok().and_then(|mut m| m.remove(template));
-        if let Some(old) = old {
-            if !old.retiring.swap(true, Ordering::SeqCst) {
-                self.destroy_warm(&old).await;
+        let old = pool.take_warm(|k, _| k.template == template);
+        for w in old {
+            self.let_go(&w).await;
+        }
+    }
+
+    /// Tear a zygote that left the map down, unless a retirement already does.
+    async fn let_go(&self, old: &Warm) {
+        if !old.retiring.swap(true, Ordering::SeqCst) {
+            self.destroy_warm(old).await;
+        }
+    }
+
+    /// Let go of the pools no create used for `--pool-idle-seconds` (but
+    /// the ones warmed at start on a server without keys), and of those
+    /// whose key was removed.
+    async fn drop_idle(&self) {
+        let idle = self.inner.config.pool_idle;
+        let pool = &self.inner.pool;
+        let stale = pool.take_warm(|k, w| {
+            if k.owner.as_deref().is_some_and(|name| !self.inner.keys.has_name(name)) {
+                return true;
             }
+            let kept = k.owner.is_none() && WARM_AT_START.contains(&k.template.as_str());
+            !kept && w.last_used.lock().map(|t| t.elapsed() >= idle).unwrap_or(false)
+        });
+        if let Ok(mut wanted) = pool.wanted.lock() {
+            for w in &stale {
+                wanted.remove(&w.key);
+            }
+        }
+        for w in stale {
+            tracing::info!(template = %w.key.template, owner = ?w.key.owner, "warm pool idle: let go");
+            self.let_go(&w).await;
         }
     }
 
@@ -327,25 +393,26 @@ impl AppState {
         slot.session = None;
     }
 
-    /// Make (or remake) the zygote of `template` and its spares.
-    pub async fn warm_up(&self, template: &str) -> Result<(), String> {
+    /// Make (or remake) the zygote of `key` and its spares.
+    pub async fn warm_up(&self, key: &PoolKey) -> Result<(), String> {
         let _busy = self.inner.pool.busy.read().await;
         if self.inner.pool.closing.load(Ordering::SeqCst) {
             return Err("the server is shutting down".into());
         }
-        let root = self.inner.templates.rootfs(template).map_err(|e| format!("{e:?}"))?;
+        let root = self.inner.templates.rootfs(&key.template).map_err(|e| format!("{e:?}"))?;
         let id = new_id();
         if let Ok(mut w) = self.inner.pool.warming.lock() {
             w.insert(id.clone());
         }
-        let made = self.warm_up_as(template, id.clone(), root).await;
+        let made = self.warm_up_as(key, id.clone(), root).await;
         if let Ok(mut w) = self.inner.pool.warming.lock() {
             w.remove(&id);
         }
         made
     }
 
-    async fn warm_up_as(&self, template: &str, id: String, root: crate::templates::Root) -> Result<(), String> {
+    async fn warm_up_as(&self, key: &PoolKey, id: String, root: crate::templates::Root) -> Result<(), String> {
+        let template = key.template.as_str();
         let settings = Settings {
             template: template.to_string(),
             ram_mib: self.inner.config.limits.default_ram_mib,
@@ -377,7 +444,16 @@ impl AppState {
         }
         let plan = serde_json::to_value(jail::forkplan::plan_for(session.host_pid)).unwrap_or_default();
         let zygote = new_entry(id, settings, Arc::new(engine), session, Vec::new());
-        let warm = Arc::new(Warm { template: template.to_string(), zygote, spares: Mutex::new(Vec::new()), pastas: Default::default(), served: AtomicUsize::new(0), retiring: Default::default(), plan });
+        let warm = Arc::new(Warm {
+            key: key.clone(),
+            zygote,
+            spares: Mutex::new(Vec::new()),
+            pastas: Default::default(),
+            served: AtomicUsize::new(0),
+            retiring: Default::default(),
+            plan,
+            last_used: std::sync::Mutex::new(std::time::Instant::now()),
+        });
         self.refill_held(&warm).await;
         if self.inner.pool.closing.load(Ordering::SeqCst) {
             self.destroy_warm(&warm).await;
@@ -387,7 +463,7 @@ impl AppState {
             self.destroy_warm(&warm).await;
             return Err(format!("template `{template}` was deleted meanwhile"));
         }
-        let old = self.inner.pool.warm.lock().ok().and_then(|mut m| m.insert(template.to_string(), Arc::clone(&warm)));
+        let old = self.inner.pool.warm.lock().ok().and_then(|mut m| m.insert(key.clone(), Arc::clone(&warm)));
         if let Some(old) = old {
             if !Arc::ptr_eq(&old, &warm) {
                 // A zygote being retired is torn down by `retire`; one that
@@ -402,7 +478,7 @@ impl AppState {
                 }
             }
         }
-        tracing::info!(template, zygote = %warm.zygote.id, "warm pool ready");
+        tracing::info!(template, owner = ?key.owner, zygote = %warm.zygote.id, "warm pool ready");
         Ok(())
     }
 
@@ -411,8 +487,12 @@ impl AppState {
         if !self.inner.config.warm_pool {
             return;
         }
-        if let Ok(mut w) = self.inner.pool.wanted.lock() {
-            w.extend(WARM_AT_START.iter().map(|t| t.to_string()));
+        // With keys, each key's pools are made on its first create: an
+        // owner-less one would serve nobody.
+        if !self.inner.keys.required() {
+            for t in WARM_AT_START {
+                self.inner.pool.want(PoolKey { owner: None, template: t.to_string() });
+            }
         }
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
@@ -421,16 +501,17 @@ impl AppState {
                 return;
             }
             self.nudge_zygotes().await;
-            let wanted: Vec<String> = self.inner.pool.wanted.lock().map(|w| w.iter().cloned().collect()).unwrap_or_default();
-            for template in wanted {
-                if self.inner.pool.current(&template).is_some() || !self.inner.templates.is_ready(&template) {
+            self.drop_idle().await;
+            let wanted: Vec<PoolKey> = self.inner.pool.wanted.lock().map(|w| w.iter().cloned().collect()).unwrap_or_default();
+            for key in wanted {
+                if self.inner.pool.current(&key).is_some() || !self.inner.templates.is_ready(&key.template) {
                     continue;
                 }
-                if let Err(e) = self.warm_up(&template).await {
-                    tracing::warn!(template, err = %e, "could not warm the template pool");
+                if let Err(e) = self.warm_up(&key).await {
+                    tracing::warn!(template = %key.template, owner = ?key.owner, err = %e, "could not warm the template pool");
                     // Do not retry a broken template in a tight loop.
                     if let Ok(mut w) = self.inner.pool.wanted.lock() {
-                        w.remove(&template);
+                        w.remove(&key);
                     }
                 }
             }

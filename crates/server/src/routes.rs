@@ -256,8 +256,8 @@ pub async fn diff(
 }
 
 #[utoipa::path(get, path = "/v1/pool", responses((status = 200, body = crate::pool::PoolInfo, description = "The warm pool's hidden sandboxes by template")))]
-pub async fn pool(State(state): State<AppState>) -> Response {
-    json(StatusCode::OK, &state.inner.pool.info(&state.inner.templates, state.inner.jail.spare_ids()).await)
+pub async fn pool(State(state): State<AppState>, caller: Caller) -> Response {
+    json(StatusCode::OK, &state.inner.pool.info(&caller, &state.inner.templates, state.inner.jail.spare_ids()).await)
 }
 
 pub async fn not_found() -> ApiError {

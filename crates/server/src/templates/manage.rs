@@ -58,6 +58,7 @@ impl AppState {
     /// so the first create is a fork, and drop layers the old one alone used.
     pub(crate) async fn register_template(&self, t: UserTemplate) -> Result<TemplateInfo, ApiError> {
         let name = t.name.clone();
+        let pool_key = crate::pool::PoolKey { owner: t.owner.clone(), template: name.clone() };
         self.inner.templates.layers_root(&t).map_err(|e| ApiError::Internal(format!("mount the template `{name}`: {e}")))?;
         let changed = self.inner.templates.custom(&name).is_none_or(|old| old.top != t.top || old.preimport != t.preimport || old.limits != t.limits);
         if changed {
@@ -69,7 +70,8 @@ impl AppState {
                 .put(t)
                 .map_err(|e| ApiError::Internal(format!("save the template `{name}`: {e}")))?;
             // From here on, creates get the new version.
-            self.drop_zygote(&name, true).await;
+            self.drop_zygotes(&name).await;
+            self.inner.pool.want(pool_key);
             let me = self.clone();
             tokio::spawn(async move { me.collect_layers().await });
         }
@@ -103,7 +105,7 @@ impl AppState {
         if let Ok(u) = self.inner.templates.user.read() {
             u.forget_build_cache(name);
         }
-        self.drop_zygote(name, false).await;
+        self.drop_zygotes(name).await;
         self.collect_layers().await;
         tracing::info!(template = %name, force, "template deleted");
         Ok(())
