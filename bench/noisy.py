@@ -7,7 +7,10 @@ sandboxes running CPU, memory and disk hogs, measured in one run.
 The quiet sandbox runs two calls, `print(1)` and a small computation
 (`print(sum(i * i for i in range(20000)))`), interleaved, --samples of each
 with --gap-ms between calls (an agent thinks between calls), on one
-keep-alive stdlib connection; every answer is checked. Three phases:
+keep-alive stdlib connection; every answer is checked. Interleaved with
+them runs a third call, `print(1)` through a bare path of the same hops
+without forkbox (bench/floor.py), so that the report can tell forkbox's
+share of a loaded tail from the machine's. Three phases:
 
 1. unloaded: only the quiet sandbox (and the warm pool) on the server;
 2. loaded: --hogs more sandboxes, by turns a CPU hog (--cpu-procs processes
@@ -37,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "e2e"))
 
 from helpers import proc_status, sandbox_cgroup_dirs, sandbox_host_pids  # noqa: E402
+from floor import Floor  # noqa: E402
 from run import Forkbox, Series, Server, bench_args, fmt_ms, log, run_header, write_section  # noqa: E402
 
 SECTION = "noisy"
@@ -120,20 +124,25 @@ def create(fb: Forkbox, body: dict) -> str:
     return json.loads(b)["id"]
 
 
-def measure(fb: Forkbox, sid: str, samples: int, gap_s: float, phase: str) -> dict[str, Series]:
-    """--samples of each call, interleaved, with a pause between calls."""
-    out = {"print": Series("print", "`print(1)`"), "compute": Series("compute", "`sum(i * i for i in range(20000))`")}
+def measure(fb: Forkbox, sid: str, samples: int, gap_s: float, phase: str, floor: Floor) -> dict[str, Series]:
+    """--samples of each call, interleaved, with a pause between calls: two
+    through forkbox, and a `print(1)` through the bare path (bench/floor.py)."""
+    out = {"print": Series("print", "`print(1)`"), "compute": Series("compute", "`sum(i * i for i in range(20000))`"),
+           "floor": Series("floor", "`print(1)`, bare path")}
+    calls = [("print", "print(1)", "1", lambda code: fb.exec(sid, code)),
+             ("compute", COMPUTE, COMPUTE_OUT, lambda code: fb.exec(sid, code)),
+             ("floor", "print(1)", "1", lambda code: (floor.exec(code), 0))]
     gc.collect()
     gc.disable()
     try:
         for i in range(samples):
-            for key, code, want in (("print", "print(1)", "1"), ("compute", COMPUTE, COMPUTE_OUT)):
+            for key, code, want, call in calls:
                 time.sleep(gap_s)
                 t = time.perf_counter_ns()
-                got, rc = fb.exec(sid, code)
+                got, rc = call(code)
                 out[key].add_ns(time.perf_counter_ns() - t)
                 if rc != 0 or got.strip() != want:
-                    raise SystemExit(f"{phase}: `{code}` answered {got!r} exit {rc}")
+                    raise SystemExit(f"{phase}: `{code}` ({key}) answered {got!r} exit {rc}")
             if (i + 1) % 100 == 0:
                 log(f"{phase}: {i + 1}/{samples}")
     finally:
@@ -292,13 +301,14 @@ def runq_wait_ns(pids: list[int]) -> int:
     return total
 
 
-def observed(fb: Forkbox, srv: Server, quiet: str, args, label: str) -> dict:
+def observed(fb: Forkbox, srv: Server, quiet: str, args, label: str, floor: Floor) -> dict:
     """The timed calls, and how long the quiet sandbox's processes, the
-    server's threads and this client waited for a CPU meanwhile, per call."""
+    server's threads and this client waited for a CPU meanwhile, per call
+    through forkbox."""
     who = {"quiet": lambda: sandbox_host_pids(quiet), "server": lambda: [srv.proc.pid], "client": lambda: [os.getpid()]}
     w0 = {k: runq_wait_ns(f()) for k, f in who.items()}
-    series = measure(fb, quiet, args.samples, args.gap_ms / 1000, label)
-    calls = sum(s.n for s in series.values())
+    series = measure(fb, quiet, args.samples, args.gap_ms / 1000, label, floor)
+    calls = series["print"].n + series["compute"].n
     waits = {k: (runq_wait_ns(f()) - w0[k]) / calls / 1e6 for k, f in who.items()}
     return {"series": series, "waits": waits}
 
@@ -309,11 +319,12 @@ def post(fb: Forkbox, path: str) -> None:
         raise RuntimeError(f"POST {path}: HTTP {st}: {b[:300]!r}")
 
 
-def loaded_phase(fb: Forkbox, mon: Forkbox, srv: Server, quiet: str, active: list[dict], args, label: str) -> dict:
+def loaded_phase(fb: Forkbox, mon: Forkbox, srv: Server, quiet: str, active: list[dict], args, label: str,
+                 floor: Floor) -> dict:
     """Measure the quiet sandbox while `active` hogs burn; what they used meanwhile."""
     r0, t0, s0 = hog_readings(mon, active), time.monotonic(), proc_cpu_s(srv.proc.pid)
     log(f"{label}: {args.samples} calls of each kind")
-    seen = observed(fb, srv, quiet, args, label)
+    seen = observed(fb, srv, quiet, args, label, floor)
     r1, t1, s1 = hog_readings(mon, active), time.monotonic(), proc_cpu_s(srv.proc.pid)
     dt = t1 - t0
     with open("/proc/loadavg") as f:
@@ -358,20 +369,21 @@ def main() -> int:
     srv.start()
     fb = Forkbox(srv.url)
     mon = Forkbox(srv.url)  # GET info, pause and resume of the hogs, on a connection of its own
+    floor = Floor()  # the same hops without forkbox (bench/floor.py), measured alongside
     hogs: list[dict] = []
     by_kind: dict[str, dict] = {}
     try:
         quiet = create(fb, {})
         log(f"quiet sandbox {quiet}; warm-up")
-        measure(fb, quiet, args.warmup, gap, "warm-up")
+        measure(fb, quiet, args.warmup, gap, "warm-up", floor)
         settle(mon, args.state_dir)
         log(f"phase 1, unloaded: {args.samples} calls of each kind")
-        before = observed(fb, srv, quiet, args, "unloaded")
+        before = observed(fb, srv, quiet, args, "unloaded", floor)
 
         hogs = start_hogs(fb, args.hogs, args)
         burn = wait_burning(mon, hogs, args.hog_ram_mib, args.settle, timeout=120)
         facts = cpu_facts(srv.proc.pid, quiet, hogs)
-        loaded = loaded_phase(fb, mon, srv, quiet, hogs, args, f"phase 2, beside {args.hogs} hogs")
+        loaded = loaded_phase(fb, mon, srv, quiet, hogs, args, f"phase 2, beside {args.hogs} hogs", floor)
 
         if not args.no_by_kind:
             for kind in ("cpu", "mem", "disk"):
@@ -382,14 +394,14 @@ def main() -> int:
                     post(mon, f"/v1/sandboxes/{h['id']}/{'resume' if h['kind'] == kind else 'pause'}")
                 time.sleep(2)
                 by_kind[kind] = loaded_phase(fb, mon, srv, quiet, active, args,
-                                             f"beside the {len(active)} {kind} hog(s) alone (the others paused)")
+                                             f"beside the {len(active)} {kind} hog(s) alone (the others paused)", floor)
 
         for h in hogs:
             fb.destroy(h["id"])
         hogs = []
         settle(mon, args.state_dir)
         log(f"phase 3, unloaded again: {args.samples} calls of each kind")
-        after = observed(fb, srv, quiet, args, "unloaded again")
+        after = observed(fb, srv, quiet, args, "unloaded again", floor)
         fb.destroy(quiet)
     finally:
         for h in hogs:
@@ -399,9 +411,10 @@ def main() -> int:
                 log(f"destroying hog {h['id']}: {e}")
         fb.close()
         mon.close()
+        floor.close()
         srv.stop()
 
-    body, ok = render(args, before, loaded, after, burn, by_kind, facts, cmdline)
+    body, ok = render(args, before, loaded, after, burn, by_kind, facts, cmdline, floor.sliced)
     print(body)
     if not args.no_docs:
         write_section(args.docs, SECTION, "Noisy neighbours: a quiet sandbox beside hogs (`bench/noisy.py`)", body)
@@ -411,7 +424,7 @@ def main() -> int:
 
 
 def mean_ms(d: dict) -> float:
-    xs = [x for s in d["series"].values() for x in s.samples_ms]
+    xs = [x for key in ("print", "compute") for x in d["series"][key].samples_ms]
     return sum(xs) / len(xs)
 
 
@@ -422,7 +435,7 @@ def plural(n: int, word: str) -> str:
 KIND_LABEL = {"cpu": "CPU hogs", "mem": "memory hogs", "disk": "disk hogs"}
 
 
-def render(args, before, loaded, after, burn, by_kind, facts, cmdline) -> tuple[str, bool]:
+def render(args, before, loaded, after, burn, by_kind, facts, cmdline, floor_sliced: bool) -> tuple[str, bool]:
     n_cpu = (args.hogs + 2) // 3
     n_mem = (args.hogs + 1) // 3
     n_disk = args.hogs // 3
@@ -441,6 +454,10 @@ def render(args, before, loaded, after, burn, by_kind, facts, cmdline) -> tuple[
             ok &= verdict == "PASS"
             rows.append(f"| {b.label} | p{q} | {fmt_ms(b.pct(q))} | {fmt_ms(l.pct(q))} | {fmt_ms(a.pct(q))} | "
                         f"{ratio:.2f}× | {verdict} |")
+    b, l, a = before["series"]["floor"], loaded["series"]["floor"], after["series"]["floor"]
+    for q in (50, 99):
+        rows.append(f"| {b.label} (no forkbox: the machine's floor) | p{q} | {fmt_ms(b.pct(q))} | {fmt_ms(l.pct(q))} | "
+                    f"{fmt_ms(a.pct(q))} | {l.pct(q) / unloaded('floor', q):.2f}× | – |")
 
     def load_note(d: dict) -> str:
         mem = ", ".join(f"{m:.0f}" for m in d["mem_mib"])
@@ -457,11 +474,14 @@ def render(args, before, loaded, after, burn, by_kind, facts, cmdline) -> tuple[
         for key in ("print", "compute"):
             for q in (50, 99):
                 cells.append(f"{fmt_ms(d['series'][key].pct(q))} ({d['series'][key].pct(q) / unloaded(key, q):.2f}×)")
+        cells.append(f"{fmt_ms(d['series']['floor'].pct(99))} ({d['series']['floor'].pct(99) / unloaded('floor', 99):.2f}×)")
         kind_rows.append(f"| {KIND_LABEL[kind]} alone | {' | '.join(cells)} | {load_note(d)} |")
     all_cells = []
     for key in ("print", "compute"):
         for q in (50, 99):
             all_cells.append(f"{fmt_ms(loaded['series'][key].pct(q))} ({loaded['series'][key].pct(q) / unloaded(key, q):.2f}×)")
+    all_cells.append(f"{fmt_ms(loaded['series']['floor'].pct(99))} ({loaded['series']['floor'].pct(99) / unloaded('floor', 99):.2f}×)")
+    fb_p99, floor_p99 = loaded["series"]["print"].pct(99), loaded["series"]["floor"].pct(99)
 
     weight_file = "cpu.shares" if "sandbox_cpu.shares" in facts else "cpu.weight"
     lines = [
@@ -478,6 +498,14 @@ def render(args, before, loaded, after, burn, by_kind, facts, cmdline) -> tuple[
         "",
         f"Target (issue 8): p50 and p99 of both calls within {TARGET_RATIO:g}× of the lower unloaded phase: "
         f"**{'PASS' if ok else 'MISS'}**.",
+        "",
+        f"The bare path (`bench/floor.py`) makes the same four hops as an exec through forkbox (client → TCP → relay "
+        f"process → Unix socket → REPL process and back) with two plain Python processes on the host, no sandbox, "
+        f"{'the same 300 µs slice' if floor_sliced else 'the default slice'}; its calls were interleaved with the quiet "
+        f"sandbox's. Beside the hogs its p99 was {fmt_ms(floor_p99)} ms "
+        f"({floor_p99 / unloaded('floor', 99):.2f}× its unloaded p99), against the quiet sandbox's `print(1)` p99 of "
+        f"{fmt_ms(fb_p99)} ms ({fb_p99 / unloaded('print', 99):.2f}×): forkbox's loaded tail is "
+        f"{fb_p99 / floor_p99:.2f}× what any two processes on this host get under the same load.",
         "",
         f"- During the loaded phase ({loaded['seconds']:.0f} s) the hogs used {loaded['cores']:.2f} cores "
         f"(of {os.cpu_count()}; {burn['cores']:.2f} in the check before it), the disk hogs wrote "
@@ -500,8 +528,8 @@ def render(args, before, loaded, after, burn, by_kind, facts, cmdline) -> tuple[
             "Which hog costs what: the same calls with one kind of hog running and the others paused "
             "(cgroup freezer, `POST …/pause`); ms, and the ratio to the unloaded figure (the lower of the two unloaded phases).",
             "",
-            "| beside | `print(1)` p50 | `print(1)` p99 | compute p50 | compute p99 | what the hogs did |",
-            "|---|---:|---:|---:|---:|---|",
+            "| beside | `print(1)` p50 | `print(1)` p99 | compute p50 | compute p99 | bare path p99 | what the hogs did |",
+            "|---|---:|---:|---:|---:|---:|---|",
             f"| all {args.hogs} hogs | {' | '.join(all_cells)} | {load_note(loaded)} |",
             *kind_rows,
         ]
