@@ -378,3 +378,28 @@ def test_a_removed_keys_pool_is_let_go_at_once(idle_srv):
     idle_srv.remove_key("frank")
     # Well before the pool would go for being idle.
     wait_until(lambda: zygote_gone(zygote), POOL_IDLE_S / 2, "a removed key's pool outlived it")
+
+
+@pytest.fixture(scope="module")
+def one_pool_srv(say, server):  # `server` first: the default template is built
+    s = ForkboxServer("one-pool", args=["--max-warm-pools", "1"], build_templates=False, log=say)
+    s.add_key("gina")
+    s.add_key("hank")
+    yield from serve(s)
+
+
+def test_past_max_warm_pools_the_least_recently_used_goes(one_pool_srv):
+    """Warm pools are hidden from the memory cap and, with keys, as many
+    as the keys in use: `--max-warm-pools` bounds them."""
+    with one_pool_srv.http(one_pool_srv.file_keys["gina"]) as g, one_pool_srv.http(one_pool_srv.file_keys["hank"]) as h:
+        mine = pooled_sandbox(g)
+        zygote = g.get("/v1/pool").json()["templates"]["default"]["zygote"]
+        theirs = pooled_sandbox(h)
+        wait_until(lambda: g.get("/v1/pool").json()["templates"] == {} and zygote_gone(zygote), 30,
+                   "the least recently used pool was kept past --max-warm-pools")
+        assert list(h.get("/v1/pool").json()["templates"]) == ["default"]
+        # What it made lives on, and its next create warms it a pool again.
+        assert exec_ok(g, mine, "print(1)") == "1\n"
+        again = pooled_sandbox(g)
+        for c, x in ((g, mine), (h, theirs), (g, again)):
+            delete_raw(c, x)

@@ -255,6 +255,10 @@ struct ServeArgs {
     /// create (with API keys each key has its own; docs/fork.md#the-warm-pool).
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pool_idle_seconds: u64,
+    /// Most warm pools (a zygote and its spares, per template and key) at
+    /// once; warming one more lets the least recently used go.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    max_warm_pools: u64,
     /// Default exec timeout (milliseconds).
     #[arg(long, default_value_t = 300_000)]
     exec_timeout_ms: u64,
@@ -453,6 +457,7 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         shim_exe: std::env::current_exe().context("locate the forkbox executable")?,
         warm_pool: !a.no_warm_pool,
         pool_idle: Duration::from_secs(a.pool_idle_seconds),
+        max_pools: a.max_warm_pools as usize,
         default_egress: a.default_egress,
         idle_pause: (a.idle_pause_seconds > 0).then(|| Duration::from_secs(a.idle_pause_seconds)),
         orphan_grace: Duration::from_secs(a.orphan_grace_seconds),

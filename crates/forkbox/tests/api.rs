@@ -46,6 +46,7 @@ fn fixture() -> &'static Fixture {
             shim_exe: PathBuf::from(env!("CARGO_BIN_EXE_forkbox")),
             warm_pool: false,
             pool_idle: Duration::from_secs(600),
+            max_pools: 32,
             default_egress: false,
             idle_pause: None,
             orphan_grace: std::time::Duration::ZERO,

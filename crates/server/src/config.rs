@@ -30,6 +30,9 @@ pub struct ServerConfig {
     /// keys every key has its own), but the default template's on a
     /// server without keys.
     pub pool_idle: Duration,
+    /// Most warm pools at once (zygote and spares each, hidden from the
+    /// memory cap); warming one more lets the least recently used go.
+    pub max_pools: usize,
     /// Egress of sandboxes whose create does not say (docs/network.md).
     pub default_egress: bool,
     /// Pause sandboxes idle this long (docs/state.md); None: never.

@@ -349,6 +349,31 @@ impl AppState {
         }
     }
 
+    /// Before warming one more pool, let the least recently used go while
+    /// `--max-warm-pools` are warm: what they hold is hidden from the
+    /// memory cap, and with keys their number follows the keys in use.
+    async fn make_room(&self) {
+        let max = self.inner.config.max_pools.max(1);
+        loop {
+            let lru = {
+                let Ok(mut m) = self.inner.pool.warm.lock() else { return };
+                if m.len() < max {
+                    return;
+                }
+                let oldest = m.iter().min_by_key(|(_, w)| w.last_used.lock().map(|t| *t).ok()).map(|(k, _)| k.clone());
+                match oldest.and_then(|k| m.remove(&k)) {
+                    Some(w) => w,
+                    None => return,
+                }
+            };
+            if let Ok(mut w) = self.inner.pool.wanted.lock() {
+                w.remove(&lru.key);
+            }
+            tracing::info!(template = %lru.key.template, owner = ?lru.key.owner, max, "warm pool least recently used: let go for another");
+            self.let_go(&lru).await;
+        }
+    }
+
     /// Tear a zygote that left the map down, unless a retirement already does.
     async fn let_go(&self, old: &Warm) {
         if !old.retiring.swap(true, Ordering::SeqCst) {
@@ -504,9 +529,13 @@ impl AppState {
             self.drop_idle().await;
             let wanted: Vec<PoolKey> = self.inner.pool.wanted.lock().map(|w| w.iter().cloned().collect()).unwrap_or_default();
             for key in wanted {
-                if self.inner.pool.current(&key).is_some() || !self.inner.templates.is_ready(&key.template) {
+                // Still wanted: making room for one earlier in this round may
+                // have let this one go.
+                let still = self.inner.pool.wanted.lock().map(|w| w.contains(&key)).unwrap_or(false);
+                if !still || self.inner.pool.current(&key).is_some() || !self.inner.templates.is_ready(&key.template) {
                     continue;
                 }
+                self.make_room().await;
                 if let Err(e) = self.warm_up(&key).await {
                     tracing::warn!(template = %key.template, owner = ?key.owner, err = %e, "could not warm the template pool");
                     // Do not retry a broken template in a tight loop.
