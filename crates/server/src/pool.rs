@@ -344,9 +344,7 @@ impl AppState {
             w.retain(|k| k.template != template);
         }
         let old = pool.take_warm(|k, _| k.template == template);
-        for w in old {
-            self.let_go(&w).await;
-        }
+        self.let_go_all(old, "its template changed").await;
     }
 
     /// Before warming one more pool, let the least recently used go while
@@ -356,28 +354,31 @@ impl AppState {
         let max = self.inner.config.max_pools.max(1);
         loop {
             let lru = {
-                let Ok(mut m) = self.inner.pool.warm.lock() else { return };
+                let Ok(m) = self.inner.pool.warm.lock() else { return };
                 if m.len() < max {
                     return;
                 }
-                let oldest = m.iter().min_by_key(|(_, w)| w.last_used.lock().map(|t| *t).ok()).map(|(k, _)| k.clone());
-                match oldest.and_then(|k| m.remove(&k)) {
-                    Some(w) => w,
-                    None => return,
-                }
+                m.iter().min_by_key(|(_, w)| w.last_used.lock().map(|t| *t).ok()).map(|(k, _)| k.clone())
             };
-            if let Ok(mut w) = self.inner.pool.wanted.lock() {
-                w.remove(&lru.key);
-            }
-            tracing::info!(template = %lru.key.template, owner = ?lru.key.owner, max, "warm pool least recently used: let go for another");
-            self.let_go(&lru).await;
+            let Some(lru) = lru else { return };
+            let taken = self.inner.pool.take_warm(|k, _| *k == lru);
+            self.let_go_all(taken, "least recently used, past --max-warm-pools").await;
         }
     }
 
-    /// Tear a zygote that left the map down, unless a retirement already does.
-    async fn let_go(&self, old: &Warm) {
-        if !old.retiring.swap(true, Ordering::SeqCst) {
-            self.destroy_warm(old).await;
+    /// Let go of pools taken out of the map: no longer wanted, and torn
+    /// down unless a retirement already does that.
+    async fn let_go_all(&self, pools: Vec<Arc<Warm>>, why: &str) {
+        if let Ok(mut wanted) = self.inner.pool.wanted.lock() {
+            for w in &pools {
+                wanted.remove(&w.key);
+            }
+        }
+        for w in pools {
+            tracing::info!(template = %w.key.template, owner = ?w.key.owner, why, "warm pool let go");
+            if !w.retiring.swap(true, Ordering::SeqCst) {
+                self.destroy_warm(&w).await;
+            }
         }
     }
 
@@ -394,15 +395,7 @@ impl AppState {
             let kept = k.owner.is_none() && WARM_AT_START.contains(&k.template.as_str());
             !kept && w.last_used.lock().map(|t| t.elapsed() >= idle).unwrap_or(false)
         });
-        if let Ok(mut wanted) = pool.wanted.lock() {
-            for w in &stale {
-                wanted.remove(&w.key);
-            }
-        }
-        for w in stale {
-            tracing::info!(template = %w.key.template, owner = ?w.key.owner, "warm pool idle: let go");
-            self.let_go(&w).await;
-        }
+        self.let_go_all(stale, "idle, or its key was removed").await;
     }
 
     async fn destroy_warm(&self, warm: &Warm) {
