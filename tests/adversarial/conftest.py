@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import time
 
 import pytest
 
@@ -32,7 +31,7 @@ def _e2e_conftest():
 
 e2e = _e2e_conftest()
 
-from helpers import ForkboxServer, create_raw, delete_raw  # noqa: E402
+from helpers import ForkboxServer, create_raw, delete_raw, wait_pool  # noqa: E402
 # A directory on the host, at a path no sandbox has, holding `secret`.
 from test_files_escape import host_dir  # noqa: E402,F401
 
@@ -60,10 +59,7 @@ def tenants(say, server):  # `server` first: the default template is built
 def warm_pool(http):
     """Wait until the `default` template's warm pool is up, so creates are
     forks of its zygote: warm-pool siblings share a family, as in use."""
-    deadline = time.monotonic() + 300
-    while not (http.get("/v1/pool").json()["templates"].get("default") or {}).get("spares"):
-        assert time.monotonic() < deadline, http.get("/v1/pool").text
-        time.sleep(0.1)
+    wait_pool(http, "default", timeout=300)
 
 
 @pytest.fixture
