@@ -369,10 +369,11 @@ def main() -> int:
     srv.start()
     fb = Forkbox(srv.url)
     mon = Forkbox(srv.url)  # GET info, pause and resume of the hogs, on a connection of its own
-    floor = Floor()  # the same hops without forkbox (bench/floor.py), measured alongside
+    floor: Floor | None = None
     hogs: list[dict] = []
     by_kind: dict[str, dict] = {}
     try:
+        floor = Floor()  # the same hops without forkbox (bench/floor.py), measured alongside
         quiet = create(fb, {})
         log(f"quiet sandbox {quiet}; warm-up")
         measure(fb, quiet, args.warmup, gap, "warm-up", floor)
@@ -411,7 +412,8 @@ def main() -> int:
                 log(f"destroying hog {h['id']}: {e}")
         fb.close()
         mon.close()
-        floor.close()
+        if floor is not None:
+            floor.close()
         srv.stop()
 
     body, ok = render(args, before, loaded, after, burn, by_kind, facts, cmdline, floor.sliced)
