@@ -18,7 +18,9 @@ import types
 
 _CTL = 3                      # control socket fd
 _CHUNK = 1 << 16              # max payload of one O/E frame
-_LINEBUF = 8192               # flush O/E when the pending buffer reaches this
+_LINEBUF = 1 << 16            # send output at once when this much is pending or held
+_HOLD_NS = 10_000_000         # how long output may be held for more to go with it
+_TIMER_FD = 7                 # the flusher thread's timerfd (docs/repl-protocol.md)
 _CO_COROUTINE = 0x80          # inspect.CO_COROUTINE
 _AWAIT = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
 _KEEP = ('__name__', '__doc__', '__package__', '__loader__', '__spec__',
@@ -33,11 +35,15 @@ _TB = types.TracebackType
 _MY = globals()
 
 # ---- state -------------------------------------------------------------------
-_lock = _thread.RLock()       # guards _pend/_pkind and every write to the socket
+_lock = _thread.RLock()       # guards _pend/_pkind/_held/_armed and every write to the socket
 _pend = bytearray()           # pending O/E bytes, all of kind _pkind
 _pkind = b'O'
+_held = bytearray()           # whole frames waiting to be written
+_timer_on = False             # a flusher thread runs in this process
+_armed = False                # its timer is set
+_settime = None               # libc's timerfd_settime
+_ARM = _DISARM = None         # struct itimerspec: fire once after _HOLD_NS, and never
 _inflush = False              # re-entrancy guard (GC / signal handler during a write)
-_reent = []                   # frames queued by re-entrant calls while _inflush
 _MAIN = _get_ident()
 _running = False              # user code executing on the main thread
 _crit = 0                     # main thread inside a socket write: defer SIGINT
@@ -58,6 +64,13 @@ _strict = json.JSONEncoder(allow_nan=False).encode
 
 
 # ---- framing -----------------------------------------------------------------
+# Output is held, not written at once: waking the server costs the writer
+# 200-270 µs on a VM whose other vCPU idles, and each wake-up can wait
+# under load (docs/reliability.md, noisy neighbours). Frames gather in
+# _held and leave in one write with the next frame that must go now (a
+# short exec's output goes with its `D`), or when the flusher thread's
+# timer fires, _HOLD_NS after the first of them: long cells still stream.
+# Arming the timer is a timerfd_settime, which wakes nobody.
 def _writeall(data):
     try:
         n = _write(_CTL, data)
@@ -69,29 +82,14 @@ def _writeall(data):
         os._exit(0)           # server went away
 
 
-def _send_locked(kind, payload):
-    """Write one frame; caller holds _lock."""
-    global _inflush
-    if _inflush:              # re-entered from inside a write: queue it
-        _reent.append((kind, payload))
-        return
-    _inflush = True
-    try:
-        while True:
-            n = len(payload) + 1
-            if n <= _CHUNK:
-                _writeall(n.to_bytes(4, 'big') + kind + payload)
-            else:
-                _writeall(n.to_bytes(4, 'big') + kind)
-                _writeall(payload)
-            if not _reent:
-                break
-            kind, payload = _reent.pop(0)
-    finally:
-        _inflush = False
+def _queue_locked(kind, payload):
+    _held.extend((len(payload) + 1).to_bytes(4, 'big'))
+    _held.extend(kind)
+    _held.extend(payload)
 
 
-def _flush_locked():
+def _pend_to_held_locked():
+    """Frame the pending O/E bytes into _held; caller holds _lock."""
     global _pend
     if not _pend:
         return
@@ -100,7 +98,7 @@ def _flush_locked():
     kind = _pkind
     n = len(data)
     if n <= _CHUNK:
-        _send_locked(kind, data)
+        _queue_locked(kind, data)
         return
     pos = 0
     while pos < n:
@@ -113,25 +111,53 @@ def _flush_locked():
                 end = e
         else:
             end = n
-        _send_locked(kind, data[pos:end])
+        _queue_locked(kind, data[pos:end])
         pos = end
 
 
-def _out(kind, data, force):
-    """Buffer O/E bytes (kind None: just flush) and emit frames; thread-safe."""
-    global _pkind, _crit, _int_pending
+def _write_locked():
+    """Write everything pending and held now; caller holds _lock."""
+    global _held, _inflush, _armed
+    _pend_to_held_locked()
+    if _armed:
+        _armed = False
+        _settime(_TIMER_FD, 0, _DISARM, None)
+    if _inflush:              # re-entered from inside a write (GC, signal handler):
+        return                # that write's loop sends what was added
+    _inflush = True
+    try:
+        while _held:
+            data = _held
+            _held = bytearray()
+            _writeall(data)
+    finally:
+        _inflush = False
+
+
+def _soon_locked(line_done):
+    """Pending output goes within _HOLD_NS, or now if there is much of it or
+    no flusher to send it later; without one a line waits for its end."""
+    global _armed
+    if len(_pend) + len(_held) >= _LINEBUF:
+        _write_locked()
+    elif _timer_on:
+        if not _armed:
+            _armed = True
+            _settime(_TIMER_FD, 0, _ARM, None)
+    elif line_done:
+        _write_locked()
+
+
+def _under_lock(fn, *args):
+    """Run fn(*args) holding _lock. On the main thread a SIGINT meanwhile
+    is held back (_crit) and raised after, so a frame is never cut short."""
+    global _crit, _int_pending
     main = _get_ident() == _MAIN
     if main:
         _crit += 1
     try:
         with _lock:
-            if kind is not None:
-                if _pend and _pkind != kind:
-                    _flush_locked()
-                _pkind = kind
-                _pend.extend(data)
-            if force or len(_pend) >= _LINEBUF:
-                _flush_locked()
+            fn(*args)
     finally:
         if main:
             _crit -= 1
@@ -141,19 +167,79 @@ def _out(kind, data, force):
                     raise KeyboardInterrupt
 
 
-def _frame(kind, payload):
-    """Send a control frame after any pending O/E output."""
-    global _crit
-    main = _get_ident() == _MAIN
-    if main:
-        _crit += 1
-    try:
+def _out_locked(kind, data, line_done):
+    global _pkind
+    if _pend and _pkind != kind:
+        _pend_to_held_locked()
+    _pkind = kind
+    _pend.extend(data)
+    _soon_locked(line_done)
+
+
+def _frame_locked(kind, payload, now):
+    _pend_to_held_locked()
+    _queue_locked(kind, payload)
+    if now:
+        _write_locked()
+    else:
+        _soon_locked(True)
+
+
+def _out(kind, data, line_done):
+    """Buffer O/E bytes and send them soon; thread-safe."""
+    _under_lock(_out_locked, kind, data, line_done)
+
+
+def _frame(kind, payload, now=True):
+    """Send a frame after all output before it: at once, or (now=False: a
+    result or a display) soon, like output."""
+    _under_lock(_frame_locked, kind, payload, now)
+
+
+def _flush_now():
+    """Send all pending and held output at once (an explicit flush, before
+    starting a process or forking: what it writes to fd 1/2 comes after)."""
+    _under_lock(_write_locked)
+
+
+def _flusher():
+    """The flusher thread: sends held output when the timer fires."""
+    global _timer_on
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())   # signals are the main thread's
+    while True:
+        try:
+            os.read(_TIMER_FD, 8)
+        except OSError:       # fd 7 closed under us: send at once from now on
+            with _lock:
+                _timer_on = False
+                _write_locked()
+            return
         with _lock:
-            _flush_locked()
-            _send_locked(kind, payload)
-    finally:
-        if main:
-            _crit -= 1
+            _write_locked()
+
+
+def _start_flusher():
+    """Put a fresh timerfd at fd 7 and start the flusher thread; output is
+    sent at once if either fails."""
+    global _settime, _timer_on
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.timerfd_create(1, os.O_CLOEXEC)       # CLOCK_MONOTONIC, TFD_CLOEXEC
+        if fd < 0:
+            return
+        if fd != _TIMER_FD:
+            os.dup2(fd, _TIMER_FD, inheritable=False)
+            os.close(fd)
+        global _ARM, _DISARM
+        import struct
+        _ARM = ctypes.create_string_buffer(struct.pack('4q', 0, 0, 0, _HOLD_NS))
+        _DISARM = ctypes.create_string_buffer(32)
+        _settime = libc.timerfd_settime
+        _thread.start_new_thread(_flusher, ())
+        _timer_on = True
+    except Exception:
+        pass
 
 
 def _clean(o):
@@ -180,7 +266,7 @@ class _Stream:
     never closed (close just flushes), not a tty, on fd 1 or 2."""
 
     def flush(self):
-        _out(None, b'', True)
+        _flush_now()
 
     def close(self):
         self.flush()
@@ -261,10 +347,13 @@ def _on_sigint(signum, frame):
 
 
 def _after_fork_child():
-    global _lock, _child, _pend, _inflush, _crit, _int_pending, _MAIN
+    global _lock, _child, _pend, _held, _timer_on, _armed, _inflush, _crit, _int_pending, _MAIN
     _lock = _thread.RLock()
-    _pend = bytearray()       # the parent sends its own pending output
-    _reent.clear()
+    _pend = bytearray()       # the parent sends its own pending and held output
+    _held = bytearray()
+    if _timer_on:             # the parent's timer; the flusher thread stayed there
+        _close(_TIMER_FD)
+    _timer_on = _armed = False
     _inflush = False
     _crit = 0
     _int_pending = False
@@ -296,10 +385,11 @@ def _to_family():
 
 
 def _spawning(fn, forks):
-    """Wrap a process-creating function: its children go to the leaf.
-    ``forks``: fn returns in the child too (0, or (0, fd)) and the child
-    must stay in the leaf."""
+    """Wrap a process-creating function: held output goes first, and its
+    children go to the leaf. ``forks``: fn returns in the child too (0, or
+    (0, fd)) and the child must stay in the leaf."""
     def wrapper(*args, **kwargs):
+        _flush_now()          # output held so far goes before what the process writes
         _to_leaf()
         child = False
         try:
@@ -336,6 +426,11 @@ def _setup_pidns():
     # Keep CAP_SYS_ADMIN (needed for setns) for this process only: programs
     # it executes must not get it.  PR_CAPBSET_DROP = 24, CAP_SYS_ADMIN = 21.
     libc.prctl(24, 21, 0, 0, 0)
+    return True
+
+
+def _wrap_spawners():
+    """Every way Python starts a process goes through _spawning."""
     for name, forks in (('fork', True), ('forkpty', True), ('posix_spawn', False),
                         ('posix_spawnp', False), ('system', False)):
         fn = getattr(os, name, None)
@@ -346,7 +441,6 @@ def _setup_pidns():
     _posixsubprocess.fork_exec = _spawning(_posixsubprocess.fork_exec, False)
     if hasattr(subprocess, '_fork_exec'):
         subprocess._fork_exec = _posixsubprocess.fork_exec
-    return True
 
 
 # ---- control socket ----------------------------------------------------------
@@ -362,8 +456,17 @@ class _Control:
         self.sock.setblocking(True)
         self.buf = bytearray()
         self.fds = []
+        import select
+        self.poll = select.poll()
+        self.poll.register(_CTL, select.POLLIN)
 
     def _fill(self):
+        # Wait in poll(), not in a blocking recvmsg: that sleeper is woken
+        # by every wake-up of the socket, also when the server reads what
+        # we sent (room to write), and the server pays for that wake-up
+        # (200 µs on a VM whose other vCPU idles) on its way to answer.
+        # poll() is only woken for what it asked.
+        self.poll.poll()
         data, anc, _flags, _addr = self.sock.recvmsg(1 << 16, self._ANC, _socket.MSG_CMSG_CLOEXEC)
         self.fds.extend(_rights(anc))
         self.buf += data
@@ -473,7 +576,7 @@ def _fork_frame(ctl, msg):
 def _fork(fid, counts, plan):
     global _child
     _flush_all()
-    _out(None, b'', True)
+    _flush_now()
     try:
         cwd = os.getcwd()
     except OSError:
@@ -588,6 +691,7 @@ def _become_child(fds, plan, cwd):
             pass
     _reseed()
     _frame(b'R', _json({'pid': os.getpid(), 'python': sys.version.split()[0], 'pidns': _setns is not None, 'forked': True}))
+    _start_flusher()          # after joining the cgroups, which moved this thread only
 
 
 def _to_null(fd, cloexec):
@@ -901,7 +1005,7 @@ def _fit(b, what):
 
 def _send_display(b):
     if b:
-        _frame(b'M', _fit(b, 'a display'))
+        _frame(b'M', _fit(b, 'a display'), now=False)
 
 
 def display(*objs, include=None, exclude=None, raw=False, **ignored):
@@ -1168,10 +1272,10 @@ def _exec(eid, src):
         code = 1
     if _child:                # a fork() child fell out of the user's code
         _flush_all()
-        _out(None, b'', True)
+        _flush_now()
         os._exit(code & 0xFF)
     if val is not None:
-        _frame(b'V', _fit(val, 'the result'))
+        _frame(b'V', _fit(val, 'the result'), now=False)
     try:
         _running = True       # a timeout interrupts drawing figures too
         _end_figures()
@@ -1214,7 +1318,9 @@ def main():
         pass
     signal.signal(signal.SIGINT, _on_sigint)
     pidns = _setup_pidns()
+    _wrap_spawners()
     os.register_at_fork(after_in_child=_after_fork_child)
+    _start_flusher()
     _fflush()                         # import ctypes now, not during the first exec
     global _CTRL
     _CTRL = _Control()

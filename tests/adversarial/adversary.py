@@ -105,14 +105,6 @@ def tree(path: str) -> dict:
     return out
 
 
-def host_repl_pid(sid: str) -> int:
-    """The host pid of the sandbox's REPL."""
-    for pid in sandbox_host_pids(sid):
-        if "forkbox_repl" in " ".join(proc_cmdline(pid)):
-            return pid
-    raise AssertionError(f"no REPL among the processes of {sid}")
-
-
 def host_pids_running(sid: str, pattern: str) -> list[int]:
     """Host pids of the sandbox's processes whose command line matches."""
     return [p for p in sandbox_host_pids(sid) if re.search(pattern, " ".join(proc_cmdline(p)))]

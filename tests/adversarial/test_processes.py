@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from adversary import alive, bash_python, both, healthy, host_pids_running, host_repl_pid, repl, sh, uid_base
-from helpers import exec_ok, exec_raw, proc_cmdline, proc_status, sandbox_host_pids
+from adversary import alive, bash_python, both, healthy, host_pids_running, repl, sh, uid_base
+from helpers import exec_ok, exec_raw, host_repl_pid, proc_cmdline, proc_status, sandbox_host_pids
 
 # In the sandbox: per_pid(pid) makes every call that acts on one pid.
 PER_PID = """

@@ -448,6 +448,14 @@ def proc_status(pid: int) -> dict[str, str]:
     return out
 
 
+def host_repl_pid(sid: str) -> int:
+    """The host pid of the sandbox's REPL."""
+    for pid in sandbox_host_pids(sid):
+        if "forkbox_repl" in " ".join(proc_cmdline(pid)):
+            return pid
+    raise AssertionError(f"no REPL among the processes of {sid}")
+
+
 def proc_cmdline(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -6,15 +6,16 @@ from __future__ import annotations
 import ast
 import base64
 import json
+import os
 import threading
 import time
 
 import httpx
 
-from helpers import exec_raw
+from helpers import exec_raw, host_repl_pid
 
 
-def test_events_arrive_incrementally(sandbox):
+def assert_streams(sandbox):
     """A line printed before a 2 s sleep arrives long before the exit event
     (through the SDK's streaming iterator)."""
     arrivals = []
@@ -31,6 +32,30 @@ def test_events_arrive_incrementally(sandbox):
     ev_early = next(ev for _, ev in arrivals if ev.data == "early")
     ev_exit = exits[0][1]
     assert ev_exit.ts - ev_early.ts >= 1500, (ev_early, ev_exit)
+
+
+def test_events_arrive_incrementally(sandbox):
+    assert_streams(sandbox)
+
+
+def test_output_held_in_fork_children_still_streams(sandbox):
+    """The REPL holds a line up to 10 ms for more to go with it and a timer
+    thread sends it (docs/repl-protocol.md); a forked REPL starts its own
+    timer and thread, at every depth, and the parent's still works."""
+    (child,) = sandbox.fork(1)
+    try:
+        (grandchild,) = child.fork(1)
+        try:
+            for sb in (grandchild, child, sandbox):
+                assert_streams(sb)
+                # Its own timer at fd 7 and the thread that waits on it.
+                pid = host_repl_pid(sb.id)
+                assert os.readlink(f"/proc/{pid}/fd/7") == "anon_inode:[timerfd]"
+                assert len(os.listdir(f"/proc/{pid}/task")) == 2
+        finally:
+            grandchild.close()
+    finally:
+        child.close()
 
 
 def test_bash_output_streams_too(sandbox, http):

@@ -472,8 +472,52 @@ def test_fork_child_does_not_send_done(repl):
 
 
 def test_socket_not_inherited(repl):
-    r = repl.ok('import os\nos.system("for n in 3 4; do test -e /proc/$$/fd/$n && echo open$n; done")')
+    r = repl.ok('import os\nos.system("for n in 3 4 7; do test -e /proc/$$/fd/$n && echo open$n; done")')
     assert r.raw_out == b''
+
+
+def _raw_reply(repl, code):
+    """What the first read of the control socket gets after an exec of code."""
+    assert repl.rbuf == b''
+    repl.start(code)
+    select.select([repl.sock], [], [], 10)
+    return repl.sock.recv(1 << 20)
+
+
+def test_a_short_execs_output_goes_with_its_end_in_one_write(repl):
+    # One write wakes the server once, not once per frame. The first read
+    # after the socket turns readable gets every frame of the exec.
+    for _ in range(20):
+        data = _raw_reply(repl, 'print("a")\nimport sys\nprint("b", file=sys.stderr)\n7')
+        repl.rbuf = data
+        frames = []
+        while (f := repl._frame_from_buf()) is not None:
+            frames.append(f)
+        assert [t for t, _ in frames] == ['O', 'E', 'V', 'D'], frames
+        assert repl.rbuf == b''
+
+
+def test_held_output_still_streams_while_a_cell_runs(repl):
+    for code, first in (('print("line")', b'line\n'), ('sys.stdout.write("no newline")', b'no newline')):
+        eid = repl.start('import sys, time\n%s\ntime.sleep(3)\nprint("end")' % code)
+        t0 = time.monotonic()
+        assert repl.read_frame(timeout=5) == ('O', first)
+        assert time.monotonic() - t0 < 1.5
+        assert repl.wait(eid).out == b'end\n'
+
+
+@pytest.mark.parametrize('line, then', [
+    ('print("before", flush=True)', 'os.write(1, b"child\\n")'),          # an explicit flush sends at once
+    ('print("before")', 'subprocess.run(["echo", "child"])'),             # held output goes before a process starts
+], ids=['flush', 'process'])
+def test_a_line_sent_at_once_is_on_the_socket_before_what_follows_reaches_fd_1(repl, line, then):
+    eid = repl.start('import os, subprocess, time\n%s\n%s\ntime.sleep(0.5)\nprint("later")' % (line, then))
+    select.select([repl.out_r], [], [], 10)
+    assert os.read(repl.out_r, 100) == b'child\n'
+    # By then the line written before is on the socket, not held 10 ms.
+    assert select.select([repl.sock], [], [], 0)[0] == [repl.sock]
+    assert repl.read_frame(timeout=1) == ('O', b'before\n')
+    assert repl.wait(eid).out == b'later\n'
 
 
 def test_multiprocessing_fork_pool(repl):

@@ -13,8 +13,9 @@ use std::fs;
 use serde::Serialize;
 
 /// The REPL's own descriptors (docs/repl-protocol.md); 4, its source, is
-/// closed once read, so user files may take it.
-const REPL_FDS: [i32; 6] = [0, 1, 2, 3, 5, 6];
+/// closed once read, so user files may take it. A forked REPL replaces 7,
+/// its output timer, itself.
+const REPL_FDS: [i32; 7] = [0, 1, 2, 3, 5, 6, 7];
 /// More than this many descriptors or mappings are not worth planning for
 /// (the plan travels in one frame); the rest are left as they are.
 const MAX_ENTRIES: usize = 4096;
