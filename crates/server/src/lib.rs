@@ -7,6 +7,7 @@
 pub mod adopt;
 pub mod checkpoints;
 pub mod config;
+pub mod control;
 pub mod cpu_boost;
 pub mod disk;
 pub mod dns;

@@ -10,7 +10,9 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use jail::{ExitStatus, ReplProcess};
 use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
+
+use crate::control::{self, ControlReader, ControlWriter};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
@@ -75,8 +77,7 @@ pub struct Ready {
 }
 
 pub struct ReplSession {
-    /// Always Some but in `drop` (see there).
-    control: Option<tokio::net::unix::OwnedWriteHalf>,
+    control: ControlWriter,
     items: mpsc::Receiver<ReplItem>,
     /// Items read while waiting for something else (a fork's answer),
     /// handed out first.
@@ -90,19 +91,6 @@ pub struct ReplSession {
     /// they are handed to the family's shim (`take_ends`), which keeps them
     /// across a server restart.
     ends: Option<[OwnedFd; 3]>,
-}
-
-/// Dropping tokio's write half would `shutdown(2)` the socket — for every
-/// copy of it, the one the family's shim keeps too — and the REPL would
-/// read EOF and exit: a server leaving its sandboxes to the next one (an
-/// upgrade) must only close its descriptor. A REPL the server is done with
-/// is killed with its sandbox, not by this.
-impl Drop for ReplSession {
-    fn drop(&mut self) {
-        if let Some(w) = self.control.take() {
-            w.forget();
-        }
-    }
 }
 
 /// What `ReplSession::resume` found.
@@ -150,12 +138,12 @@ impl ReplSession {
         let marker = format!("D{{\"id\":{probe},").into_bytes();
         let (control, pidfd, host_pid) = (process.control, process.pidfd, process.host_pid);
         let _ = jail::sys::pidfd_send_signal(pidfd.as_fd(), nix::sys::signal::Signal::SIGINT);
-        let (read, write) = control.into_split();
+        let (read, write) = control::split(control).map_err(|e| format!("the control socket: {e}"))?;
         let (tx, rx) = mpsc::channel(256);
         let (ready_tx, _) = oneshot::channel();
         tokio::spawn(pump(read, process.stdout, process.stderr, process.exited, tx, ready_tx, Some(marker)));
         let ready = Ready { pid: 0, python: String::new(), pidns: true, forked: false };
-        let mut session = ReplSession { control: Some(write), items: rx, held: Default::default(), pidfd: Some(pidfd), host_pid, next_id: probe, ready, ends: None };
+        let mut session = ReplSession { control: write, items: rx, held: Default::default(), pidfd: Some(pidfd), host_pid, next_id: probe, ready, ends: None };
         let id = session.send_exec("pass").await.map_err(|e| format!("the Python process cannot be reached: {e}"))?;
         let mut interrupted = false;
         let found = tokio::time::timeout(RESUME_TIMEOUT, async {
@@ -177,10 +165,6 @@ impl ReplSession {
                 Err("the Python process did not answer after the restart".into())
             }
         }
-    }
-
-    fn control(&mut self) -> std::io::Result<&mut tokio::net::unix::OwnedWriteHalf> {
-        self.control.as_mut().ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotConnected))
     }
 
     /// The duplicates of the server's ends, for the family's shim to keep
@@ -206,7 +190,7 @@ impl ReplSession {
             [Ok(a), Ok(b), Ok(c)] => Some([a, b, c]),
             _ => None,
         };
-        let (read, write) = control.into_split();
+        let (read, write) = control::split(control).map_err(|e| format!("the control socket: {e}"))?;
         let (tx, mut rx) = mpsc::channel(256);
         let (ready_tx, ready_rx) = oneshot::channel();
         tokio::spawn(pump(read, stdout, stderr, exited, tx, ready_tx, None));
@@ -228,7 +212,7 @@ impl ReplSession {
                 return Err(String::from_utf8_lossy(&said).trim().to_string());
             }
         };
-        Ok(ReplSession { control: Some(write), items: rx, held: Default::default(), pidfd: None, host_pid: 0, next_id: 1, ready, ends })
+        Ok(ReplSession { control: write, items: rx, held: Default::default(), pidfd: None, host_pid: 0, next_id: 1, ready, ends })
     }
 
     /// Send code to run; returns the exec id the matching `Done` carries.
@@ -240,7 +224,7 @@ impl ReplSession {
         frame.extend_from_slice(&((body.len() + 1) as u32).to_be_bytes());
         frame.push(b'X');
         frame.extend_from_slice(&body);
-        self.control()?.write_all(&frame).await?;
+        self.control.write_all(&frame).await?;
         Ok(id)
     }
 
@@ -265,7 +249,7 @@ impl ReplSession {
     /// A frame that does nothing but let the REPL reap its dead fork
     /// children (it does between frames; a zygote gets one now and then).
     pub async fn nudge(&mut self) -> std::io::Result<()> {
-        self.control()?.write_all(&[0, 0, 0, 1, b'Z']).await
+        self.control.write_all(&[0, 0, 0, 1, b'Z']).await
     }
 
     /// Ask the REPL to fork itself once per child: one `F` frame per child,
@@ -286,7 +270,7 @@ impl ReplSession {
             frames.push(b'F');
             frames.extend_from_slice(&body);
         }
-        self.control()?.write_all(&frames).await?;
+        self.control.write_all(&frames).await?;
         Ok(id)
     }
 
@@ -308,7 +292,7 @@ impl ReplSession {
 }
 
 async fn pump(
-    mut control: tokio::net::unix::OwnedReadHalf,
+    mut control: ControlReader,
     mut stdout: pipe::Receiver,
     mut stderr: pipe::Receiver,
     exited: oneshot::Receiver<ExitStatus>,
