@@ -27,6 +27,7 @@ _KEEP = ('__name__', '__doc__', '__package__', '__loader__', '__spec__',
          '__annotations__', '__builtins__')
 
 _write = os.write
+_exit_now = os._exit          # the REPL's own exits; user code's os._exit sends held output first
 _monotonic = __import__('time').monotonic
 _get_ident = _thread.get_ident
 _eval = eval
@@ -79,7 +80,7 @@ def _writeall(data):
             while mv:
                 mv = mv[_write(_CTL, mv):]
     except OSError:
-        os._exit(0)           # server went away
+        _exit_now(0)          # server went away
 
 
 def _queue_locked(kind, payload):
@@ -400,6 +401,19 @@ def _spawning(fn, forks):
         finally:
             if not child:
                 _to_family()
+    return _like(fn, wrapper)
+
+
+def _flushing(fn):
+    """Wrap a function that ends the process at once (os._exit, os.abort):
+    held output goes first, as it would at the end of the call."""
+    def wrapper(*args, **kwargs):
+        _flush_now()
+        return fn(*args, **kwargs)
+    return _like(fn, wrapper)
+
+
+def _like(fn, wrapper):
     wrapper.__name__ = fn.__name__
     wrapper.__qualname__ = getattr(fn, '__qualname__', fn.__name__)
     wrapper.__doc__ = fn.__doc__
@@ -430,7 +444,10 @@ def _setup_pidns():
 
 
 def _wrap_spawners():
-    """Every way Python starts a process goes through _spawning."""
+    """Every way Python starts a process goes through _spawning, and every
+    way it ends one at once through _flushing."""
+    os._exit = _flushing(os._exit)
+    os.abort = _flushing(os.abort)
     for name, forks in (('fork', True), ('forkpty', True), ('posix_spawn', False),
                         ('posix_spawnp', False), ('system', False)):
         fn = getattr(os, name, None)
@@ -597,9 +614,9 @@ def _fork(fid, counts, plan):
             try:
                 fds = _take_descriptors(i)
             except OSError:
-                os._exit(121)
+                _exit_now(121)
             if len(fds) != n:
-                os._exit(121)
+                _exit_now(121)
             _become_child(fds, plan, cwd)
             return
         _forks.add(pid)
@@ -653,7 +670,7 @@ def _become_child(fds, plan, cwd):
     old_host = os.uname().nodename
     for fd, kind in zip(fds[:4], _NS_TYPES):
         if libc.setns(fd, kind) != 0:
-            os._exit(121)
+            _exit_now(121)
     if os.environ.get('HOSTNAME') == old_host:     # the child has its own name
         os.environ['HOSTNAME'] = os.uname().nodename
     # Join the new sandbox's cgroups: "0" moves the calling thread, and we
@@ -1273,7 +1290,7 @@ def _exec(eid, src):
     if _child:                # a fork() child fell out of the user's code
         _flush_all()
         _flush_now()
-        os._exit(code & 0xFF)
+        _exit_now(code & 0xFF)
     if val is not None:
         _frame(b'V', _fit(val, 'the result'), now=False)
     try:
@@ -1331,11 +1348,11 @@ def main():
         try:
             hdr = read(5)
             if len(hdr) < 5:
-                os._exit(0)
+                _exit_now(0)
             n = int.from_bytes(hdr[:4], 'big') - 1
             payload = read(n) if n > 0 else b''
             if len(payload) < n:
-                os._exit(0)
+                _exit_now(0)
             if _forks:
                 _reap_forks()
             kind = hdr[4]

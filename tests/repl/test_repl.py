@@ -506,6 +506,15 @@ def test_held_output_still_streams_while_a_cell_runs(repl):
         assert repl.wait(eid).out == b'end\n'
 
 
+@pytest.mark.parametrize('end, status', [('os._exit(3)', 3), ('os.abort()', -signal.SIGABRT)])
+def test_held_output_goes_out_before_the_process_ends_at_once(fresh, end, status):
+    fresh.start('import os\nprint("last words")\n' + end)
+    assert fresh.read_frame(timeout=5) == ('O', b'last words\n')
+    with pytest.raises(EOFError):
+        fresh.read_frame(timeout=5)
+    assert fresh.proc.wait(5) == status
+
+
 @pytest.mark.parametrize('line, then', [
     ('print("before", flush=True)', 'os.write(1, b"child\\n")'),          # an explicit flush sends at once
     ('print("before")', 'subprocess.run(["echo", "child"])'),             # held output goes before a process starts
