@@ -198,9 +198,11 @@ class Forkbox:
         self.conn.close()
 
 
-def check(out: str, code: int, what: str) -> None:
-    if out.strip() != "1" or code != 0:
-        raise RuntimeError(f"{what}: expected stdout '1' and exit 0, got {out!r} exit {code}")
+def check(out: str, code: int, what: str, want: str | None = None) -> None:
+    """The call printed `want` (stripped: `1`) and exited 0."""
+    if (out.strip() != "1" if want is None else out != want) or code != 0:
+        shown = "'1'" if want is None else f"{len(want)} characters"
+        raise RuntimeError(f"{what}: expected stdout {shown} and exit 0, got {out[:200]!r} exit {code}")
 
 
 # ── the forkbox server ─────────────────────────────────────────────────────
@@ -417,8 +419,30 @@ def timed(fn) -> int:
     return time.perf_counter_ns() - t0
 
 
+def bench_output(fb: Forkbox, sid: str, kc, lines: int, reps: int) -> list[Series]:
+    """A cell that prints `lines` lines, to the end of its output: forkbox
+    (stdlib client, every event read) and the local Jupyter kernel (every
+    stream message until idle), interleaved, every answer checked."""
+    code = f"for i in range({lines}): print(i)"
+    want = "\n".join(str(i) for i in range(lines))
+
+    def fb_out():
+        check(*fb.exec(sid, code), "forkbox exec (many lines)", want=want)
+
+    def jup_out():
+        check(jupyter_exec(kc, code), 0, "jupyter (many lines)", want=want + "\n")
+
+    series = [(Series("fb_lines", f"forkbox exec printing {lines:,} lines — stdlib http.client"), fb_out),
+              (Series("jupyter_lines", f"local Jupyter kernel printing {lines:,} lines"), jup_out)]
+    log(f"output: {reps} cells of {lines:,} lines each way")
+    for _ in range(reps):
+        for s, fn in series:
+            s.add_ns(timed(fn))
+    return [s for s, _ in series]
+
+
 def bench_exec(fb: Forkbox, url: str, api_key: str | None, calls: int, warmup: int,
-               rounds: int, hostpy: str) -> tuple[list[Series], dict]:
+               rounds: int, hostpy: str, lines: int, line_reps: int) -> tuple[list[Series], dict]:
     from podflare import Sandbox
 
     info: dict = {}
@@ -478,6 +502,7 @@ def bench_exec(fb: Forkbox, url: str, api_key: str | None, calls: int, warmup: i
                 for _ in range(k):
                     s.add_ns(timed(fn))
         info["stdlib_reconnects"] = NoDelayConnection.connects - connects_before
+        info["output"] = bench_output(fb, sid, kc, lines, line_reps)
         try:
             info["sdk_pool_connections"] = len(sdk_sb._client._http._transport._pool.connections)
         except AttributeError:
@@ -581,6 +606,18 @@ def render(ex: dict[str, Series], cr: dict[str, Series], info: dict, m: dict, v:
     a("|---|---:|---:|---:|---:|---:|")
     for s in ex.values():
         a(f"| {s.label} | {s.n} | {fmt_ms(s.p50)} | {fmt_ms(s.pct(95))} | {fmt_ms(s.pct(99))} | {fmt_ms(s.mean)} |")
+    a("")
+    fb_lines, jup_lines = info["output"]
+    a(f"### A cell printing {args.lines:,} lines, to the end of its output (ms)")
+    a("")
+    a("| what | n | p50 | mean |")
+    a("|---|---:|---:|---:|")
+    for s in (fb_lines, jup_lines):
+        a(f"| {s.label} | {s.n} | {fmt_ms(s.p50)} | {fmt_ms(s.mean)} |")
+    a("")
+    a(f"forkbox / Jupyter: {fmt_ratio(fb_lines.p50, jup_lines.p50)} (p50). Both batch output: the REPL holds "
+      "what a cell prints for up to 10 ms (docs/repl-protocol.md), ipykernel flushes its streams on a timer; "
+      "forkbox still sends one event per line.")
     a("")
     a("### Create → first exec done (ms)")
     a("")
@@ -711,14 +748,16 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=300, help="timed exec calls per method (default 300)")
     ap.add_argument("--warmup", type=int, default=20, help="warm-up exec calls per method (default 20)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaving rounds of the exec methods (default 5)")
+    ap.add_argument("--lines", type=int, default=100_000, help="lines the output cell prints (default 100000)")
+    ap.add_argument("--line-reps", type=int, default=5, help="output cells each way (default 5)")
     ap.add_argument("--creates", type=int, default=30, help="timed create → first exec iterations (default 30)")
     ap.add_argument("--kernel-starts", type=int, default=10, help="timed Jupyter kernel starts (default 10)")
     ap.add_argument("--ready-timeout", type=float, default=1800, help="seconds to wait for the server (default 1800)")
     ap.add_argument("--docs", default=DOCS, help=f"markdown file to update (default {DOCS})")
     ap.add_argument("--no-docs", action="store_true", help="print only; do not touch the docs")
     args = ap.parse_args()
-    if args.calls < 1 or args.creates < 1 or args.kernel_starts < 1 or args.rounds < 1:
-        ap.error("--calls, --creates, --kernel-starts and --rounds must be ≥ 1")
+    if min(args.calls, args.creates, args.kernel_starts, args.rounds, args.lines, args.line_reps) < 1:
+        ap.error("--calls, --creates, --kernel-starts, --rounds, --lines and --line-reps must be ≥ 1")
     args.rounds = min(args.rounds, args.calls)
 
     cmdline = "python3 bench/run.py" + "".join(
@@ -738,7 +777,8 @@ def main() -> int:
         st, body = fb.healthz()
         if st != 200 or body.strip() != b"ok":
             raise SystemExit(f"{url}/v1/healthz: {st} {body[:200]!r}")
-        ex_list, info = bench_exec(fb, url, args.api_key, args.calls, args.warmup, args.rounds, hostpy)
+        ex_list, info = bench_exec(fb, url, args.api_key, args.calls, args.warmup, args.rounds, hostpy,
+                                   args.lines, args.line_reps)
         cr_list, create_ids = bench_create(fb, args.creates, args.kernel_starts, args.warmup)
         fb.close()
     finally:
