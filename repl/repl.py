@@ -42,7 +42,7 @@ _pkind = b'O'
 _held = bytearray()           # whole frames waiting to be written
 _timer_on = False             # a flusher thread runs in this process
 _armed = False                # its timer is set
-_settime = None               # libc's timerfd_settime
+_timerfd_create = _settime = None   # libc's timerfd_create, timerfd_settime
 _ARM = _DISARM = None         # struct itimerspec: fire once after _HOLD_NS, and never
 _inflush = False              # re-entrancy guard (GC / signal handler during a write)
 _MAIN = _get_ident()
@@ -221,22 +221,24 @@ def _flusher():
 
 def _start_flusher():
     """Put a fresh timerfd at fd 7 and start the flusher thread; output is
-    sent at once if either fails."""
-    global _settime, _timer_on
+    sent at once if either fails. The libc functions and timer values are
+    made once: fork children inherit them."""
+    global _timerfd_create, _settime, _ARM, _DISARM, _timer_on
     try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.timerfd_create(1, os.O_CLOEXEC)       # CLOCK_MONOTONIC, TFD_CLOEXEC
+        if _settime is None:
+            import ctypes
+            import struct
+            libc = ctypes.CDLL(None, use_errno=True)
+            _ARM = ctypes.create_string_buffer(struct.pack('4q', 0, 0, 0, _HOLD_NS))
+            _DISARM = ctypes.create_string_buffer(32)
+            _timerfd_create = libc.timerfd_create
+            _settime = libc.timerfd_settime
+        fd = _timerfd_create(1, os.O_CLOEXEC)           # CLOCK_MONOTONIC, TFD_CLOEXEC
         if fd < 0:
             return
         if fd != _TIMER_FD:
             os.dup2(fd, _TIMER_FD, inheritable=False)
             os.close(fd)
-        global _ARM, _DISARM
-        import struct
-        _ARM = ctypes.create_string_buffer(struct.pack('4q', 0, 0, 0, _HOLD_NS))
-        _DISARM = ctypes.create_string_buffer(32)
-        _settime = libc.timerfd_settime
         _thread.start_new_thread(_flusher, ())
         _timer_on = True
     except Exception:

@@ -11,10 +11,10 @@ use bytes::{Buf, BytesMut};
 use jail::{ExitStatus, ReplProcess};
 use serde::Deserialize;
 use tokio::io::AsyncReadExt;
-
-use crate::control::{self, ControlReader, ControlWriter};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
+
+use crate::control::{self, ControlReader, ControlWriter};
 
 /// The REPL source and its bootstrap, embedded in the binary.
 pub const REPL_SOURCE: &str = include_str!("../../../repl/repl.py");
