@@ -98,7 +98,21 @@ mod tests {
         assert_eq!(addr, SocketAddr::from(([127, 0, 0, 1], port)));
         assert_eq!(stream.peer_addr().unwrap(), addr);
         drop(listener);
-        let closed = connect(own_netns(), port, Duration::from_secs(5)).await;
+        // A closed port: bound but not listening, so it refuses, and no
+        // other test can take it meanwhile (a freed port could be, and
+        // once was, reused by a listener of a test running beside this).
+        use nix::sys::socket::{bind, getsockname, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+        use std::os::fd::AsRawFd;
+        let (_held, closed_port) = loop {
+            let s = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+            bind(s.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0)).unwrap();
+            let p = getsockname::<SockaddrIn>(s.as_raw_fd()).unwrap().port();
+            match std::net::TcpListener::bind(("::1", p)) {
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                _ => break (s, p),
+            }
+        };
+        let closed = connect(own_netns(), closed_port, Duration::from_secs(5)).await;
         assert!(matches!(closed, Err(PortError::Refused)), "{closed:?}");
     }
 }
