@@ -21,6 +21,9 @@ _CHUNK = 1 << 16              # max payload of one O/E frame
 _LINEBUF = 1 << 16            # send output at once when this much is pending or held
 _HOLD_NS = 10_000_000         # how long output may be held for more to go with it
 _TIMER_FD = 7                 # the flusher thread's timerfd (docs/repl-protocol.md)
+_JOURNAL_FD = 8               # the journal: a memfd the server reads if we die (same)
+_JHDR = 16                    # journal header: u64 stream offset, u32 length, u32 open frame
+_JSIZE = 33 * 4096            # header and 132 KiB of frames: more than is ever held (_LINEBUF)
 _CO_COROUTINE = 0x80          # inspect.CO_COROUTINE
 _AWAIT = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
 _KEEP = ('__name__', '__doc__', '__package__', '__loader__', '__spec__',
@@ -44,6 +47,11 @@ _timer_on = False             # a flusher thread runs in this process
 _armed = False                # its timer is set
 _timerfd_create = _settime = None   # libc's timerfd_create, timerfd_settime
 _ARM = _DISARM = None         # struct itimerspec: fire once after _HOLD_NS, and never
+_jm = None                    # the journal's shared mapping (None: no journal)
+_jhead = None                 # its length and open-frame words, as a memoryview of 2 u32
+_jat = 0                      # stream offset of the journal's first byte (bytes written to fd 3)
+_jin = 0                      # journal bytes before _held's: a write in progress
+_jbad = False                 # it overflowed: empty until what is held now is written
 _inflush = False              # re-entrancy guard (GC / signal handler during a write)
 _MAIN = _get_ident()
 _running = False              # user code executing on the main thread
@@ -72,6 +80,58 @@ _strict = json.JSONEncoder(allow_nan=False).encode
 # short exec's output goes with its `D`), or when the flusher thread's
 # timer fires, _HOLD_NS after the first of them: long cells still stream.
 # Arming the timer is a timerfd_settime, which wakes nobody.
+#
+# Held output must not die with the process: a line printed just before a
+# C call that keeps the GIL (the flusher cannot run) and is then killed (a
+# timeout's SIGKILL, the OOM killer) would be lost. So every byte waiting
+# to be written is also in the journal, a memfd at fd 8 mapped shared; the
+# server holds a copy of the memfd and, when the REPL dies, passes on what
+# the journal holds beyond what the socket brought it. Stores into the
+# mapping are plain memory writes, in an order that a kill between any two
+# leaves a header that describes whole bytes: data first, then the length.
+# The pending bytes cost one copy and one length per write: their frame's
+# length is left to the server (header word 3 says where that frame starts).
+def _jover():
+    """The journal cannot hold what is added (it is being written now):
+    keep it empty until the write is done."""
+    global _jbad
+    _jbad = True
+    _jhead[0] = _jhead[1] = 0
+
+
+def _start_journal():
+    """A fresh, empty journal at fd 8 for a fresh control stream; none if
+    that fails (output is then only as safe as the flusher makes it)."""
+    global _jm, _jhead, _jat, _jin, _jbad
+    _jm = None
+    _jat = _jin = 0
+    _jbad = False
+    try:                      # mapped with libc: Python's mmap keeps a descriptor of its own
+        import ctypes
+        fd = os.memfd_create('forkbox-journal', os.MFD_CLOEXEC)
+        if fd != _JOURNAL_FD:
+            os.dup2(fd, _JOURNAL_FD, inheritable=False)
+            os.close(fd)
+        os.ftruncate(_JOURNAL_FD, _JSIZE)
+        mmap = ctypes.CDLL(None, use_errno=True).mmap
+        mmap.restype = ctypes.c_void_p
+        mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+        addr = mmap(None, _JSIZE, 3, 1, _JOURNAL_FD, 0)          # PROT_READ|PROT_WRITE, MAP_SHARED
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            return
+        m = memoryview((ctypes.c_char * _JSIZE).from_address(addr)).cast('B')
+    except Exception:
+        return
+    with _lock:               # anything held already goes in first
+        _pend_to_held_locked()
+        _jm, _jhead = m, m[8:16].cast('I')
+        if _JHDR + len(_held) > _JSIZE:
+            _jover()
+        elif _held:
+            _jm[_JHDR:_JHDR + len(_held)] = _held
+            _jhead[0] = len(_held)
+
+
 def _writeall(data):
     try:
         n = _write(_CTL, data)
@@ -83,10 +143,25 @@ def _writeall(data):
         _exit_now(0)          # server went away
 
 
-def _queue_locked(kind, payload):
-    _held.extend((len(payload) + 1).to_bytes(4, 'big'))
-    _held.extend(kind)
+def _queue_locked(kind, payload, journaled=False):
+    """Add a frame to _held. ``journaled``: it is the open frame of the
+    pending bytes, whose payload the journal has already."""
+    at = _jin + len(_held)
+    head = (len(payload) + 1).to_bytes(4, 'big') + kind
+    _held.extend(head)
     _held.extend(payload)
+    if _jm is not None and not _jbad:
+        if journaled:         # close the open frame: its length, then no open frame
+            _jm[_JHDR + at:_JHDR + at + 4] = head[:4]
+            _jhead[1] = 0
+        else:
+            end = _JHDR + at + 5 + len(payload)
+            if end > _JSIZE:
+                _jover()
+            else:
+                _jm[end - len(payload) - 5:end - len(payload)] = head
+                _jm[end - len(payload):end] = payload
+                _jhead[0] = end - _JHDR
 
 
 def _pend_to_held_locked():
@@ -99,8 +174,10 @@ def _pend_to_held_locked():
     kind = _pkind
     n = len(data)
     if n <= _CHUNK:
-        _queue_locked(kind, data)
+        _queue_locked(kind, data, True)
         return
+    if _jm is not None and not _jbad:
+        _jover()              # cut in several frames: it is written now
     pos = 0
     while pos < n:
         end = pos + _CHUNK
@@ -118,7 +195,7 @@ def _pend_to_held_locked():
 
 def _write_locked():
     """Write everything pending and held now; caller holds _lock."""
-    global _held, _inflush, _armed
+    global _held, _inflush, _armed, _jat, _jin, _jbad
     _pend_to_held_locked()
     if _armed:
         _armed = False
@@ -130,7 +207,16 @@ def _write_locked():
         while _held:
             data = _held
             _held = bytearray()
+            _jin += len(data)     # in the journal until the socket has all of it
             _writeall(data)
+            _pend_to_held_locked()
+        if _jin:              # all written: the journal starts afresh after it
+            _jat += _jin
+            _jin = 0
+            _jbad = False
+            if _jm is not None:
+                _jhead[0] = _jhead[1] = 0
+                _jm[0:8] = _jat.to_bytes(8, 'little')
     finally:
         _inflush = False
 
@@ -174,6 +260,19 @@ def _out_locked(kind, data, line_done):
         _pend_to_held_locked()
     _pkind = kind
     _pend.extend(data)
+    if _jm is not None and not _jbad:
+        # The pending bytes, as the open frame they will become: its kind
+        # once, its length left to the server (header word 3 says where it is).
+        at = _JHDR + _jin + len(_held)
+        end = at + 5 + len(_pend)
+        if end > _JSIZE:
+            _jover()
+        else:
+            if len(_pend) == len(data):
+                _jm[at + 4] = kind[0]
+                _jhead[1] = at - _JHDR + 1
+            _jm[end - len(data):end] = data
+            _jhead[0] = end - _JHDR
     _soon_locked(line_done)
 
 
@@ -351,9 +450,14 @@ def _on_sigint(signum, frame):
 
 def _after_fork_child():
     global _lock, _child, _pend, _held, _timer_on, _armed, _inflush, _crit, _int_pending, _MAIN
+    global _jm, _jat, _jin, _jbad
     _lock = _thread.RLock()
     _pend = bytearray()       # the parent sends its own pending and held output
     _held = bytearray()
+    _jm = None                # the parent's journal stays mapped here (a forked REPL's
+                              # plan replaces the mapping) and is never written
+    _jat = _jin = 0
+    _jbad = False
     if _timer_on:             # the parent's timer; the flusher thread stayed there
         _close(_TIMER_FD)
     _timer_on = _armed = False
@@ -709,6 +813,7 @@ def _become_child(fds, plan, cwd):
         except (OSError, ValueError):
             pass
     _reseed()
+    _start_journal()
     _frame(b'R', _json({'pid': os.getpid(), 'python': sys.version.split()[0], 'pidns': _setns is not None, 'forked': True}))
     _start_flusher()          # after joining the cgroups, which moved this thread only
 
@@ -1340,6 +1445,7 @@ def main():
     _wrap_spawners()
     os.register_at_fork(after_in_child=_after_fork_child)
     _start_flusher()
+    _start_journal()
     _fflush()                         # import ctypes now, not during the first exec
     global _CTRL
     _CTRL = _Control()

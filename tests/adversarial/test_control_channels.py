@@ -212,3 +212,44 @@ print('after the forged frames')
     assert again.exit_code == 0 and again.stdout == "fresh\n" and again.warnings, again
     assert exec_ok(http, other, "print(state)") == "kept\n"
     assert healthy(http) and server_rss_kib(server) < rss + 64 * 1024
+
+
+# The REPL's output journal (fd 8, docs/repl-protocol.md): user code can
+# write anything into it, resize it, or point its header anywhere, and then
+# die. The server reads it after the death, through the same bounded frame
+# parser as the socket, and takes only output frames.
+JOURNAL_FORGERIES = {
+    # a length of 4 GiB
+    "huge-length": "os.pwrite(8, struct.pack('<QII', 0, 0xffffffff, 0), 0)",
+    # the file grown to 1 TiB (sparse), the length at 2 GiB
+    "grown-file": "os.ftruncate(8, 1 << 40)\nos.pwrite(8, struct.pack('<QII', 0, 0x7fffffff, 0), 0)",
+    # an open frame said to start far past the end, or inside the header
+    "wild-open-frame": "os.pwrite(8, struct.pack('<QII', 0, 64, 0xfffffff0), 0)\nos.pwrite(8, b'A' * 64, 16)",
+    # frames placed where the server will look (the REPL's count of bytes
+    # written): an exec's end that never happened, a bundle that is no
+    # JSON, a line, a frame announcing 4 GiB
+    "forged-frames": ("body = frame(b'D', json.dumps({'id': 1, 'exit_code': 0, 'error': None}).encode())"
+                      " + frame(b'V', b'{not json') + frame(b'O', b'forged line\\n')"
+                      " + struct.pack('>I', 0xffffffff) + b'O' + b'B' * 1000\n"
+                      "at = __import__('sys').modules['forkbox_repl']._jat\n"
+                      "os.pwrite(8, body, 16)\nos.pwrite(8, struct.pack('<QII', at, len(body), 0), 0)"),
+}
+
+
+@pytest.mark.parametrize("forgery", list(JOURNAL_FORGERIES.values()), ids=list(JOURNAL_FORGERIES))
+def test_a_forged_output_journal_hurts_only_that_repl(http, server, new_sandbox, forgery):
+    sid, other = new_sandbox(), new_sandbox()
+    exec_ok(http, other, "state = 'kept'")
+    rss = server_rss_kib(server)
+    code = ("import os, struct, json, signal\n"
+            "def frame(kind, payload):\n    return struct.pack('>I', len(payload) + 1) + kind + payload\n"
+            f"{forgery}\nos.kill(os.getpid(), signal.SIGKILL)")
+    r = exec_raw(http, sid, code, timeout_ms=10_000)
+    # The forged end of an exec is not taken: the exec ends with the death.
+    assert r.exit_code != 0 and [e.get("ename") for e in r.errors] == ["ReplDied"], r
+    # Only an output frame gets through, and only into this sandbox's own exec.
+    assert r.stdout == ("forged line\n" if "forged line" in forgery else ""), r
+    again = exec_raw(http, sid, "print('fresh')")
+    assert again.exit_code == 0 and again.stdout == "fresh\n" and again.warnings, again
+    assert exec_ok(http, other, "print(state)") == "kept\n"
+    assert healthy(http) and server_rss_kib(server) < rss + 64 * 1024

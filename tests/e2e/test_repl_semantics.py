@@ -203,6 +203,18 @@ def test_interrupt_ignoring_code_is_killed_after_the_grace(small_server, small_h
     assert info["repl_restarts"] == 1, info
 
 
+def test_output_held_before_a_call_that_keeps_the_gil_survives_the_kill(small_http, small_sandbox):
+    # The REPL holds output up to 10 ms; a C loop that keeps the GIL (and
+    # so never lets the SIGINT handler run) stops its flusher, and the kill
+    # after the grace ends the process with the line unsent: the server
+    # takes it from the REPL's journal.
+    code = "print('stubborn')\nsum(range(10 ** 13))"
+    e = exec_raw(small_http, small_sandbox, code, timeout_ms=500)
+    assert e.exit_code == 124, e
+    assert e.stdout == "stubborn\n", e
+    assert len(e.errors) == 1 and "killed" in e.errors[0]["data"], e
+
+
 # ── REPL death and recovery ─────────────────────────────────────────────
 
 def _assert_recovered(http, sid, expect_restarts=1):
@@ -231,6 +243,21 @@ def test_segfault_is_reported_and_recovered(sandbox, http):
     assert len(e.errors) == 1, e
     assert "SIGSEGV" in e.errors[0]["data"] or "signal 11" in e.errors[0]["data"], e
     _assert_recovered(http, sandbox.id)
+
+
+@pytest.mark.parametrize("forked", [False, True], ids=["sandbox", "fork-child"])
+def test_output_held_before_an_oom_kill_is_delivered(make_sandbox, http, forked):
+    sb = make_sandbox(ram_mib=256)
+    target = sb.fork(1)[0] if forked else sb
+    try:
+        # The copy is one C call holding the GIL until the OOM killer ends it.
+        e = exec_raw(http, target.id, "print('allocating')\nx = b'\\x01' * (1 << 30)")
+        assert e.stdout == "allocating\n", e
+        assert [x.get("ename") for x in e.errors] == ["MemoryError"], e
+        _assert_recovered(http, target.id)
+    finally:
+        if forked:
+            target.close()
 
 
 def test_memory_bomb_is_reported_and_the_server_keeps_serving(make_sandbox, http):

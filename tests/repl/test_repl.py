@@ -87,6 +87,7 @@ class Repl:
         self.sock = parent
         self.out_r, self.err_r = out_r, err_r
         self.rbuf = b''
+        self.received = 0         # bytes read from the control socket
         self.raw_out = b''
         self.raw_err = b''
         self.next_id = 1
@@ -139,6 +140,7 @@ class Repl:
                 d = self.sock.recv(1 << 20)
                 if not d:
                     raise EOFError('REPL closed the control socket')
+                self.received += len(d)
                 self.rbuf += d
             self._drain_pipes()
 
@@ -513,6 +515,68 @@ def test_held_output_goes_out_before_the_process_ends_at_once(fresh, end, status
     with pytest.raises(EOFError):
         fresh.read_frame(timeout=5)
     assert fresh.proc.wait(5) == status
+
+
+def _journal(repl):
+    """The REPL's output journal (fd 8): (stream offset of its first byte, its frames)."""
+    fd = os.open('/proc/%d/fd/8' % repl.proc.pid, os.O_RDONLY)
+    return fd
+
+
+def _read_journal(fd):
+    """(stream offset, frames) as a server reads them: the open frame's
+    length worked out (crates/server/src/journal.rs)."""
+    start, n, open_at = struct.unpack('<QII', os.pread(fd, 16, 0))
+    data = bytearray(os.pread(fd, n, 16))
+    if open_at and open_at - 1 + 5 <= n:
+        data[open_at - 1:open_at + 3] = struct.pack('>I', n - (open_at - 1) - 4)
+    return start, bytes(data)
+
+
+def _frames(data):
+    out = []
+    while len(data) >= 5:
+        n = struct.unpack('>I', data[:4])[0]
+        out.append((chr(data[4]), data[5:4 + n]))
+        data = data[4 + n:]
+    return out
+
+
+@pytest.mark.parametrize('stall', [
+    'ctypes.PyDLL(None).sleep(30)',               # a C call that keeps the GIL
+    'sum(range(10 ** 12))',                       # a builtin that never lets the flusher in
+], ids=['c-call', 'builtin'])
+def test_output_held_when_the_process_is_killed_is_in_its_journal(fresh, stall):
+    j = _journal(fresh)
+    fresh.start('import ctypes\nprint("last words")\nprint("err", file=__import__("sys").stderr)\n' + stall)
+    # The flusher cannot run: nothing reaches the socket.
+    assert fresh.read_frame(timeout=0.5) is None
+    fresh.proc.kill()
+    with pytest.raises(EOFError):
+        fresh.read_frame(timeout=5)
+    start, data = _read_journal(j)
+    os.close(j)
+    # What the socket did not bring, as a server reads it (crates/server/src/journal.rs).
+    assert start <= fresh.received <= start + len(data)
+    assert _frames(data[fresh.received - start:]) == [('O', b'last words\n'), ('E', b'err\n')]
+
+
+def test_the_journal_keeps_only_what_is_not_yet_written(fresh):
+    j = _journal(fresh)
+    for code in ('print(1)', 'print("x" * 200_000)', 'import time\nfor i in range(3):\n    print(i)\n    time.sleep(0.05)',
+                 'display({"a": 1}, raw=True)', '2 + 2'):
+        fresh.ok(code)
+        # the REPL empties it just after the write that the D frame ends
+        deadline = time.monotonic() + 2
+        while _read_journal(j) != (fresh.received, b'') and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _read_journal(j) == (fresh.received, b''), code
+    # a held line waits in the journal, right after what the socket brought
+    fresh.start('import ctypes\nprint("held")\nctypes.PyDLL(None).usleep(300_000)')
+    time.sleep(0.1)
+    start, data = _read_journal(j)
+    assert start == fresh.received and _frames(data) == [('O', b'held\n')]
+    os.close(j)
 
 
 @pytest.mark.parametrize('line, then', [

@@ -14,8 +14,8 @@ use serde::Serialize;
 
 /// The REPL's own descriptors (docs/repl-protocol.md); 4, its source, is
 /// closed once read, so user files may take it. A forked REPL replaces 7,
-/// its output timer, itself.
-const REPL_FDS: [i32; 7] = [0, 1, 2, 3, 5, 6, 7];
+/// its output timer, and 8, its output journal, itself.
+const REPL_FDS: [i32; 8] = [0, 1, 2, 3, 5, 6, 7, 8];
 /// More than this many descriptors or mappings are not worth planning for
 /// (the plan travels in one frame); the rest are left as they are.
 const MAX_ENTRIES: usize = 4096;

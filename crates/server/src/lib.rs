@@ -17,6 +17,7 @@ pub mod error;
 pub mod events;
 pub mod files;
 pub mod fork;
+pub mod journal;
 pub mod keys;
 pub mod metrics;
 pub mod openapi;

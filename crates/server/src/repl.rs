@@ -5,6 +5,7 @@
 //! Python-level write is delivered before it.
 
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -15,6 +16,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::control::{self, ControlReader, ControlWriter};
+use crate::journal::Journal;
 
 /// The REPL source and its bootstrap, embedded in the binary.
 pub const REPL_SOURCE: &str = include_str!("../../../repl/repl.py");
@@ -84,6 +86,9 @@ pub struct ReplSession {
     held: std::collections::VecDeque<ReplItem>,
     /// None for a forked REPL until the engine adopted it.
     pidfd: Option<OwnedFd>,
+    /// The REPL's output journal, taken once its pidfd is known; the pump
+    /// reads it after the REPL's death.
+    journal: Arc<OnceLock<Journal>>,
     pub host_pid: i32,
     next_id: u64,
     pub ready: Ready,
@@ -111,8 +116,7 @@ impl ReplSession {
             let _ = jail::sys::pidfd_send_signal(pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL);
             format!("the Python REPL did not start: {said}")
         })?;
-        session.pidfd = Some(pidfd);
-        session.host_pid = host_pid;
+        session.adopted(host_pid, pidfd);
         Ok(session)
     }
 
@@ -141,9 +145,13 @@ impl ReplSession {
         let (read, write) = control::split(control).map_err(|e| format!("the control socket: {e}"))?;
         let (tx, rx) = mpsc::channel(256);
         let (ready_tx, _) = oneshot::channel();
-        tokio::spawn(pump(read, process.stdout, process.stderr, process.exited, tx, ready_tx, Some(marker)));
+        // No journal: this server does not know how much of the stream the
+        // dead one read, so it cannot tell what the journal holds beyond it.
+        let journal = Arc::new(OnceLock::new());
+        tokio::spawn(pump(read, process.stdout, process.stderr, process.exited, tx, ready_tx, Some(marker), journal.clone()));
         let ready = Ready { pid: 0, python: String::new(), pidns: true, forked: false };
-        let mut session = ReplSession { control: write, items: rx, held: Default::default(), pidfd: Some(pidfd), host_pid, next_id: probe, ready, ends: None };
+        let mut session =
+            ReplSession { control: write, items: rx, held: Default::default(), pidfd: Some(pidfd), journal, host_pid, next_id: probe, ready, ends: None };
         let id = session.send_exec("pass").await.map_err(|e| format!("the Python process cannot be reached: {e}"))?;
         let mut interrupted = false;
         let found = tokio::time::timeout(RESUME_TIMEOUT, async {
@@ -174,6 +182,9 @@ impl ReplSession {
     }
 
     pub fn adopted(&mut self, host_pid: i32, pidfd: OwnedFd) {
+        if let Some(journal) = Journal::take(&pidfd) {
+            let _ = self.journal.set(journal);
+        }
         self.host_pid = host_pid;
         self.pidfd = Some(pidfd);
     }
@@ -193,7 +204,8 @@ impl ReplSession {
         let (read, write) = control::split(control).map_err(|e| format!("the control socket: {e}"))?;
         let (tx, mut rx) = mpsc::channel(256);
         let (ready_tx, ready_rx) = oneshot::channel();
-        tokio::spawn(pump(read, stdout, stderr, exited, tx, ready_tx, None));
+        let journal = Arc::new(OnceLock::new());
+        tokio::spawn(pump(read, stdout, stderr, exited, tx, ready_tx, None, journal.clone()));
         let ready = match tokio::time::timeout(START_TIMEOUT, ready_rx).await {
             Ok(Ok(r)) => r,
             _ => {
@@ -212,7 +224,7 @@ impl ReplSession {
                 return Err(String::from_utf8_lossy(&said).trim().to_string());
             }
         };
-        Ok(ReplSession { control: write, items: rx, held: Default::default(), pidfd: None, host_pid: 0, next_id: 1, ready, ends })
+        Ok(ReplSession { control: write, items: rx, held: Default::default(), pidfd: None, journal, host_pid: 0, next_id: 1, ready, ends })
     }
 
     /// Send code to run; returns the exec id the matching `Done` carries.
@@ -291,6 +303,7 @@ impl ReplSession {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn pump(
     mut control: ControlReader,
     mut stdout: pipe::Receiver,
@@ -299,8 +312,15 @@ async fn pump(
     tx: mpsc::Sender<ReplItem>,
     ready_tx: oneshot::Sender<Ready>,
     mut resync: Option<Vec<u8>>,
+    journal: Arc<OnceLock<Journal>>,
 ) {
     let mut ready_tx = Some(ready_tx);
+    // Bytes of the control stream read so far, to find our place in the
+    // journal; unknown after a resync, or once the stream was garbage.
+    let mut received = Some(0u64);
+    if resync.is_some() {
+        received = None;
+    }
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut out_buf = vec![0u8; 64 * 1024];
     let mut err_buf = vec![0u8; 64 * 1024];
@@ -310,7 +330,8 @@ async fn pump(
             n = control.read_buf(&mut buf) => {
                 match n {
                     Ok(0) | Err(_) => break,
-                    Ok(_) => {
+                    Ok(n) => {
+                        received = received.map(|r| r + n as u64);
                         if let Some(marker) = &resync {
                             let (found, saw_done) = skip_to(&mut buf, marker);
                             if saw_done {
@@ -327,27 +348,19 @@ async fn pump(
                             if drain(&mut stdout, &mut stderr, &tx).await.is_err() {
                                 return;
                             }
-                            let item = match kind {
-                                b'O' => ReplItem::Stdout(payload),
-                                b'E' => ReplItem::Stderr(payload),
-                                b'V' | b'M' if payload.len() > MAX_BUNDLE => continue,
-                                b'V' => match serde_json::from_slice(&payload) { Ok(v) => ReplItem::Result(v), Err(_) => continue },
-                                b'M' => match serde_json::from_slice(&payload) { Ok(v) => ReplItem::Display(v), Err(_) => continue },
-                                b'D' => match serde_json::from_slice(&payload) { Ok(d) => ReplItem::Done(d), Err(_) => continue },
-                                b'f' => match serde_json::from_slice(&payload) { Ok(f) => ReplItem::Forked(f), Err(_) => continue },
-                                b'R' => {
-                                    if let (Some(t), Ok(r)) = (ready_tx.take(), serde_json::from_slice::<Ready>(&payload)) {
-                                        let _ = t.send(r);
-                                    }
-                                    continue;
+                            if kind == b'R' {
+                                if let (Some(t), Ok(r)) = (ready_tx.take(), serde_json::from_slice::<Ready>(&payload)) {
+                                    let _ = t.send(r);
                                 }
-                                _ => continue,
-                            };
+                                continue;
+                            }
+                            let Some(item) = item_of(kind, payload) else { continue };
                             if tx.send(item).await.is_err() {
                                 return;
                             }
                         }
                         if buf.len() > MAX_FRAME + 5 {
+                            received = None;
                             break;
                         }
                     }
@@ -365,8 +378,36 @@ async fn pump(
     }
     // The control socket closed: the REPL is dead (or dying).
     let status = tokio::time::timeout(Duration::from_secs(5), exited).await.ok().and_then(|r| r.ok());
+    // Output it held and never wrote, taken from its journal: only output,
+    // never an exec's end or a fork's answer.
+    if let (Some(received), Some(journal)) = (received, journal.get()) {
+        buf.extend_from_slice(&journal.unsent(received));
+        while let Some((kind, payload)) = take_frame(&mut buf) {
+            if !matches!(kind, b'O' | b'E' | b'V' | b'M') {
+                continue;
+            }
+            let Some(item) = item_of(kind, payload) else { continue };
+            if tx.send(item).await.is_err() {
+                return;
+            }
+        }
+    }
     let _ = drain(&mut stdout, &mut stderr, &tx).await;
     let _ = tx.send(ReplItem::Died(status)).await;
+}
+
+/// The item a control frame from the REPL carries (`R` aside), if any.
+fn item_of(kind: u8, payload: Vec<u8>) -> Option<ReplItem> {
+    Some(match kind {
+        b'O' => ReplItem::Stdout(payload),
+        b'E' => ReplItem::Stderr(payload),
+        b'V' | b'M' if payload.len() > MAX_BUNDLE => return None,
+        b'V' => ReplItem::Result(serde_json::from_slice(&payload).ok()?),
+        b'M' => ReplItem::Display(serde_json::from_slice(&payload).ok()?),
+        b'D' => ReplItem::Done(serde_json::from_slice(&payload).ok()?),
+        b'f' => ReplItem::Forked(serde_json::from_slice(&payload).ok()?),
+        _ => return None,
+    })
 }
 
 /// Read what `pipe` holds right now, without waiting: Some(n > 0) bytes,
