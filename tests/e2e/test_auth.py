@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
+import time
 import uuid
 
 import httpx
@@ -49,6 +51,44 @@ def test_missing_or_wrong_key_is_401(auth_server, headers):
         for r in (c.post("/v1/sandboxes", json={}), c.get("/v1/sandboxes"), c.get("/v1/openapi.json"),
                   c.get("/v1/sandboxes/sb-whatever/replay"), c.post("/v1/sandboxes/sb-whatever/exec", json={"code": "1"})):
             assert_json_error(r, 401)
+
+
+def _response_head(s: socket.socket) -> bytes:
+    """Read one response (head and a content-length body) from s; its head, lowercased."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":")[1] for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")))
+    while len(body) < length:
+        body += s.recv(65536)
+    return head.lower()
+
+
+def test_a_refusal_that_leaves_the_body_unread_says_it_closes_the_connection(auth_server):
+    # The 401 goes out before the body arrives, so the server never reads
+    # it and cannot keep the connection: it must say so, or the client's
+    # next request on it fails ("server disconnected").
+    host, port = auth_server.url.split("//")[1].rsplit(":", 1)
+    request = (b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"
+               b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(request)
+        head = _response_head(s)
+        assert head.startswith(b"http/1.1 401") and b"\r\nconnection: close" in head, head
+        time.sleep(0.2)
+        s.sendall(b"{}")
+        assert s.recv(100) == b""      # closed, as it said
+    # A request whose body was read keeps its connection for the next one.
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(request.replace(b"Bearer wrong", f"Bearer {KEY}".encode()).replace(b"/v1/sandboxes", b"/v1/sandboxes/sb-none/fork")
+                  .replace(b"Length: 2", b"Length: 8") + b'{"n": 1}')
+        head = _response_head(s)
+        assert head.startswith(b"http/1.1 404") and b"connection: close" not in head, head
+        s.sendall(f"GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode())
+        assert _response_head(s).startswith(b"http/1.1 200")
 
 
 def test_sdk_with_the_right_key_works(auth_server):

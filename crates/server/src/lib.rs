@@ -18,6 +18,7 @@ pub mod events;
 pub mod files;
 pub mod fork;
 pub mod journal;
+pub mod keepalive;
 pub mod keys;
 pub mod metrics;
 pub mod openapi;
@@ -110,6 +111,7 @@ pub fn app(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(state.clone(), routes::auth))
         .layer(axum::middleware::from_fn_with_state(state.clone(), routes::refuse_while_draining))
         .layer(DefaultBodyLimit::max(routes::MAX_BODY))
+        .layer(axum::middleware::from_fn(keepalive::close_if_body_unread))
         .with_state(state)
 }
 
