@@ -22,7 +22,8 @@ _LINEBUF = 1 << 16            # send output at once when this much is pending or
 _HOLD_NS = 10_000_000         # how long output may be held for more to go with it
 _TIMER_FD = 7                 # the flusher thread's timerfd (docs/repl-protocol.md)
 _JOURNAL_FD = 8               # the journal: a memfd the server reads if we die (same)
-_JHDR = 16                    # journal header: u64 stream offset, u32 length, u32 open frame
+_JHDR = 24                    # journal header: u64 stream offset, u32 length, u32 open frame,
+                              # u32 foreign writes, 4 spare bytes
 _JSIZE = 33 * 4096            # header and 132 KiB of frames: more than is ever held (_LINEBUF)
 _CO_COROUTINE = 0x80          # inspect.CO_COROUTINE
 _AWAIT = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
@@ -48,7 +49,8 @@ _armed = False                # its timer is set
 _timerfd_create = _settime = None   # libc's timerfd_create, timerfd_settime
 _ARM = _DISARM = None         # struct itimerspec: fire once after _HOLD_NS, and never
 _jm = None                    # the journal's shared mapping (None: no journal)
-_jhead = None                 # its length and open-frame words, as a memoryview of 2 u32
+_jhead = None                 # its length, open-frame and foreign-writes words (3 u32)
+_jtaint = None                # in a fork child of user code: the parent's _jhead
 _jat = 0                      # stream offset of the journal's first byte (bytes written to fd 3)
 _jin = 0                      # journal bytes before _held's: a write in progress
 _jbad = False                 # it overflowed: empty until what is held now is written
@@ -91,6 +93,10 @@ _strict = json.JSONEncoder(allow_nan=False).encode
 # leaves a header that describes whole bytes: data first, then the length.
 # The pending bytes cost one copy and one length per write: their frame's
 # length is left to the server (header word 3 says where that frame starts).
+# A fork child of user code (multiprocessing) writes its own frames on the
+# parent's socket, so the parent's count of bytes written no longer says
+# where the server is in the stream: before its first write the child sets
+# the parent's foreign-writes word, and the server then reads no journal.
 def _jover():
     """The journal cannot hold what is added (it is being written now):
     keep it empty until the write is done."""
@@ -102,8 +108,8 @@ def _jover():
 def _start_journal():
     """A fresh, empty journal at fd 8 for a fresh control stream; none if
     that fails (output is then only as safe as the flusher makes it)."""
-    global _jm, _jhead, _jat, _jin, _jbad
-    _jm = None
+    global _jm, _jhead, _jat, _jin, _jbad, _jtaint
+    _jm = _jtaint = None
     _jat = _jin = 0
     _jbad = False
     try:                      # mapped with libc: Python's mmap keeps a descriptor of its own
@@ -124,7 +130,7 @@ def _start_journal():
         return
     with _lock:               # anything held already goes in first
         _pend_to_held_locked()
-        _jm, _jhead = m, m[8:16].cast('I')
+        _jm, _jhead = m, m[8:20].cast('I')
         if _JHDR + len(_held) > _JSIZE:
             _jover()
         elif _held:
@@ -133,6 +139,10 @@ def _start_journal():
 
 
 def _writeall(data):
+    global _jtaint
+    if _jtaint is not None:   # a user's fork child, on its parent's socket
+        _jtaint[2] = 1
+        _jtaint = None
     try:
         n = _write(_CTL, data)
         if n != len(data):
@@ -450,12 +460,13 @@ def _on_sigint(signum, frame):
 
 def _after_fork_child():
     global _lock, _child, _pend, _held, _timer_on, _armed, _inflush, _crit, _int_pending, _MAIN
-    global _jm, _jat, _jin, _jbad
+    global _jm, _jat, _jin, _jbad, _jtaint
     _lock = _thread.RLock()
     _pend = bytearray()       # the parent sends its own pending and held output
     _held = bytearray()
-    _jm = None                # the parent's journal stays mapped here (a forked REPL's
-                              # plan replaces the mapping) and is never written
+    if _jm is not None:       # the parent's journal stays mapped here (a forked REPL's
+        _jtaint = _jhead      # plan replaces the mapping); only its foreign-writes
+    _jm = None                # word may be written, by _writeall
     _jat = _jin = 0
     _jbad = False
     if _timer_on:             # the parent's timer; the flusher thread stayed there

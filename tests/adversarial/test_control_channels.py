@@ -220,11 +220,11 @@ print('after the forged frames')
 # parser as the socket, and takes only output frames.
 JOURNAL_FORGERIES = {
     # a length of 4 GiB
-    "huge-length": "os.pwrite(8, struct.pack('<QII', 0, 0xffffffff, 0), 0)",
+    "huge-length": "os.pwrite(8, struct.pack('<QIII', 0, 0xffffffff, 0, 0), 0)",
     # the file grown to 1 TiB (sparse), the length at 2 GiB
-    "grown-file": "os.ftruncate(8, 1 << 40)\nos.pwrite(8, struct.pack('<QII', 0, 0x7fffffff, 0), 0)",
+    "grown-file": "os.ftruncate(8, 1 << 40)\nos.pwrite(8, struct.pack('<QIII', 0, 0x7fffffff, 0, 0), 0)",
     # an open frame said to start far past the end, or inside the header
-    "wild-open-frame": "os.pwrite(8, struct.pack('<QII', 0, 64, 0xfffffff0), 0)\nos.pwrite(8, b'A' * 64, 16)",
+    "wild-open-frame": "os.pwrite(8, struct.pack('<QIII', 0, 64, 0xfffffff0, 0), 0)\nos.pwrite(8, b'A' * 64, 24)",
     # frames placed where the server will look (the REPL's count of bytes
     # written): an exec's end that never happened, a bundle that is no
     # JSON, a line, a frame announcing 4 GiB
@@ -232,7 +232,7 @@ JOURNAL_FORGERIES = {
                       " + frame(b'V', b'{not json') + frame(b'O', b'forged line\\n')"
                       " + struct.pack('>I', 0xffffffff) + b'O' + b'B' * 1000\n"
                       "at = __import__('sys').modules['forkbox_repl']._jat\n"
-                      "os.pwrite(8, body, 16)\nos.pwrite(8, struct.pack('<QII', at, len(body), 0), 0)"),
+                      "os.pwrite(8, body, 24)\nos.pwrite(8, struct.pack('<QIII', at, len(body), 0, 0), 0)"),
 }
 
 

@@ -526,11 +526,22 @@ def _journal(repl):
 def _read_journal(fd):
     """(stream offset, frames) as a server reads them: the open frame's
     length worked out (crates/server/src/journal.rs)."""
-    start, n, open_at = struct.unpack('<QII', os.pread(fd, 16, 0))
-    data = bytearray(os.pread(fd, n, 16))
+    start, n, open_at, foreign = struct.unpack('<QIII', os.pread(fd, 20, 0))
+    if foreign:
+        return start, None
+    data = bytearray(os.pread(fd, n, 24))
     if open_at and open_at - 1 + 5 <= n:
         data[open_at - 1:open_at + 3] = struct.pack('>I', n - (open_at - 1) - 4)
     return start, bytes(data)
+
+
+def _settled_journal(repl, fd):
+    """The journal once the REPL has emptied it after the write its D frame
+    ended (it does so just after that write returns)."""
+    deadline = time.monotonic() + 2
+    while _read_journal(fd) != (repl.received, b'') and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return _read_journal(fd)
 
 
 def _frames(data):
@@ -566,16 +577,27 @@ def test_the_journal_keeps_only_what_is_not_yet_written(fresh):
     for code in ('print(1)', 'print("x" * 200_000)', 'import time\nfor i in range(3):\n    print(i)\n    time.sleep(0.05)',
                  'display({"a": 1}, raw=True)', '2 + 2'):
         fresh.ok(code)
-        # the REPL empties it just after the write that the D frame ends
-        deadline = time.monotonic() + 2
-        while _read_journal(j) != (fresh.received, b'') and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert _read_journal(j) == (fresh.received, b''), code
+        assert _settled_journal(fresh, j) == (fresh.received, b''), code
     # a held line waits in the journal, right after what the socket brought
     fresh.start('import ctypes\nprint("held")\nctypes.PyDLL(None).usleep(300_000)')
     time.sleep(0.1)
     start, data = _read_journal(j)
     assert start == fresh.received and _frames(data) == [('O', b'held\n')]
+    os.close(j)
+
+
+def test_a_user_fork_child_writing_to_the_socket_voids_the_journal(fresh):
+    j = _journal(fresh)
+    fresh.ok('import os\nprint("held")\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)')
+    # a child that wrote nothing changed nothing
+    assert _settled_journal(fresh, j) == (fresh.received, b'')
+    r = fresh.ok('pid = os.fork()\nif pid == 0:\n    print("from the child")\n    os._exit(0)\nos.waitpid(pid, 0)')
+    assert r.out == b'from the child\n'
+    # the child's frames went on the same socket: the REPL's count of bytes
+    # written no longer says where the server is, and the journal says so
+    assert _read_journal(j)[1] is None
+    fresh.ok('print(1)')
+    assert _read_journal(j)[1] is None       # for good
     os.close(j)
 
 

@@ -8,12 +8,15 @@
 //! death reads the journal's tail beyond that count: output printed just
 //! before a kill that the REPL had no chance to send.
 //!
-//! Layout: a 16-byte header, little-endian (u64 stream offset of the first
-//! byte kept, u32 length, u32 *open frame*), then that many bytes of
-//! frames. The open frame, if the word is not 0, starts at that offset
-//! minus one and runs to the end: the output still pending in the REPL,
-//! whose length field the REPL does not keep up to date (one store less per
-//! write); it is worked out here.
+//! Layout: a 24-byte header, little-endian (u64 stream offset of the first
+//! byte kept, u32 length, u32 *open frame*, u32 *foreign writes*, 4 spare
+//! bytes), then that many bytes of frames. The open frame, if the word is
+//! not 0, starts at that offset minus one and runs to the end: the output
+//! still pending in the REPL, whose length field the REPL does not keep up
+//! to date (one store less per write); it is worked out here. Foreign
+//! writes, if not 0, say that a fork child of user code wrote frames of its
+//! own on the REPL's socket: the REPL's offsets no longer match the stream,
+//! and the journal is not read.
 //! The REPL runs the sandbox's code, so the descriptor and its contents are
 //! untrusted: it must be a memfd, at most `MAX_SIZE` is read, and what comes
 //! out is only fed to the same bounded frame parser as the socket.
@@ -26,7 +29,7 @@ use rustix::process::{pidfd_getfd, PidfdGetfdFlags};
 
 /// The REPL's journal descriptor.
 pub const FD: i32 = 8;
-const HEADER: usize = 16;
+const HEADER: usize = 24;
 /// More than the REPL's journal ever holds (33 pages).
 const MAX_SIZE: usize = 256 << 10;
 
@@ -59,7 +62,10 @@ impl Journal {
         }
         let word = |at: usize| u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
         let start = u64::from(word(0)) | u64::from(word(4)) << 32;
-        let (len, open) = (word(8) as usize, word(12) as usize);
+        let (len, open, foreign) = (word(8) as usize, word(12) as usize, word(16));
+        if foreign != 0 {
+            return Vec::new();
+        }
         let Some(skip) = received.checked_sub(start).and_then(|s| usize::try_from(s).ok()) else { return Vec::new() };
         if len > MAX_SIZE - HEADER || skip >= len {
             return Vec::new();
@@ -88,12 +94,17 @@ mod tests {
     }
 
     fn journal_open(start: u64, data: &[u8], open: u32) -> Journal {
+        journal_with(start, data, open, 0)
+    }
+
+    fn journal_with(start: u64, data: &[u8], open: u32, foreign: u32) -> Journal {
         let fd = memfd_create("test-journal", MemfdFlags::CLOEXEC).unwrap();
         ftruncate(&fd, (HEADER + 4096) as u64).unwrap();
         let mut header = [0u8; HEADER];
         header[..8].copy_from_slice(&start.to_le_bytes());
         header[8..12].copy_from_slice(&(data.len() as u32).to_le_bytes());
-        header[12..].copy_from_slice(&open.to_le_bytes());
+        header[12..16].copy_from_slice(&open.to_le_bytes());
+        header[16..20].copy_from_slice(&foreign.to_le_bytes());
         pwrite(&fd, &header, 0).unwrap();
         pwrite(&fd, data, HEADER as u64).unwrap();
         Journal { memfd: fd }
@@ -117,6 +128,12 @@ mod tests {
         assert_eq!(j.unsent(14), b"\0\0\0\x06Ehello");
         // an open frame said to start past the end is left alone
         assert_eq!(journal_open(0, b"\0\0\0\x03Oab", 7).unsent(0), b"\0\0\0\x03Oab");
+    }
+
+    #[test]
+    fn foreign_writes_void_the_journal() {
+        assert_eq!(journal_with(5, b"\0\0\0\x03Oab", 0, 0).unsent(5), b"\0\0\0\x03Oab");
+        assert_eq!(journal_with(5, b"\0\0\0\x03Oab", 0, 1).unsent(5), b"");
     }
 
     #[test]
