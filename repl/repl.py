@@ -165,12 +165,13 @@ def _queue_locked(kind, payload, journaled=False):
             _jm[_JHDR + at:_JHDR + at + 4] = head[:4]
             _jhead[1] = 0
         else:
-            end = _JHDR + at + 5 + len(payload)
+            start = _JHDR + at
+            end = start + 5 + len(payload)
             if end > _JSIZE:
                 _jover()
             else:
-                _jm[end - len(payload) - 5:end - len(payload)] = head
-                _jm[end - len(payload):end] = payload
+                _jm[start:start + 5] = head
+                _jm[start + 5:end] = payload
                 _jhead[0] = end - _JHDR
 
 

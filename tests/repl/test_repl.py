@@ -518,9 +518,8 @@ def test_held_output_goes_out_before_the_process_ends_at_once(fresh, end, status
 
 
 def _journal(repl):
-    """The REPL's output journal (fd 8): (stream offset of its first byte, its frames)."""
-    fd = os.open('/proc/%d/fd/8' % repl.proc.pid, os.O_RDONLY)
-    return fd
+    """A descriptor of the REPL's output journal (its fd 8), to read with _read_journal."""
+    return os.open('/proc/%d/fd/8' % repl.proc.pid, os.O_RDONLY)
 
 
 def _read_journal(fd):

@@ -317,10 +317,7 @@ async fn pump(
     let mut ready_tx = Some(ready_tx);
     // Bytes of the control stream read so far, to find our place in the
     // journal; unknown after a resync, or once the stream was garbage.
-    let mut received = Some(0u64);
-    if resync.is_some() {
-        received = None;
-    }
+    let mut received = resync.is_none().then_some(0u64);
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut out_buf = vec![0u8; 64 * 1024];
     let mut err_buf = vec![0u8; 64 * 1024];
