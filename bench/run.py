@@ -31,6 +31,7 @@ answer aborts the run), timings never are.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as _dt
 import gc
 import http.client
@@ -235,6 +236,10 @@ class Server:
                 raise SystemExit(f"forkbox binary {self.binary} not found")
             log(f"waiting for the binary {self.binary} ...")
             time.sleep(10)
+        if not os.path.exists(self.state_dir):
+            # Made here: removed when the bench exits, volume image and all
+            # (a later run or the tests need that disk).
+            atexit.register(self.remove_state)
         os.makedirs(self.state_dir, exist_ok=True)
         env = dict(os.environ)
         # info: the server logs `created sandbox=… jail_ms=… total_ms=…`,
@@ -268,6 +273,16 @@ class Server:
             if time.monotonic() > deadline:
                 raise SystemExit(f"forkbox not ready after {self.ready_timeout:.0f} s:\n{self.log_tail()}")
             time.sleep(0.005 if note == "not listening yet" else 2)
+
+    def remove_state(self) -> None:
+        """Stop the server and remove the state directory it was given
+        (its log stays beside it)."""
+        self.stop()
+        volume = os.path.join(self.state_dir, "volume")
+        if os.path.ismount(volume):
+            subprocess.run(["umount", "-l", volume], check=False)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        log(f"removed {self.state_dir}")
 
     def log_tail(self, n: int = 4000) -> str:
         """The last n bytes of the server's log."""

@@ -62,19 +62,19 @@ def post_ok(http, path: str, body: dict | None = None) -> dict:
 
 @pytest.fixture(scope="module")
 def server(say, server):
-    """A server of this module's own, with a volume roomy enough for several
-    sandboxes filling 1 GiB each (test servers get 4 GiB; the shared one
-    holds other tests' sandboxes too). Requesting `server` first means the
-    default template is built."""
+    """A server of this module's own, whose volume may grow roomy enough for
+    several sandboxes filling 1 GiB each (test servers grow to 4 GiB; the
+    shared one holds other tests' sandboxes too). Requesting `server` first
+    means the default template is built."""
     s = start_server(say, "quota", ["--volume-gib", "10"], build=False)
-    # A disk with less than twice that free gets a smaller volume (volume.rs),
-    # which these tests would fill: ENOSPC would then hide what they check.
-    vol = os.statvfs(os.path.join(s.state_dir, "volume"))
-    gib = vol.f_blocks * vol.f_frsize / GIB
-    if gib < 9.5:
+    # A disk that cannot give the volume room to grow to 10 GiB beside its
+    # reserve would fill: ENOSPC would then hide what these tests check.
+    st = os.statvfs(s.state_dir)
+    reserve = min(max(st.f_blocks * st.f_frsize // 20, GIB), 16 * GIB)  # the server's default
+    if st.f_bavail * st.f_frsize < 10 * GIB + reserve:
         stop_and_assert_clean(s)
-        pytest.fail(f"the quota server's volume is {gib:.1f} GiB, not 10: the disk under {s.state_dir} "
-                    "had under 20 GiB free (a volume takes at most half); free some and rerun")
+        pytest.fail(f"the disk under {s.state_dir} has under {(10 * GIB + reserve) / GIB:.0f} GiB free: the quota server's "
+                    "volume could not grow to 10 GiB beside the disk's reserve; free some and rerun")
     yield s
     stop_and_assert_clean(s)
 

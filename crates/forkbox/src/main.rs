@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the HTTP server (builds missing built-in templates first).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Manage templates (root filesystems sandboxes start from).
     Template {
         #[command(subcommand)]
@@ -177,9 +177,16 @@ struct ServeArgs {
     /// Do not build missing built-in templates at start.
     #[arg(long)]
     no_build_templates: bool,
-    /// Size of the sparse sandbox volume image created on first start (GiB).
-    #[arg(long, default_value_t = 64)]
+    /// Largest size the sandbox volume grows to (GiB; docs/operations.md#disk).
+    #[arg(long, env = "FORKBOX_VOLUME_GIB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     volume_gib: u64,
+    /// Size of a new sandbox volume image; it grows from there (GiB).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    volume_initial_gib: u64,
+    /// Free space the volume leaves on the disk under the state directory
+    /// (GiB) [default: 5% of that disk, between 1 and 16].
+    #[arg(long, env = "FORKBOX_DISK_RESERVE_GIB")]
+    disk_reserve_gib: Option<u64>,
     /// Default sandbox lifetime (seconds).
     #[arg(long, default_value_t = 3600)]
     default_timeout: u64,
@@ -341,7 +348,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Shim { .. } => unreachable!("handled before the runtime starts"),
         Command::Serve(args) => {
-            let config = server_config(args)?;
+            let config = server_config(*args)?;
             let rt = server::runtime()?;
             rt.block_on(server::serve(config))?;
             Ok(0)
@@ -452,7 +459,11 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
             max_memory_mib: a.key_max_memory_mib,
         },
         limits,
-        volume_gib: a.volume_gib,
+        volume: jail::volume::VolumeSize {
+            initial_bytes: a.volume_initial_gib << 30,
+            max_bytes: a.volume_gib << 30,
+            host_reserve_bytes: a.disk_reserve_gib.map(|g| g << 30),
+        },
         build_templates: !a.no_build_templates,
         shim_exe: std::env::current_exe().context("locate the forkbox executable")?,
         warm_pool: !a.no_warm_pool,

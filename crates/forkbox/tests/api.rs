@@ -41,7 +41,9 @@ fn fixture() -> &'static Fixture {
             key_limits: Default::default(),
             limits: server::SandboxLimits { max_ram_mib: 4096, ..Default::default() },
             // Allocated in full and kept between runs: small, as the e2e servers' are.
-            volume_gib: 4,
+            volume: jail::volume::VolumeSize::up_to_gib(4),
+            host_cas: None,
+            egress_proxy: None,
             build_templates: false,
             shim_exe: PathBuf::from(env!("CARGO_BIN_EXE_forkbox")),
             warm_pool: false,
@@ -53,7 +55,7 @@ fn fixture() -> &'static Fixture {
             cpu_boost: 1,
             drain: std::time::Duration::from_secs(30),
         };
-        let jail = jail::Jail::open_clean(jail::JailConfig::new(state_dir, config.shim_exe.clone(), config.volume_gib)).expect("engine");
+        let jail = jail::Jail::open_clean(jail::JailConfig { volume: config.volume, ..jail::JailConfig::new(state_dir, config.shim_exe.clone(), 4) }).expect("engine");
         let templates = server::Templates::new(templates_dir, &config.state_dir.join("custom-templates"));
         templates.scan();
         assert!(templates.is_ready("default"), "build the default template first: forkbox template build default");

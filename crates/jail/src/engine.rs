@@ -26,16 +26,17 @@ pub struct JailConfig {
     pub state_dir: PathBuf,
     /// The binary that runs `__shim` (normally the server's own executable).
     pub shim_exe: PathBuf,
-    /// Size of a new sparse volume image, in GiB.
-    pub volume_gib: u64,
+    /// How big the volume's image starts and how far it grows.
+    pub volume: crate::volume::VolumeSize,
     /// How long a family outlives a server that died (or exited for an
     /// upgrade) waiting for the next one to adopt it; zero: not at all.
     pub orphan_grace: Duration,
 }
 
 impl JailConfig {
+    /// An engine whose volume grows to at most `volume_gib`.
     pub fn new(state_dir: PathBuf, shim_exe: PathBuf, volume_gib: u64) -> JailConfig {
-        JailConfig { state_dir, shim_exe, volume_gib, orphan_grace: Duration::ZERO }
+        JailConfig { state_dir, shim_exe, volume: crate::volume::VolumeSize::up_to_gib(volume_gib), orphan_grace: Duration::ZERO }
     }
 }
 
@@ -230,7 +231,7 @@ impl Jail {
         crate::tools::require_tool("mount", "mount")?;
         std::fs::create_dir_all(&config.state_dir).map_err(|e| Error::io("create state dir", e))?;
         let lock = lock_state_dir(&config.state_dir)?;
-        let volume = Volume::open(&config.state_dir, config.volume_gib)?;
+        let volume = Volume::open(&config.state_dir, config.volume)?;
         let cgroups = Cgroups::detect(&instance_name(&config.state_dir))?;
         // The slot our predecessor used, so the families it left are ours.
         let slot_file = config.state_dir.join("id-slot");
@@ -242,9 +243,9 @@ impl Jail {
     }
 
     /// `open`, then clean up everything a predecessor left (nothing is
-    /// adopted, so a volume image of another size is made anew).
+    /// adopted, so a volume image over the cap is made anew).
     pub fn open_clean(config: JailConfig) -> Result<Jail> {
-        crate::volume::Volume::discard_other_size(&config.state_dir, config.volume_gib)?;
+        crate::volume::Volume::discard_larger(&config.state_dir, config.volume.max_bytes)?;
         let jail = Self::open(config)?;
         jail.kill_stale_pastas();
         jail.clean_stale(&Default::default())?;
@@ -253,6 +254,16 @@ impl Jail {
 
     pub fn volume_root(&self) -> &Path {
         self.volume.root()
+    }
+
+    /// The volume's size and room (blocking: a few `statvfs`).
+    pub fn volume_usage(&self) -> Result<crate::volume::Usage> {
+        self.volume.usage()
+    }
+
+    /// Grow the volume by a step now, if one fits (blocking).
+    pub fn grow_volume(&self) -> bool {
+        self.volume.grow_now()
     }
 
     pub fn cgroup_version(&self) -> crate::cgroup::Version {

@@ -18,8 +18,8 @@ pub struct ServerConfig {
     /// Limits of the `--api-key` keys (the keys file has its own per key).
     pub key_limits: crate::keys::KeyLimits,
     pub limits: SandboxLimits,
-    /// Size of a new sparse volume image in GiB.
-    pub volume_gib: u64,
+    /// How the sandbox volume starts and grows (crates/jail/src/volume).
+    pub volume: jail::volume::VolumeSize,
     /// Build the built-in templates at start.
     pub build_templates: bool,
     /// The executable that runs `__shim` (the server's own binary).

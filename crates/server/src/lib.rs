@@ -144,7 +144,8 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     }
     let jail = jail::Jail::open(jail::JailConfig {
         orphan_grace: config.orphan_grace,
-        ..jail::JailConfig::new(config.state_dir.clone(), config.shim_exe.clone(), config.volume_gib)
+        volume: config.volume,
+        ..jail::JailConfig::new(config.state_dir.clone(), config.shim_exe.clone(), 0)
     })?;
     let templates = Templates::new(config.templates_dir.clone(), &config.state_dir.join("custom-templates"));
     templates.scan();

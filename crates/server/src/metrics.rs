@@ -82,6 +82,9 @@ pub struct Metrics {
     spaces: Gauge,
     checkpoints: Gauge,
     memory_bytes: Gauge,
+    /// The sandbox volume: its size, its free space and the size it may
+    /// grow to (docs/operations.md#disk).
+    volume_bytes: Family<Kind, Gauge>,
     /// Sandboxes whose CPU weight is raised for being quiet (src/cpu_boost.rs).
     pub cpu_boosted: Gauge,
     repl_restarts: Counter,
@@ -108,6 +111,7 @@ impl Default for Metrics {
         let create_seconds: Histograms<Kind> = Family::new_with_constructor(latency);
         let fork_seconds = latency();
         let sandboxes = Family::<StateLabel, Gauge>::default();
+        let volume_bytes = Family::<Kind, Gauge>::default();
         let (spaces, checkpoints, memory_bytes, cpu_boosted) = (Gauge::default(), Gauge::default(), Gauge::default(), Gauge::default());
         let (repl_restarts, oom_kills) = (Counter::default(), Counter::default());
         let file_bytes = Family::<Direction, Counter>::default();
@@ -125,6 +129,7 @@ impl Default for Metrics {
         registry.register("spaces", "Spaces on disk", spaces.clone());
         registry.register("checkpoints", "Checkpoints held", checkpoints.clone());
         registry.register("memory_bytes", "Memory the live sandboxes' cgroups use", memory_bytes.clone());
+        registry.register("volume_bytes", "The sandbox volume, by kind: size, free, max (what it may grow to)", volume_bytes.clone());
         registry.register("cpu_boosted_sandboxes", "Live sandboxes whose CPU weight is raised for using little CPU", cpu_boosted.clone());
         registry.register("repl_restarts", "REPLs replaced after dying (state lost)", repl_restarts.clone());
         registry.register("oom_kills", "Processes killed by a sandbox's memory limit", oom_kills.clone());
@@ -142,6 +147,7 @@ impl Default for Metrics {
             spaces,
             checkpoints,
             memory_bytes,
+            volume_bytes,
             cpu_boosted,
             repl_restarts,
             oom_kills,
@@ -226,8 +232,13 @@ pub async fn scrape(State(state): State<AppState>) -> Response {
     m.checkpoints.set(checkpoints);
     m.memory_bytes.set((state.memory_in_use_mib() << 20) as i64);
     let st = state.clone();
-    let spaces = tokio::task::spawn_blocking(move || st.inner.spaces.list_all().len()).await.unwrap_or(0);
+    let (spaces, volume) = tokio::task::spawn_blocking(move || (st.inner.spaces.list_all().len(), st.inner.jail.volume_usage().ok())).await.unwrap_or((0, None));
     m.spaces.set(spaces as i64);
+    if let Some(v) = volume {
+        for (kind, bytes) in [("size", v.size_bytes), ("free", v.free_bytes), ("max", v.max_bytes)] {
+            m.volume_bytes.get_or_create(&Kind { kind: kind.to_string() }).set(bytes as i64);
+        }
+    }
     // Counters only go up: raise them to the current totals.
     let raise = |c: &Counter, total: u64| {
         let now = c.get();

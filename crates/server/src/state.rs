@@ -489,7 +489,7 @@ impl<'a> CreateSlot<'a> {
         let live = state.inner.live.load(Ordering::SeqCst);
         let creating = state.inner.creating.fetch_add(n, Ordering::SeqCst);
         let slot = CreateSlot(state, n);
-        crate::disk::ensure_room(&state.inner.config.state_dir)?;
+        crate::disk::ensure_room_for_sandboxes(&state.inner.config.state_dir, &state.inner.jail)?;
         if live + creating + n > limits.max_sandboxes {
             return Err(ApiError::TooMany(format!(
                 "the server's limit of {} live sandboxes is reached ({} live, {n} more requested)",

@@ -402,7 +402,7 @@ impl AppState {
             persistent: false,
             owner: None,
         };
-        crate::disk::ensure_room(&self.inner.config.state_dir).map_err(|e| e.to_string())?;
+        crate::disk::ensure_room_for_sandboxes(&self.inner.config.state_dir, &self.inner.jail).map_err(|e| e.to_string())?;
         let spec = root.spec(new_id(), self.limits_for(&settings), None);
         let id = spec.id.clone();
         let engine = self.inner.jail.create(spec).await.map_err(|e| format!("make the build's sandbox: {e}"))?;
