@@ -442,6 +442,12 @@ async fn run_logged(entry: &Arc<SandboxEntry>, script: &str, events: &mpsc::Send
         (exit, error)
     });
     let mut sink = EventSink::new(tx, Default::default());
+    // The step's network comes up in the background (src/egress.rs): wait
+    // for it, as an exec does, or a command's first connection may fail.
+    let network_failed = entry.network.lock().await.failed.take();
+    if let Some(why) = network_failed {
+        let _ = events.send(BuildEvent::Log { stream: "stderr".into(), text: format!("{why}\n") }).await;
+    }
     {
         let mut slot = entry.slot.lock().await;
         entry.run_bash(&mut slot, script, &ExecBounds::timeout_only(STEP_TIMEOUT), &mut sink).await;
