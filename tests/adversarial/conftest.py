@@ -41,6 +41,9 @@ say = e2e.say
 server = e2e.server
 http = e2e.http
 small_server = e2e.small_server
+upstream_proxy = e2e.upstream_proxy
+proxied_server = e2e.proxied_server
+proxied_http = e2e.proxied_http
 small_http = e2e.small_http
 pytest_runtest_makereport = e2e.pytest_runtest_makereport
 

@@ -28,6 +28,7 @@ import pytest  # noqa: E402
 from podflare import Client, Sandbox  # noqa: E402
 
 from helpers import FORKBOX_BIN, TEMPLATES_DIR, ForkboxServer, create_raw, delete_raw, wait_for_binary, wait_no_leaks  # noqa: E402
+from upstream_proxy import UpstreamProxy  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -130,6 +131,29 @@ def server(say):
     srv = start_server(say, "main")
     yield srv
     stop_and_assert_clean(srv)
+
+
+@pytest.fixture(scope="module")
+def upstream_proxy():
+    """An operator's HTTP proxy of the test's own (upstream_proxy.py)."""
+    p = UpstreamProxy()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def proxied_server(say, server, upstream_proxy):
+    """A server whose sandboxes leave only through `upstream_proxy`
+    (`--egress-proxy`, docs/network.md#upstream-proxies)."""
+    srv = start_server(say, "egress-proxy", ["--egress-proxy", upstream_proxy.url], build=False)
+    yield srv
+    stop_and_assert_clean(srv)
+
+
+@pytest.fixture(scope="module")
+def proxied_http(proxied_server):
+    with proxied_server.http(timeout=300) as c:
+        yield c
 
 
 @pytest.fixture(scope="session")

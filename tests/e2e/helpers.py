@@ -632,3 +632,29 @@ def wait_no_leaks(server: ForkboxServer, expect_volume_mounted: bool, live_ids=f
         if not problems or time.monotonic() > deadline:
             return problems
         time.sleep(0.2)
+
+
+# A small wheel that no template ships, by a pinned version, with the
+# SHA-256 PyPI publishes for it: getting it proves the network (and TLS
+# through whatever the host's network does to it), not the template.
+WHEEL = "iniconfig==2.0.0"
+WHEEL_FILE = "iniconfig-2.0.0-py3-none-any.whl"
+WHEEL_SHA256 = "b6a85871a79d2e3b22d2d1b94ac2824226a63c6b741c88f7ae975f18b6778374"
+# Download it, print its hash, install it from the file and import it.
+FETCH_WHEEL = (f"rm -rf /tmp/wheel && pip download --no-deps --no-cache-dir --quiet --dest /tmp/wheel '{WHEEL}' "
+               f"&& sha256sum /tmp/wheel/{WHEEL_FILE} && pip install --no-deps --no-index --quiet /tmp/wheel/{WHEEL_FILE} "
+               "&& python3 -c 'import iniconfig; print(\"imported\", iniconfig.__name__)'")
+
+
+def assert_wheel_absent(http, sid) -> None:
+    """The premise: the template does not have it already."""
+    out = exec_raw(http, sid, "import iniconfig")
+    assert out.exit_code == 1 and "ModuleNotFoundError" in out.stderr, out
+
+
+def assert_fetches_wheel(http, sid) -> None:
+    ex = exec_raw(http, sid, FETCH_WHEEL, language="bash", timeout_ms=240_000)
+    assert ex.exit_code == 0, ex
+    lines = ex.stdout.split("\n")
+    assert lines[0].split()[0] == WHEEL_SHA256, ex
+    assert "imported iniconfig" in ex.stdout, ex

@@ -108,6 +108,10 @@ enum TemplateCommand {
     },
 }
 
+fn parse_egress_proxy(raw: &str) -> Result<egress_proxy::Upstream, String> {
+    raw.parse().map_err(|e: egress_proxy::UpstreamError| e.to_string())
+}
+
 /// Whether `template build`'s argument is a recipe file rather than a
 /// built-in's name: a built-in's name wins over a file of that name.
 fn is_recipe_path(arg: &str) -> bool {
@@ -219,6 +223,19 @@ struct ServeArgs {
     /// through pasta) or false (loopback only).
     #[arg(long, env = "FORKBOX_DEFAULT_EGRESS", default_value_t = true, action = clap::ArgAction::Set)]
     default_egress: bool,
+    /// CAs every sandbox and template build trusts beside its template's
+    /// own: a directory of `*.crt` files (as update-ca-certificates reads
+    /// it) or a PEM bundle (docs/network.md#host-cas).
+    #[arg(long, env = "FORKBOX_HOST_CAS", default_value = "/usr/local/share/ca-certificates")]
+    host_cas: PathBuf,
+    /// Sandboxes trust only their template's CAs, none of the host's.
+    #[arg(long)]
+    no_host_cas: bool,
+    /// An HTTP proxy, `http://[user:password@]host:port`, that sandboxes
+    /// with egress reach the network through (and nothing else); the
+    /// credentials stay in the server (docs/network.md#upstream-proxies).
+    #[arg(long, env = "FORKBOX_EGRESS_PROXY", value_parser = parse_egress_proxy)]
+    egress_proxy: Option<egress_proxy::Upstream>,
     /// Pause sandboxes after this many seconds without activity (0: never);
     /// the next call resumes them.
     #[arg(long, default_value_t = 0)]
@@ -464,6 +481,8 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
             max_bytes: a.volume_gib << 30,
             host_reserve_bytes: a.disk_reserve_gib.map(|g| g << 30),
         },
+        host_cas: (!a.no_host_cas).then_some(a.host_cas),
+        egress_proxy: a.egress_proxy.map(std::sync::Arc::new),
         build_templates: !a.no_build_templates,
         shim_exe: std::env::current_exe().context("locate the forkbox executable")?,
         warm_pool: !a.no_warm_pool,

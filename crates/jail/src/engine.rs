@@ -51,6 +51,8 @@ pub struct SandboxSpec {
     /// (its last entry is then the built-in root filesystem under it).
     /// Each is id-mapped on its own: overlayfs cannot be id-mapped whole.
     pub template_layers: Vec<PathBuf>,
+    /// The host's CAs, over the template (`trust::TrustStore::layer_for`).
+    pub trust_layer: Option<PathBuf>,
     pub limits: Limits,
     /// Files to start with instead of an empty upper layer: a layer saved
     /// by `Sandbox::export_upper` (a Space), owners relative to the range.
@@ -706,6 +708,7 @@ impl Jail {
             id_count: range.count,
             template_rootfs: spec.template_rootfs.clone(),
             template_layers: spec.template_layers.clone(),
+            trust_layer: spec.trust_layer.clone(),
             run_dir: self.run_dir(&spec.id),
             orphan_grace_ms: self.config.orphan_grace.as_millis() as u64,
         };

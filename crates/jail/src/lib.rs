@@ -25,6 +25,7 @@ pub mod shim;
 mod supervisor;
 pub mod sys;
 pub mod tools;
+pub mod trust;
 pub mod volume;
 
 pub use cgroup::Limits;

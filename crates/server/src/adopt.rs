@@ -18,6 +18,14 @@ use crate::state::AppState;
 const LOST_REMEMBERED: usize = 10_000;
 
 impl AppState {
+    /// Remove the trust layers no live sandbox stands on (made for CAs or
+    /// templates since changed); the adopted keep theirs.
+    pub async fn sweep_trust_layers(&self) {
+        let keep: Vec<std::path::PathBuf> = self.inner.sandboxes.read().await.values().filter_map(|e| e.engine.record().family.trust_layer).collect();
+        let state = self.clone();
+        let _ = tokio::task::spawn_blocking(move || state.inner.trust.sweep(&keep)).await;
+    }
+
     /// Take back what a previous server on this state directory left
     /// running, then clean up everything else it left. Returns how many
     /// sandboxes were adopted and how many were lost.
@@ -133,7 +141,7 @@ impl AppState {
             None => slot.lost_state = Some("ended while the server was restarting".into()),
         }
         let engine = Arc::new(adopted.sandbox);
-        let entry = entry_with(record.id.clone(), record.settings(), engine, record.lineage.clone(), record.created_at, slot);
+        let entry = entry_with(record.id.clone(), record.settings(&self.inner.setup), engine, record.lineage.clone(), record.created_at, slot);
         entry.execs.store(record.execs, Ordering::Relaxed);
         entry.repl_restarts.store(record.repl_restarts, Ordering::Relaxed);
         *entry.egress.lock().unwrap_or_else(|e| e.into_inner()) = record.egress.clone();

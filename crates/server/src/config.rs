@@ -20,6 +20,12 @@ pub struct ServerConfig {
     pub limits: SandboxLimits,
     /// How the sandbox volume starts and grows (crates/jail/src/volume).
     pub volume: jail::volume::VolumeSize,
+    /// The host CAs sandboxes trust: a directory of `*.crt` files or a PEM
+    /// bundle (None: only each template's own; crates/jail/src/trust).
+    pub host_cas: Option<PathBuf>,
+    /// The operator's HTTP proxy: sandboxes with egress leave only through
+    /// it (docs/network.md#upstream-proxies).
+    pub egress_proxy: Option<std::sync::Arc<egress_proxy::Upstream>>,
     /// Build the built-in templates at start.
     pub build_templates: bool,
     /// The executable that runs `__shim` (the server's own binary).

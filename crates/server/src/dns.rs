@@ -18,26 +18,23 @@ use hickory_proto::rr::RData;
 use tokio::net::UdpSocket;
 use tokio::sync::Semaphore;
 
-use crate::egress::Names;
+use crate::egress::{Allowed, Names};
 
 /// Queries one sandbox may have in flight; more are dropped (the resolver retries).
 pub const MAX_INFLIGHT: usize = 64;
 /// How long the host's resolver may take.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(4);
 
+/// Serves until dropped.
 pub struct DnsProxy {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for DnsProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    _task: tokio_util::task::AbortOnDropHandle<()>,
 }
 
 impl DnsProxy {
-    /// Listen at 127.0.0.53:53 in `netns` and serve until dropped.
-    pub async fn start(netns: OwnedFd, names: Arc<RwLock<Option<Names>>>, upstream: SocketAddr) -> jail::Result<DnsProxy> {
+    /// Listen at 127.0.0.53:53 in `netns` and serve until dropped;
+    /// `firewall`: open the sandbox's firewall to the addresses of allowed
+    /// names (an allow-list's).
+    pub async fn start(netns: OwnedFd, allowed: Arc<RwLock<Option<Allowed>>>, upstream: SocketAddr, firewall: bool) -> jail::Result<DnsProxy> {
         let sock = jail::net::in_netns(&netns, || {
             let s = std::net::UdpSocket::bind((jail::net::DNS_ADDR, 53))?;
             s.set_nonblocking(true)?;
@@ -45,21 +42,21 @@ impl DnsProxy {
         })
         .await?;
         let sock = UdpSocket::from_std(sock).map_err(|e| jail::Error::io("register the DNS socket", e))?;
-        let task = tokio::spawn(serve(Arc::new(sock), Arc::new(netns), names, upstream));
-        Ok(DnsProxy { task })
+        let task = tokio::spawn(serve(Arc::new(sock), Arc::new(netns), allowed, upstream, firewall));
+        Ok(DnsProxy { _task: tokio_util::task::AbortOnDropHandle::new(task) })
     }
 }
 
-async fn serve(sock: Arc<UdpSocket>, netns: Arc<OwnedFd>, names: Arc<RwLock<Option<Names>>>, upstream: SocketAddr) {
+async fn serve(sock: Arc<UdpSocket>, netns: Arc<OwnedFd>, allowed: Arc<RwLock<Option<Allowed>>>, upstream: SocketAddr, firewall: bool) {
     let inflight = Arc::new(Semaphore::new(MAX_INFLIGHT));
     let mut buf = vec![0u8; 4096];
     loop {
         let Ok((n, from)) = sock.recv_from(&mut buf).await else { return };
         let Ok(permit) = Arc::clone(&inflight).try_acquire_owned() else { continue };
         let query = buf[..n].to_vec();
-        let (sock, netns, names) = (Arc::clone(&sock), Arc::clone(&netns), Arc::clone(&names));
+        let (sock, netns, allowed) = (Arc::clone(&sock), Arc::clone(&netns), Arc::clone(&allowed));
         tokio::spawn(async move {
-            if let Some(reply) = answer(&query, &names, upstream, &netns).await {
+            if let Some(reply) = answer(&query, &allowed, upstream, &netns, firewall).await {
                 let _ = sock.send_to(&reply, from).await;
             }
             drop(permit);
@@ -75,14 +72,14 @@ fn refused(query: &Message) -> Option<Vec<u8>> {
     reply.to_vec().ok()
 }
 
-async fn answer(raw: &[u8], names: &RwLock<Option<Names>>, upstream: SocketAddr, netns: &Arc<OwnedFd>) -> Option<Vec<u8>> {
+async fn answer(raw: &[u8], allowed: &RwLock<Option<Allowed>>, upstream: SocketAddr, netns: &Arc<OwnedFd>, firewall: bool) -> Option<Vec<u8>> {
     let query = Message::from_vec(raw).ok()?;
     if query.message_type() != MessageType::Query || query.queries().len() != 1 {
         return refused(&query);
     }
     let name = query.queries()[0].name().to_ascii();
-    let (allowed, learn) = match names.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
-        Some(n) => (n.allows(&name), !matches!(n, Names::All)),
+    let (allowed, learn) = match allowed.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        Some(a) => (a.names.allows(&name), firewall && !matches!(a.names, Names::All)),
         None => (false, false),
     };
     if !allowed {

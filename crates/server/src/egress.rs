@@ -38,6 +38,14 @@ impl Names {
     }
 }
 
+/// What the policy in force lets out: shared with the DNS proxy and the
+/// egress proxy, so a change of policy applies to their next request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allowed {
+    pub rules: Rules,
+    pub names: Names,
+}
+
 /// A validated policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Plan {
@@ -82,9 +90,10 @@ pub fn plan(egress: &Egress) -> Result<Plan, ApiError> {
 pub struct NetState {
     pasta: Option<jail::net::Pasta>,
     dns: Option<crate::dns::DnsProxy>,
-    /// The names the DNS proxy answers for (shared with it, so a change of
-    /// policy applies to the next query).
-    names: Arc<RwLock<Option<Names>>>,
+    /// With `--egress-proxy`, the sandbox's proxy instead of pasta.
+    proxy: Option<crate::upstream::ProxyTask>,
+    /// What the policy lets out (None: off).
+    allowed: Arc<RwLock<Option<Allowed>>>,
     /// Why the policy asked for at create or fork could not be put in force
     /// (told to the sandbox's next exec).
     pub failed: Option<String>,
@@ -94,14 +103,20 @@ pub struct NetState {
 
 /// The blocking part of putting `rules` in force: the firewall (when
 /// `need_rules`), pasta (when `need_pasta`), and the resolver pointing at
-/// the DNS proxy (written once; the sandbox may change it, and then it is
-/// on its own). Answers the new pasta and the namespace.
+/// the DNS proxy. Answers the new pasta and the namespace.
 fn set_up(engine: &jail::Sandbox, rules: &Rules, need_pasta: bool, need_rules: bool) -> jail::Result<(Option<jail::net::Pasta>, std::os::fd::OwnedFd)> {
     let netns = engine.netns()?;
     if need_rules {
         jail::net::nft(std::os::fd::AsFd::as_fd(&netns), &jail::net::ruleset(rules, &jail::net::always_blocked()))?;
     }
     let pasta = if need_pasta { Some(engine.start_pasta()?) } else { None };
+    point_resolver(engine)?;
+    Ok((pasta, netns))
+}
+
+/// Point the sandbox's resolver at the DNS proxy (written once; the
+/// sandbox may change it, and then it is on its own). Blocking.
+fn point_resolver(engine: &jail::Sandbox) -> jail::Result<()> {
     let fs = engine.fs()?;
     let path = jail::fs::SandboxPath::parse("/etc/resolv.conf", "/").map_err(|e| jail::Error::Invalid(e.message))?;
     let current = fs.open_read(&path).ok().map(|(mut f, _)| {
@@ -114,7 +129,7 @@ fn set_up(engine: &jail::Sandbox, rules: &Rules, need_pasta: bool, need_rules: b
         std::io::Write::write_all(w.file(), RESOLV_CONF.as_bytes()).map_err(|e| jail::Error::io("write resolv.conf", e))?;
         w.commit().map_err(|e| jail::Error::Invalid(e.message))?;
     }
-    Ok((pasta, netns))
+    Ok(())
 }
 
 /// A warm-pool spare's way out, made ahead of time for the default policy
@@ -130,12 +145,17 @@ const RESOLV_CONF: &str = "# forkbox: the server's DNS proxy in this sandbox's n
 /// Put `egress` in force for `entry` (the caller holds its network lock).
 pub async fn apply(entry: &SandboxEntry, state: &mut NetState, egress: &Egress) -> Result<(), ApiError> {
     let plan = plan(egress)?;
+    if let Some(upstream) = &entry.settings.setup.egress_proxy {
+        apply_through_proxy(entry, state, plan, Arc::clone(upstream)).await?;
+        *entry.egress.lock().unwrap_or_else(|e| e.into_inner()) = egress.clone();
+        return Ok(());
+    }
     let engine = Arc::clone(&entry.engine);
     match plan {
         Plan::Off => {
             state.dns = None;
             state.rules = None;
-            *state.names.write().unwrap_or_else(|e| e.into_inner()) = None;
+            *state.allowed.write().unwrap_or_else(|e| e.into_inner()) = None;
             if let Some(p) = state.pasta.take() {
                 p.stop();
             }
@@ -151,18 +171,62 @@ pub async fn apply(entry: &SandboxEntry, state: &mut NetState, egress: &Egress) 
                 .await
                 .map_err(|e| ApiError::engine("egress task failed", e))?
                 .map_err(|e| ApiError::engine("could not set up the sandbox's network", e))?;
-            state.rules = Some(in_force);
+            state.rules = Some(in_force.clone());
             if let Some(p) = pasta {
                 state.pasta = Some(p);
             }
-            *state.names.write().unwrap_or_else(|e| e.into_inner()) = Some(names);
-            if state.dns.is_none() {
-                let upstream = upstream().ok_or_else(|| ApiError::Internal("the host has no nameserver in /etc/resolv.conf".into()))?;
-                state.dns = Some(crate::dns::DnsProxy::start(netns, Arc::clone(&state.names), upstream).await.map_err(|e| ApiError::engine("could not start the DNS proxy", e))?);
-            }
+            *state.allowed.write().unwrap_or_else(|e| e.into_inner()) = Some(Allowed { rules: in_force, names });
+            start_dns(state, netns, true).await?;
         }
     }
     *entry.egress.lock().unwrap_or_else(|e| e.into_inner()) = egress.clone();
+    Ok(())
+}
+
+/// The DNS proxy, if it is not running yet; `firewall`: addresses of
+/// allowed names are let out through it (not with an upstream proxy, where
+/// there is no way out to open).
+async fn start_dns(state: &mut NetState, netns: std::os::fd::OwnedFd, firewall: bool) -> Result<(), ApiError> {
+    if state.dns.is_none() {
+        let upstream = upstream().ok_or_else(|| ApiError::Internal("the host has no nameserver in /etc/resolv.conf".into()))?;
+        let dns = crate::dns::DnsProxy::start(netns, Arc::clone(&state.allowed), upstream, firewall).await;
+        state.dns = Some(dns.map_err(|e| ApiError::engine("could not start the DNS proxy", e))?);
+    }
+    Ok(())
+}
+
+/// With `--egress-proxy`: no pasta and no firewall (the namespace has no
+/// way out but its proxy), the sandbox's proxy serving the policy, and the
+/// DNS proxy for code that looks names up itself.
+async fn apply_through_proxy(entry: &SandboxEntry, state: &mut NetState, plan: Plan, upstream: Arc<egress_proxy::Upstream>) -> Result<(), ApiError> {
+    match plan {
+        Plan::Off => {
+            *state.allowed.write().unwrap_or_else(|e| e.into_inner()) = None;
+            state.proxy = None;
+            state.dns = None;
+        }
+        Plan::On { rules, names } => {
+            let engine = Arc::clone(&entry.engine);
+            let netns = tokio::task::spawn_blocking(move || point_resolver(&engine).and_then(|()| engine.netns()))
+                .await
+                .map_err(|e| ApiError::engine("egress task failed", e))?
+                .map_err(|e| ApiError::engine("could not set up the sandbox's network", e))?;
+            if state.proxy.is_none() {
+                let proxy = crate::upstream::start(&netns, &entry.id, Arc::clone(&state.allowed), upstream).await;
+                state.proxy = Some(proxy.map_err(|e| match e.errno() {
+                    // The sandbox's own process holds the address (its own loss).
+                    Some(libc::EADDRINUSE) => ApiError::Conflict(format!(
+                        "a process in the sandbox listens on {}:{}, where its egress proxy goes: stop it and try again",
+                        crate::setup::PROXY_ADDR.0,
+                        crate::setup::PROXY_ADDR.1
+                    )),
+                    _ => ApiError::engine("could not start the sandbox's egress proxy", e),
+                })?);
+            }
+            *state.allowed.write().unwrap_or_else(|e| e.into_inner()) = Some(Allowed { rules, names });
+            start_dns(state, netns, false).await?;
+        }
+    }
     Ok(())
 }
 
@@ -210,6 +274,7 @@ pub async fn reapply(entry: &SandboxEntry) {
 pub async fn teardown(entry: &SandboxEntry) {
     let mut net = entry.network.lock().await;
     net.dns = None;
+    net.proxy = None;
     if let Some(p) = net.pasta.take() {
         p.stop();
     }

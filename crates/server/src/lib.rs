@@ -30,10 +30,12 @@ pub mod records;
 pub mod repl;
 pub mod routes;
 pub mod sandbox;
+pub mod setup;
 pub mod spaces;
 pub mod state;
 pub mod templates;
 pub mod trace;
+pub mod upstream;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -137,7 +139,7 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     if config.build_templates {
         template::check_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    if config.default_egress {
+    if config.default_egress && config.egress_proxy.is_none() {
         for (tool, package) in [("pasta", "passt"), ("nft", "nftables")] {
             jail::tools::require_tool(tool, package).map_err(|e| anyhow::anyhow!("{e} (or start with --default-egress false)"))?;
         }
@@ -153,12 +155,21 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         templates.mark_unbuilt();
     }
     let state = AppState::new(config.clone(), jail, templates.clone());
+    match &config.host_cas {
+        // Logs which CAs sandboxes trust.
+        Some(_) => drop(state.inner.trust.refresh()),
+        None => tracing::info!("sandboxes trust only their template's CAs (--no-host-cas)"),
+    }
+    if let Some(proxy) = &config.egress_proxy {
+        tracing::info!(proxy = %proxy, "sandboxes with egress reach the network only through the upstream proxy");
+    }
     state.inner.spaces.recover().map_err(|e| anyhow::anyhow!("recover the spaces in {}: {e}", config.state_dir.display()))?;
     let (adopted, lost) = state.adopt_survivors().await?;
     if adopted + lost > 0 {
         tracing::info!(adopted, lost, "took back the sandboxes a previous server left running");
     }
     state.mount_template_stacks().await;
+    state.sweep_trust_layers().await;
     if config.build_templates {
         std::thread::Builder::new().name("template-builder".into()).spawn(move || templates.build_all())?;
     }

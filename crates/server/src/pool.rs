@@ -68,6 +68,9 @@ pub struct Warm {
     plan: serde_json::Value,
     /// When a create last took from it (idle pools are let go).
     last_used: std::sync::Mutex<std::time::Instant>,
+    /// The trust layer its family stands on: when the host's CAs change,
+    /// creates stop using it (crates/jail/src/trust).
+    trust: Option<std::path::PathBuf>,
 }
 
 #[derive(Default)]
@@ -157,6 +160,13 @@ impl AppState {
 
     async fn create_from_zygote(&self, settings: &Settings, attempt: u32) -> Result<Option<Arc<SandboxEntry>>, crate::error::ApiError> {
         let Some(warm) = self.inner.pool.current(&PoolKey::of(settings)) else { return Ok(None) };
+        if !self.trust_is_current(&warm)? {
+            let key = warm.key.clone();
+            let stale = self.inner.pool.take_warm(|_, w| std::ptr::eq(w, &*warm));
+            self.let_go_all(stale, "the host's CAs changed").await;
+            self.inner.pool.want(key);
+            return Ok(None);
+        }
         if let Ok(mut t) = warm.last_used.lock() {
             *t = std::time::Instant::now();
         }
@@ -284,10 +294,12 @@ impl AppState {
         };
         // Keep spares of both kinds, with a way out (pasta started: about
         // 30 ms a create with egress on need not wait for) and without
-        // (stopping pasta costs about as much).
+        // (stopping pasta costs about as much). Through an upstream proxy
+        // there is no pasta, and a sandbox's way out costs little.
         let mut ready = HashMap::new();
         let have_ready = warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).len();
-        for s in &made {
+        let wants_pasta = self.inner.config.egress_proxy.is_none();
+        for s in made.iter().filter(|_| wants_pasta) {
             if have_ready + ready.len() >= SPARES / 2 {
                 break;
             }
@@ -331,6 +343,15 @@ impl AppState {
         if let Ok(mut r) = self.inner.pool.retired.lock() {
             r.retain(|w| !Arc::ptr_eq(w, old));
         }
+    }
+
+    /// Whether `warm`'s family trusts the host's CAs as they are now.
+    fn trust_is_current(&self, warm: &Warm) -> Result<bool, crate::error::ApiError> {
+        if !self.inner.trust.enabled() {
+            return Ok(true);
+        }
+        let root = self.inner.templates.rootfs(&warm.key.template)?;
+        Ok(self.trust_layer(&root)? == warm.trust)
     }
 
     /// A custom template was replaced or deleted: creates stop using its
@@ -442,14 +463,16 @@ impl AppState {
             egress: protocol::Egress::On(false),
             persistent: false,
             owner: None,
+            setup: Arc::clone(&self.inner.setup),
         };
         // A template saved from a sandbox starts from its REPL state: the
         // zygote loads it once and every sandbox forks from it.
         let repl_state = self.inner.templates.repl_state(template);
         let settings = Settings { ram_mib: settings.ram_mib.max(self.inner.templates.limits(template).ram_mib.unwrap_or(0)), ..settings };
-        let spec = root.spec(id.clone(), self.limits_for(&settings), repl_state.clone());
+        let trust = self.trust_layer(&root).map_err(|e| e.to_string())?;
+        let spec = root.spec(id.clone(), self.limits_for(&settings), repl_state.clone(), trust.clone());
         let engine = self.inner.jail.create(spec).await.map_err(|e| e.to_string())?;
-        let mut session = match start_repl(&engine).await {
+        let mut session = match start_repl(&engine, &settings.setup).await {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.inner.jail.destroy(&engine).await;
@@ -471,6 +494,7 @@ impl AppState {
             retiring: Default::default(),
             plan,
             last_used: std::sync::Mutex::new(std::time::Instant::now()),
+            trust,
         });
         self.refill_held(&warm).await;
         if self.inner.pool.closing.load(Ordering::SeqCst) {

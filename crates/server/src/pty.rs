@@ -246,8 +246,8 @@ fn command(req: &PtyCreate) -> Result<(Vec<String>, String), ApiError> {
     }
 }
 
-fn environment(id: &str, extra: &[(String, String)]) -> Result<Vec<String>, ApiError> {
-    let mut env: Vec<String> = sandbox_env(id).into_iter().filter(|v| !v.starts_with("TERM=")).collect();
+fn environment(id: &str, setup: &crate::setup::SandboxSetup, extra: &[(String, String)]) -> Result<Vec<String>, ApiError> {
+    let mut env: Vec<String> = sandbox_env(id, setup).into_iter().filter(|v| !v.starts_with("TERM=")).collect();
     env.push("TERM=xterm-256color".into());
     for (k, v) in extra {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
@@ -266,7 +266,7 @@ pub async fn create(State(state): State<AppState>, caller: crate::keys::Caller, 
     let entry = state.get(&caller, &id).await?;
     let (argv, label) = command(&req)?;
     let size = size(req.cols, req.rows)?;
-    let env = environment(&entry.id, req.env.as_deref().unwrap_or_default())?;
+    let env = environment(&entry.id, &entry.settings.setup, req.env.as_deref().unwrap_or_default())?;
     let cwd = match &req.cwd {
         Some(c) => crate::files::sandbox_path(c)?.to_string(),
         None => crate::files::HOME.to_string(),

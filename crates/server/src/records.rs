@@ -60,7 +60,8 @@ impl SandboxRecord {
         }
     }
 
-    pub fn settings(&self) -> Settings {
+    /// Its settings, with this server's `setup`.
+    pub fn settings(&self, setup: &std::sync::Arc<crate::setup::SandboxSetup>) -> Settings {
         Settings {
             template: self.template.clone(),
             ram_mib: self.ram_mib,
@@ -71,6 +72,7 @@ impl SandboxRecord {
             egress: self.egress_asked.clone(),
             persistent: self.persistent,
             owner: self.owner.clone(),
+            setup: std::sync::Arc::clone(setup),
         }
     }
 }

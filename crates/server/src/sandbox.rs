@@ -56,6 +56,8 @@ pub struct Settings {
     /// The name of the API key that owns it (src/keys.rs); `None` on a
     /// server without keys. Fork children, restores and merges keep it.
     pub owner: Option<String>,
+    /// What the server's configuration gives every sandbox (src/setup.rs).
+    pub setup: Arc<crate::setup::SandboxSetup>,
 }
 
 pub struct SandboxEntry {
@@ -107,7 +109,9 @@ pub struct ReplSlot {
     pub oom_seen: u64,
 }
 
-pub fn sandbox_env(id: &str) -> Vec<String> {
+/// Every process's environment in sandbox `id`: the defaults, then what
+/// the server's configuration adds.
+pub fn sandbox_env(id: &str, setup: &crate::setup::SandboxSetup) -> Vec<String> {
     [
         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME=/root",
@@ -121,6 +125,7 @@ pub fn sandbox_env(id: &str) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .chain(std::iter::once(format!("HOSTNAME={id}")))
+    .chain(setup.env.iter().cloned())
     .collect()
 }
 
@@ -129,10 +134,10 @@ pub fn sandbox_env(id: &str) -> Vec<String> {
 pub const REPL_TIME_SLICE: Duration = Duration::from_micros(300);
 
 /// Spawn a REPL in `engine` and wait until it is ready.
-pub async fn start_repl(engine: &jail::Sandbox) -> Result<ReplSession, String> {
+pub async fn start_repl(engine: &jail::Sandbox, setup: &crate::setup::SandboxSetup) -> Result<ReplSession, String> {
     let argv = vec!["/usr/bin/python3".to_string(), "-u".into(), "-c".into(), REPL_BOOTSTRAP.to_string()];
     let process = engine
-        .start_repl(argv, sandbox_env(&engine.id), "/root", REPL_SOURCE.as_bytes())
+        .start_repl(argv, sandbox_env(&engine.id, setup), "/root", REPL_SOURCE.as_bytes())
         .await
         .map_err(|e| format!("start the Python REPL: {e}"))?;
     let mut session = ReplSession::start(process).await?;
@@ -376,7 +381,7 @@ impl SandboxEntry {
         if self.destroyed.load(Ordering::Relaxed) {
             return Err("the sandbox was destroyed".into());
         }
-        start_repl(&self.engine).await
+        start_repl(&self.engine, &self.settings.setup).await
     }
 
     fn death_reason(&self, status: Option<ExitStatus>, oom: bool) -> String {
@@ -448,7 +453,7 @@ impl SandboxEntry {
         // may be dying when we hand it over (SIGKILL is not instant, and init
         // exits last in its namespace), after a kill(-1) from the REPL.
         for attempt in 0..2 {
-            let spawned = match self.engine.spawn_command(argv.clone(), sandbox_env(&self.id), "/root").await {
+            let spawned = match self.engine.spawn_command(argv.clone(), sandbox_env(&self.id, &self.settings.setup), "/root").await {
                 Ok(cmd) => Some(cmd),
                 Err(e) => {
                     tracing::warn!(sandbox = %self.id, err = %e, "bash spawn failed");

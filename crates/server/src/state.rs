@@ -53,6 +53,10 @@ pub struct Inner {
     pub quotas: crate::keys::Quotas,
     /// Graceful shutdown (src/drain.rs).
     pub drain: crate::drain::Drain,
+    /// The host CAs sandboxes trust (crates/jail/src/trust).
+    pub trust: jail::trust::TrustStore,
+    /// What every sandbox gets from the server's configuration (src/setup.rs).
+    pub setup: Arc<crate::setup::SandboxSetup>,
 }
 
 /// Sandbox ids: `sb-` and 20 lowercase base-32 characters (also the hostname).
@@ -86,6 +90,8 @@ impl AppState {
                 drain: Default::default(),
                 keys: key_ring(&config),
                 quotas: Default::default(),
+                trust: trust_store(&config),
+                setup: Arc::new(setup(&config)),
                 config,
             }),
         }
@@ -110,8 +116,20 @@ impl AppState {
             drain: Default::default(),
             keys: key_ring(&config),
             quotas: Default::default(),
+            trust: trust_store(&config),
+            setup: Arc::new(setup(&config)),
             config,
         }) }
+    }
+
+    /// The trust layer for a new sandbox on `root` (None: host CAs off).
+    /// Made once per template and set of CAs; its first making reads the
+    /// template's bundle and writes a few files.
+    pub(crate) fn trust_layer(&self, root: &crate::templates::Root) -> Result<Option<std::path::PathBuf>, ApiError> {
+        self.inner.trust.layer_for(&root.lowers()).map_err(|e| match e.errno() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => ApiError::NoSpace("no room on the server's disk for the sandbox's CA bundle".into()),
+            _ => ApiError::engine("could not make the sandbox's CA bundle", e),
+        })
     }
 
     /// Sandbox `id`, if `caller` may use it: another key's sandbox (or
@@ -245,6 +263,7 @@ impl AppState {
             interrupt_grace: l.interrupt_grace,
             persistent: req.persistent.unwrap_or(false),
             owner: caller.owner(),
+            setup: Arc::clone(&self.inner.setup),
         })
     }
 
@@ -288,10 +307,11 @@ impl AppState {
         // zygote would have: its modules imported, its saved REPL loaded.
         let custom = !from_space && !self.inner.templates.is_builtin(&settings.template);
         let repl_state = if custom { self.inner.templates.repl_state(&settings.template) } else { None };
-        let spec = rootfs.spec(id.clone(), self.limits_for(&settings), initial_upper.or_else(|| repl_state.clone()));
+        let trust = self.trust_layer(&rootfs)?;
+        let spec = rootfs.spec(id.clone(), self.limits_for(&settings), initial_upper.or_else(|| repl_state.clone()), trust);
         let engine = self.inner.jail.create(spec).await.map_err(|e| ApiError::engine("could not create the sandbox", e))?;
         let jailed = started.elapsed();
-        let mut session = match start_repl(&engine).await {
+        let mut session = match start_repl(&engine, &settings.setup).await {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.inner.jail.destroy(&engine).await;
@@ -465,6 +485,15 @@ pub(crate) fn no_sandbox(id: &str) -> ApiError {
 }
 
 /// The keys `config` accepts, with `<state>/keys.json`.
+fn trust_store(config: &ServerConfig) -> jail::trust::TrustStore {
+    jail::trust::TrustStore::new(&config.state_dir, config.host_cas.as_deref().map(jail::trust::CaSource::at))
+}
+
+fn setup(config: &ServerConfig) -> crate::setup::SandboxSetup {
+    let trust_env = if config.host_cas.is_some() { jail::trust::env() } else { Vec::new() };
+    crate::setup::SandboxSetup::new(trust_env, config.egress_proxy.clone())
+}
+
 fn key_ring(config: &ServerConfig) -> crate::keys::KeyRing {
     crate::keys::KeyRing::new(&config.api_keys, config.key_limits, crate::keys::key_file_path(&config.state_dir))
 }

@@ -16,6 +16,9 @@ pub struct ShimConfig {
     /// Layers over it, top first (a custom template's; docs/templates.md).
     #[serde(default)]
     pub template_layers: Vec<PathBuf>,
+    /// The host's CAs (crates/jail/src/trust), above the template's layers.
+    #[serde(default)]
+    pub trust_layer: Option<PathBuf>,
     /// A directory of the shim's own for mount points.
     pub run_dir: PathBuf,
     /// How long the family outlives a server that went away without saying
@@ -26,12 +29,18 @@ pub struct ShimConfig {
 }
 
 impl ShimConfig {
-    /// The overlay's lower layers, top first.
-    pub fn lower_layers(&self) -> Vec<PathBuf> {
+    /// The template's layers, top first.
+    pub fn template_lowers(&self) -> Vec<PathBuf> {
         match self.template_layers.is_empty() {
             true => vec![self.template_rootfs.clone()],
             false => self.template_layers.clone(),
         }
+    }
+
+    /// The overlay's lower layers, top first: the trust layer, then the
+    /// template's.
+    pub fn lower_layers(&self) -> Vec<PathBuf> {
+        self.trust_layer.iter().cloned().chain(self.template_lowers()).collect()
     }
 }
 

@@ -60,6 +60,7 @@ pub fn spec(id: &str) -> SandboxSpec {
         id: id.to_string(),
         template_rootfs: template_rootfs(),
         template_layers: Vec::new(),
+        trust_layer: None,
         limits: Limits { memory_bytes: 256 << 20, pids: 128, cpu_weight: 100, disk_bytes: 1 << 30 },
         initial_upper: None,
     }

@@ -401,12 +401,14 @@ impl AppState {
             egress: plan.egress.clone(),
             persistent: false,
             owner: None,
+            setup: std::sync::Arc::clone(&self.inner.setup),
         };
         crate::disk::ensure_room_for_sandboxes(&self.inner.config.state_dir, &self.inner.jail).map_err(|e| e.to_string())?;
-        let spec = root.spec(new_id(), self.limits_for(&settings), None);
+        let trust = self.trust_layer(&root).map_err(|e| e.to_string())?;
+        let spec = root.spec(new_id(), self.limits_for(&settings), None, trust);
         let id = spec.id.clone();
         let engine = self.inner.jail.create(spec).await.map_err(|e| format!("make the build's sandbox: {e}"))?;
-        let session = match start_repl(&engine).await {
+        let session = match start_repl(&engine, &settings.setup).await {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.inner.jail.destroy(&engine).await;

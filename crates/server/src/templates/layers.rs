@@ -293,8 +293,18 @@ impl Root {
         Root { rootfs, layers: Vec::new() }
     }
 
-    pub fn spec(self, id: String, limits: jail::Limits, initial_upper: Option<PathBuf>) -> jail::SandboxSpec {
-        jail::SandboxSpec { id, template_rootfs: self.rootfs, template_layers: self.layers, limits, initial_upper }
+    /// The overlay's lower layers, top first.
+    pub fn lowers(&self) -> Vec<PathBuf> {
+        if self.layers.is_empty() {
+            vec![self.rootfs.clone()]
+        } else {
+            self.layers.clone()
+        }
+    }
+
+    /// A new sandbox on this root; `trust_layer`: the host's CAs over it.
+    pub fn spec(self, id: String, limits: jail::Limits, initial_upper: Option<PathBuf>, trust_layer: Option<PathBuf>) -> jail::SandboxSpec {
+        jail::SandboxSpec { id, template_rootfs: self.rootfs, template_layers: self.layers, trust_layer, limits, initial_upper }
     }
 }
 
