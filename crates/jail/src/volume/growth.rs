@@ -6,6 +6,14 @@
 //! sandboxes that fill it get ENOSPC (the image is allocated: no EIO, no
 //! read-only file system); the watcher grows it again once room is made.
 //! It never shrinks.
+//!
+//! Free space is what `statfs` says less what btrfs has promised to
+//! buffered writes not yet on disk (`bytes_may_use`, `bytes_reserved` in
+//! sysfs): a writer fills the page cache far faster than the disk, and
+//! btrfs refuses a write once its promises reach the volume's size, while
+//! `statfs` still shows the space free (seen here: 1.4 GiB promised and
+//! `df` unchanged). The watcher also measures how fast that space goes,
+//! and grows early and by more for a fast writer.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +28,10 @@ const GIB: u64 = 1 << 30;
 /// metadata in one kind of chunk, which it then keeps at every size).
 pub const MIN_IMAGE_BYTES: u64 = GIB;
 /// How often the watcher looks at the volume's free space.
-const WATCH_EVERY: Duration = Duration::from_millis(200);
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+/// A writer going on at the rate measured must not fill the volume within
+/// this long (a step takes 10 ms to 1.5 s, longer under heavy writes).
+const LEAD: Duration = Duration::from_secs(3);
 
 /// How big the volume may be, and what it leaves the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,15 +97,18 @@ impl Policy {
     }
 
     /// The size to grow to, if the volume should grow now: when its free
-    /// space is under the headroom, by a step, within the cap and the room
-    /// beyond the host's reserve; `None` when there is no need or no room
-    /// for a step of at least 64 MiB.
-    pub fn next(&self, size: u64, volume_free: u64, host_free: u64) -> Option<u64> {
-        if volume_free >= Self::headroom(size) || size >= self.max {
+    /// space is under the headroom, or under what `rate` (bytes a second
+    /// the free space is going) uses in `LEAD`, by a step (at least twice
+    /// that), within the cap and the room beyond the host's reserve; `None`
+    /// when there is no need or no room for a step of at least 64 MiB.
+    pub fn next(&self, size: u64, volume_free: u64, host_free: u64, rate: u64) -> Option<u64> {
+        let soon = rate.saturating_mul(LEAD.as_secs());
+        if volume_free >= Self::headroom(size).max(soon) || size >= self.max {
             return None;
         }
         let room = host_free.saturating_sub(self.reserve);
-        let target = (size + Self::step(size)).min(self.max).min(size + room) & !(MIB - 1);
+        let step = Self::step(size).max(soon.saturating_mul(2));
+        let target = size.saturating_add(step).min(self.max).min(size + room) & !(MIB - 1);
         (target >= size + 64 * MIB).then_some(target)
     }
 }
@@ -118,7 +132,7 @@ impl Usage {
     pub fn can_grow(&self) -> bool {
         let policy = Policy { max: self.max_bytes, reserve: self.host_reserve_bytes };
         // As if it were full: is there room for a step?
-        policy.next(self.size_bytes, 0, self.host_free_bytes).is_some()
+        policy.next(self.size_bytes, 0, self.host_free_bytes, 0).is_some()
     }
 }
 
@@ -127,7 +141,11 @@ pub(super) struct Grower {
     image: PathBuf,
     device: PathBuf,
     root: PathBuf,
+    /// `/sys/fs/btrfs/<fsid>`, for what buffered writes hold.
+    sysfs: Option<PathBuf>,
     policy: Policy,
+    /// The free space last seen and when, for the rate it goes at.
+    last: Mutex<Option<(std::time::Instant, u64)>>,
     /// Held by a step (the watcher's or `grow_now`'s).
     step: Mutex<()>,
     /// Why the last step could not be taken (logged once per reason).
@@ -142,8 +160,27 @@ pub(super) fn free_bytes(path: &Path) -> Result<(u64, u64)> {
 }
 
 impl Grower {
-    pub fn new(image: PathBuf, device: PathBuf, root: PathBuf, policy: Policy) -> Arc<Grower> {
-        Arc::new(Grower { image, device, root, policy, step: Mutex::new(()), stuck: Mutex::new(None), stopped: AtomicBool::new(false) })
+    pub fn new(image: PathBuf, device: PathBuf, root: PathBuf, sysfs: Option<PathBuf>, policy: Policy) -> Arc<Grower> {
+        Arc::new(Grower { image, device, root, sysfs, policy, last: Mutex::new(None), step: Mutex::new(()), stuck: Mutex::new(None), stopped: AtomicBool::new(false) })
+    }
+
+    /// Data space btrfs has promised to writes not yet on disk.
+    fn promised(&self) -> u64 {
+        let Some(sysfs) = &self.sysfs else { return 0 };
+        let read = |f: &str| std::fs::read_to_string(sysfs.join("allocation/data").join(f)).ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
+        read("bytes_may_use") + read("bytes_reserved")
+    }
+
+    /// How fast (bytes a second) the free space went since the last look.
+    fn rate(&self, free: u64) -> u64 {
+        let now = std::time::Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let rate = match *last {
+            Some((then, was)) if now > then => (was.saturating_sub(free) as f64 / (now - then).as_secs_f64()) as u64,
+            _ => 0,
+        };
+        *last = Some((now, free));
+        rate
     }
 
     fn host_dir(&self) -> &Path {
@@ -152,6 +189,7 @@ impl Grower {
 
     pub fn usage(&self) -> Result<Usage> {
         let (size, free) = free_bytes(&self.root)?;
+        let free = free.saturating_sub(self.promised());
         let (_, host_free) = free_bytes(self.host_dir())?;
         Ok(Usage { size_bytes: size, free_bytes: free, max_bytes: self.policy.max.max(size), host_free_bytes: host_free, host_reserve_bytes: self.policy.reserve })
     }
@@ -165,8 +203,9 @@ impl Grower {
         // The image's length, not the file system's size, is what the disk
         // holds (btrfs reports a little less than its device).
         let size = image_len.max(usage.size_bytes);
+        let rate = self.rate(usage.free_bytes);
         let free = if force { 0 } else { usage.free_bytes };
-        let Some(target) = self.policy.next(size, free, usage.host_free_bytes) else {
+        let Some(target) = self.policy.next(size, free, usage.host_free_bytes, rate) else {
             if usage.free_bytes < Policy::headroom(size) {
                 self.stuck_because(if size >= self.policy.max {
                     format!("it is at its cap of {} MiB (--volume-gib)", self.policy.max >> 20)
@@ -229,33 +268,44 @@ mod tests {
     #[test]
     fn it_grows_only_when_low_and_by_a_step() {
         // Plenty free: no step.
-        assert_eq!(P.next(2 * GIB, 512 * MIB, 100 * GIB), None);
+        assert_eq!(P.next(2 * GIB, 512 * MIB, 100 * GIB, 0), None);
         // Under the 512 MiB headroom: a 1 GiB step.
-        assert_eq!(P.next(2 * GIB, 512 * MIB - 1, 100 * GIB), Some(3 * GIB));
+        assert_eq!(P.next(2 * GIB, 512 * MIB - 1, 100 * GIB, 0), Some(3 * GIB));
         // A mid-size volume: a quarter is the headroom and the step.
-        assert_eq!(P.next(8 * GIB, 2 * GIB, 100 * GIB), None);
-        assert_eq!(P.next(8 * GIB, 2 * GIB - 1, 100 * GIB), Some(10 * GIB));
+        assert_eq!(P.next(8 * GIB, 2 * GIB, 100 * GIB, 0), None);
+        assert_eq!(P.next(8 * GIB, 2 * GIB - 1, 100 * GIB, 0), Some(10 * GIB));
         // A big one: the headroom stops at 4 GiB, the step does not.
-        assert_eq!(P.next(32 * GIB, 4 * GIB, 100 * GIB), None);
-        assert_eq!(P.next(32 * GIB, 4 * GIB - 1, 100 * GIB), Some(40 * GIB));
+        assert_eq!(P.next(32 * GIB, 4 * GIB, 100 * GIB, 0), None);
+        assert_eq!(P.next(32 * GIB, 4 * GIB - 1, 100 * GIB, 0), Some(40 * GIB));
+    }
+
+    #[test]
+    fn a_fast_writer_makes_it_grow_early_and_by_more() {
+        // 1 GiB free is plenty at rest, not for 500 MiB/s: three seconds of
+        // it are wanted free, and the step is twice that.
+        assert_eq!(P.next(4 * GIB, GIB, 100 * GIB, 0), None);
+        assert_eq!(P.next(4 * GIB, GIB, 100 * GIB, 500 * MIB), Some(4 * GIB + 3000 * MIB));
+        // The cap and the reserve still bound it.
+        assert_eq!(P.next(60 * GIB, GIB, 100 * GIB, 4 * GIB), Some(64 * GIB));
+        assert_eq!(P.next(4 * GIB, GIB, 6 * GIB, 4 * GIB), Some(6 * GIB));
     }
 
     #[test]
     fn it_stops_at_the_cap_and_at_the_hosts_reserve() {
         // The cap cuts the step short, then stops growth.
-        assert_eq!(P.next(60 * GIB, 0, 100 * GIB), Some(64 * GIB));
-        assert_eq!(P.next(64 * GIB, 0, 100 * GIB), None);
+        assert_eq!(P.next(60 * GIB, 0, 100 * GIB, 0), Some(64 * GIB));
+        assert_eq!(P.next(64 * GIB, 0, 100 * GIB, 0), None);
         // 4.5 GiB free on the host with 4 GiB reserved: half a GiB more.
-        assert_eq!(P.next(2 * GIB, 0, 4 * GIB + 512 * MIB), Some(2 * GIB + 512 * MIB));
+        assert_eq!(P.next(2 * GIB, 0, 4 * GIB + 512 * MIB, 0), Some(2 * GIB + 512 * MIB));
         // Under 64 MiB of room beyond the reserve: no step.
-        assert_eq!(P.next(2 * GIB, 0, 4 * GIB + 63 * MIB), None);
-        assert_eq!(P.next(2 * GIB, 0, GIB), None);
+        assert_eq!(P.next(2 * GIB, 0, 4 * GIB + 63 * MIB, 0), None);
+        assert_eq!(P.next(2 * GIB, 0, GIB, 0), None);
     }
 
     #[test]
     fn steps_are_whole_mebibytes() {
         let odd = 4 * GIB + 12_345;
-        let to = P.next(2 * GIB, 0, odd + 4 * GIB).unwrap();
+        let to = P.next(2 * GIB, 0, odd + 4 * GIB, 0).unwrap();
         assert_eq!(to % MIB, 0);
         assert!(to <= 2 * GIB + odd);
     }

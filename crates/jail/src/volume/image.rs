@@ -66,11 +66,14 @@ pub(super) fn allocate_existing(image: &Path) {
 /// Loop-mount `image` at `root`.
 ///
 /// `metadata_ratio=8` has btrfs allocate a metadata chunk after every 8
-/// data chunks. Without it, a volume that fills up with file data has all
-/// of its space in data chunks and metadata has no room left: once full,
-/// deleting part of a file frees data space but no file can be created
-/// any more (seen here: 0 files after freeing 172 MiB of a full 2 GiB
-/// volume; 2000 with the option).
+/// data chunks, so a volume that fills up with file data keeps some room
+/// for metadata. Without it all of a full volume's space can be in data
+/// chunks: deleting part of a file then frees data space, but no file can
+/// be created until btrfs hands back a chunk a delete emptied (about 15 s
+/// later). Seen by hand on a 1 GiB image grown to 2 GiB and filled:
+/// after 172 MiB were deleted, no file could be made without the option
+/// and 2,000 with it; a volume grown while being written may still get
+/// its metadata chunk late.
 pub(super) fn mount(image: &Path, root: &Path) -> Result<()> {
     run(
         Command::new("mount").args(["-t", "btrfs", "-o", "loop,noatime,nodiscard,user_subvol_rm_allowed,metadata_ratio=8"]).arg(image).arg(root),

@@ -61,7 +61,8 @@ impl Volume {
             match image::loop_device(&volume.root) {
                 Some(device) => {
                     image::set_direct_io(&device);
-                    let grower = growth::Grower::new(image.clone(), device, volume.root.clone(), policy(state_dir, size)?);
+                    let sysfs = sysfs_dir(&volume.root);
+                    let grower = growth::Grower::new(image.clone(), device, volume.root.clone(), sysfs, policy(state_dir, size)?);
                     grower.watch();
                     volume.grower = Some(grower);
                 }
@@ -132,14 +133,11 @@ impl Volume {
     /// used if the operator turned them on. None: `rootfs_gb` is not
     /// enforced (logged).
     fn quotas(&self) -> Option<PathBuf> {
-        let fsid = fs::File::open(&self.root).ok().as_ref().and_then(btrfs_fsid);
-        let Some(fsid) = fsid else {
+        let Some(sysfs) = sysfs_dir(&self.root) else {
             tracing::warn!(volume = %self.root.display(), "rootfs_gb is not enforced: cannot read the volume's id");
             return None;
         };
-        let hex: String = fsid.iter().map(|b| format!("{b:02x}")).collect();
-        let uuid = format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]);
-        let qgroups = Path::new("/sys/fs/btrfs").join(uuid).join("qgroups");
+        let qgroups = sysfs.join("qgroups");
         if self.image.is_some() {
             let started = std::time::Instant::now();
             let mut args = QuotaCtlArgs { cmd: BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA, status: 0 };
@@ -298,6 +296,14 @@ fn split(path: &Path) -> Result<(&Path, &[u8])> {
         return Err(Error::Invalid("subvolume name too long".into()));
     }
     Ok((parent, name))
+}
+
+/// `/sys/fs/btrfs/<fsid>` of the btrfs mounted at `root`.
+fn sysfs_dir(root: &Path) -> Option<PathBuf> {
+    let fsid = fs::File::open(root).ok().as_ref().and_then(btrfs_fsid)?;
+    let hex: String = fsid.iter().map(|b| format!("{b:02x}")).collect();
+    let uuid = format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]);
+    Some(Path::new("/sys/fs/btrfs").join(uuid))
 }
 
 /// The growth rule for a volume under `state_dir`.
