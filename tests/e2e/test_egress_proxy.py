@@ -63,7 +63,7 @@ def test_an_allow_list_refuses_other_names_before_they_reach_the_proxy(proxied_h
         before = len(upstream_proxy.seen)
         ex = sh(proxied_http, sid, "curl -sS --max-time 20 -o /dev/null https://crates.io/; echo rc=$?")
         assert "403" in ex.stderr and "rc=56" in ex.stdout, ex
-        ex = sh(proxied_http, sid, "curl -sS --max-time 20 http://deb.debian.org/debian/ | head -proxied_http 200")
+        ex = sh(proxied_http, sid, "curl -sS --max-time 20 http://deb.debian.org/debian/ | head -c 200")
         assert "not allowed by this sandbox's egress policy" in ex.stdout, ex
         assert upstream_proxy.lines()[before:] == [], upstream_proxy.lines()[before:]
     finally:

@@ -110,7 +110,7 @@ class UpstreamProxy:
                 up.settimeout(None)
                 kept = [h for h in headers if h.split(":", 1)[0].strip().lower() not in ("proxy-authorization", "connection", "proxy-connection")]
                 up.sendall(f"{method} /{path} HTTP/1.1\r\n".encode() + "\r\n".join(kept + ["Connection: close"]).encode() + b"\r\n\r\n" + rest)
-            threading.Thread(target=_relay, args=(up, conn), daemon=True).start()
+            threading.Thread(target=relay, args=(up, conn), daemon=True).start()
             relay(conn, up)
         except OSError:
             pass

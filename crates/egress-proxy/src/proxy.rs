@@ -57,7 +57,9 @@ impl Default for Limits {
     }
 }
 
-/// Largest request head a client may send (hyper's buffer).
+/// Largest request head a client may send: the target and the headers,
+/// counted after parsing (hyper's read buffer, twice that, only bounds
+/// what it holds before).
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Headers of one hop (RFC 9110 §7.6.1) and the client's own proxy
@@ -101,7 +103,7 @@ pub async fn serve(listener: TcpListener, upstream: Arc<Upstream>, policy: Arc<d
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
-                .max_buf_size(MAX_HEAD_BYTES)
+                .max_buf_size(2 * MAX_HEAD_BYTES)
                 .serve_connection(TokioIo::new(stream), service)
                 .with_upgrades()
                 .await;
@@ -129,7 +131,15 @@ fn text(status: StatusCode, msg: String) -> Response<Body> {
     r
 }
 
+/// The request head's size as sent: target and headers.
+fn head_bytes<B>(req: &Request<B>) -> usize {
+    req.uri().to_string().len() + req.headers().iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum::<usize>()
+}
+
 async fn route(req: Request<Incoming>, ctx: &Ctx, slot: Arc<tokio::sync::OwnedSemaphorePermit>) -> Response<Body> {
+    if head_bytes(&req) > MAX_HEAD_BYTES {
+        return text(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, format!("a request head has at most {} KiB", MAX_HEAD_BYTES >> 10));
+    }
     let connect = req.method() == Method::CONNECT;
     let absolute_http = req.uri().scheme_str() == Some("http") && req.uri().authority().is_some();
     let Some(authority) = req.uri().authority().cloned().filter(|_| connect || absolute_http) else {

@@ -221,6 +221,27 @@ async fn connections_past_the_limit_are_refused_and_the_others_served() {
 }
 
 #[tokio::test]
+async fn a_request_head_past_64_kib_is_refused_and_one_within_it_served() {
+    let (up, seen) = upstream(origin().await, None).await;
+    let proxy = ours(up, &["allowed.test"], Limits::default()).await;
+    let head = |pad: usize| format!("GET http://allowed.test/a HTTP/1.1\r\nHost: allowed.test\r\nX-Pad: {}\r\n\r\n", "p".repeat(pad));
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    let (answer, _) = ask(&mut s, &head(60 * 1024), 0).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    let (answer, body) = ask(&mut s, &head(65 * 1024), 0).await;
+    assert!(answer.starts_with("HTTP/1.1 431") && body.contains("64 KiB"), "{answer}{body}");
+    // Far past it: hyper's buffer gives up first (a 431 or a close).
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    let _ = s.write_all(head(1024 * 1024).as_bytes()).await;
+    let mut buf = vec![0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.expect("answered or closed").unwrap_or(0);
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(n == 0 || answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert_eq!(seen.lock().unwrap().len(), 1, "only the first reached the upstream");
+}
+
+#[tokio::test]
 async fn a_client_that_never_finishes_its_headers_is_cut_off() {
     let (up, seen) = upstream(origin().await, None).await;
     let proxy = ours(up, &["allowed.test"], Limits { header_timeout: Duration::from_millis(300), ..Limits::default() }).await;

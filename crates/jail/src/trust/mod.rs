@@ -179,6 +179,15 @@ MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgSECRETSECRETSECRE
     }
 
     #[test]
+    fn a_directory_gives_at_most_1024_files() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..1030 {
+            std::fs::write(dir.path().join(format!("{i:04}.crt")), "").unwrap();
+        }
+        assert_eq!(CaSource::at(dir.path()).files().len(), 1024);
+    }
+
+    #[test]
     fn a_change_of_the_source_gives_a_new_layer() {
         let state = tempfile::tempdir().unwrap();
         let cas = state.path().join("cas");

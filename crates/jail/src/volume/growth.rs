@@ -32,6 +32,9 @@ const WATCH_EVERY: Duration = Duration::from_millis(100);
 /// A writer going on at the rate measured must not fill the volume within
 /// this long (a step takes 10 ms to 1.5 s, longer under heavy writes).
 const LEAD: Duration = Duration::from_secs(3);
+/// The rate is measured over this long: a burst (a `pip install`, a
+/// sandbox made) is not a writer that goes on.
+const RATE_WINDOW: Duration = Duration::from_secs(1);
 
 /// How big the volume may be, and what it leaves the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,8 +147,9 @@ pub(super) struct Grower {
     /// `/sys/fs/btrfs/<fsid>`, for what buffered writes hold.
     sysfs: Option<PathBuf>,
     policy: Policy,
-    /// The free space last seen and when, for the rate it goes at.
-    last: Mutex<Option<(std::time::Instant, u64)>>,
+    /// The free space seen in the last `RATE_WINDOW` and when, for the
+    /// rate it goes at.
+    seen: Mutex<std::collections::VecDeque<(std::time::Instant, u64)>>,
     /// Held by a step (the watcher's or `grow_now`'s).
     step: Mutex<()>,
     /// Why the last step could not be taken (logged once per reason).
@@ -161,7 +165,7 @@ pub(super) fn free_bytes(path: &Path) -> Result<(u64, u64)> {
 
 impl Grower {
     pub fn new(image: PathBuf, device: PathBuf, root: PathBuf, sysfs: Option<PathBuf>, policy: Policy) -> Arc<Grower> {
-        Arc::new(Grower { image, device, root, sysfs, policy, last: Mutex::new(None), step: Mutex::new(()), stuck: Mutex::new(None), stopped: AtomicBool::new(false) })
+        Arc::new(Grower { image, device, root, sysfs, policy, seen: Default::default(), step: Mutex::new(()), stuck: Mutex::new(None), stopped: AtomicBool::new(false) })
     }
 
     /// Data space btrfs has promised to writes not yet on disk.
@@ -171,15 +175,19 @@ impl Grower {
         read("bytes_may_use") + read("bytes_reserved")
     }
 
-    /// How fast (bytes a second) the free space went since the last look.
+    /// How fast (bytes a second) the free space went over the last
+    /// `RATE_WINDOW`; 0 until there is a window's worth of looks.
     fn rate(&self, free: u64) -> u64 {
         let now = std::time::Instant::now();
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        let rate = match *last {
-            Some((then, was)) if now > then => (was.saturating_sub(free) as f64 / (now - then).as_secs_f64()) as u64,
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        while seen.len() > 1 && seen.get(1).is_some_and(|(t, _)| now - *t >= RATE_WINDOW) {
+            seen.pop_front();
+        }
+        let rate = match seen.front() {
+            Some((then, was)) if now - *then >= RATE_WINDOW / 2 => (was.saturating_sub(free) as f64 / (now - *then).as_secs_f64()) as u64,
             _ => 0,
         };
-        *last = Some((now, free));
+        seen.push_back((now, free));
         rate
     }
 
