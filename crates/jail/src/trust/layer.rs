@@ -17,6 +17,7 @@ use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
@@ -132,7 +133,10 @@ pub fn write(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<PathBuf> {
         return Ok(layer);
     }
     fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).map_err(|e| Error::io("create the trust layers' directory", e))?;
-    let partial = dir.join(format!(".{name}.{}", std::process::id()));
+    // Unique per call: a create and the pool's warming may make the same
+    // layer at once, in this process or another server's sharing the dir.
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let partial = dir.join(format!(".{name}.{}.{}", std::process::id(), CALLS.fetch_add(1, Ordering::Relaxed)));
     let _ = fs::remove_dir_all(&partial);
     let made = (|| -> std::io::Result<()> {
         for (path, bytes) in files {
@@ -210,6 +214,23 @@ mod tests {
         assert_ne!(a, c);
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(fs::metadata(a.join("etc/ssl")).unwrap().permissions().mode() & 0o777, 0o755);
+    }
+
+    #[test]
+    fn threads_making_the_same_layer_at_once_all_get_it() {
+        // Found by bench/egress.py: a create and the warm pool's zygote
+        // wrote one partial directory and one of them failed with EEXIST.
+        let dir = tempfile::tempdir().unwrap();
+        let big = vec![b'T'; 256 << 10];
+        let f = files(Some(big.as_slice()), &[ca("one"), ca("two")]);
+        let made: Vec<PathBuf> = std::thread::scope(|s| {
+            let runs: Vec<_> = (0..16).map(|_| s.spawn(|| write(dir.path(), &f).unwrap())).collect();
+            runs.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        assert!(made.iter().all(|m| *m == made[0]), "{made:?}");
+        let entries: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(entries, [made[0].file_name().unwrap()], "no partial directory is left");
+        assert_eq!(fs::read(made[0].join(&f[0].0)).unwrap(), f[0].1);
     }
 
     #[test]
