@@ -49,12 +49,14 @@ mod tests {
     fn default_matches_the_spec() {
         let r = builtin("default").unwrap();
         assert_eq!(r.base, None);
-        assert_eq!(r.suite, "bookworm");
+        assert_eq!(r.suite, crate::Debian::default().suite());
         assert_eq!(r.variant, "minbase");
         assert_eq!(r.mirror, "http://deb.debian.org/debian");
         for pkg in [
             "python3-pandas",
             "python3-cloudpickle",
+            "python3-requests",
+            "python3-httpx",
             "iproute2",
             "ca-certificates",
         ] {
@@ -65,10 +67,9 @@ mod tests {
 
         let ds = builtin("python-datasci").unwrap();
         assert_eq!(ds.base.as_deref(), Some("default"));
-        assert_eq!(
-            ds.apt,
-            ["python3-matplotlib", "python3-scipy", "python3-sklearn"]
-        );
+        for pkg in ["python3-matplotlib", "python3-scipy", "python3-sklearn"] {
+            assert!(ds.apt.iter().any(|p| p == pkg), "{pkg} missing");
+        }
         assert_eq!(ds.suite, "");
     }
 }

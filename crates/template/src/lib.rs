@@ -11,6 +11,7 @@ mod apt;
 mod build;
 mod builtin;
 mod chroot;
+mod debian;
 mod debootstrap;
 mod error;
 mod exec;
@@ -24,6 +25,7 @@ mod store;
 mod tools;
 
 pub use builtin::{builtin, builtin_names};
+pub use debian::Debian;
 pub use error::TemplateError;
 pub use key::BUILDER_VERSION;
 pub use progress::{BarProgress, NoProgress, Progress, RecordedProgress};

@@ -4,7 +4,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::TemplateError;
 
-pub const DEFAULT_SUITE: &str = "bookworm";
+/// Debian 13; `debian::Debian::default()` names the same release.
+pub const DEFAULT_SUITE: &str = "trixie";
 pub const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 pub const DEFAULT_VARIANT: &str = "minbase";
 

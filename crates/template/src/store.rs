@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::build::{self, Base};
 use crate::builtin::builtin;
+use crate::debian::Debian;
 use crate::error::TemplateError;
 use crate::key::{self, BUILDER_VERSION};
 use crate::lock;
@@ -45,6 +46,8 @@ pub struct TemplateStore {
     root: PathBuf,
     /// Recipes known besides the built-ins; they win over a built-in of the same name.
     recipes: Vec<Recipe>,
+    /// The release the built-ins are made from.
+    debian: Debian,
 }
 
 #[derive(Serialize)]
@@ -64,7 +67,20 @@ impl TemplateStore {
         TemplateStore {
             root: root.into(),
             recipes: Vec::new(),
+            debian: Debian::default(),
         }
+    }
+
+    /// The same store, its built-in recipes made from `debian`. Versions
+    /// built from another release stay on disk and keep working for what
+    /// was made on them; they are no longer what a name resolves to.
+    pub fn with_debian(mut self, debian: Debian) -> TemplateStore {
+        self.debian = debian;
+        self
+    }
+
+    pub fn debian(&self) -> Debian {
+        self.debian
     }
 
     pub fn root(&self) -> &Path {
@@ -80,13 +96,14 @@ impl TemplateStore {
         Ok(())
     }
 
-    /// The recipe called `name`: a registered one, else a built-in.
+    /// The recipe called `name`: a registered one, else a built-in (made
+    /// from this store's Debian release).
     pub fn recipe(&self, name: &str) -> Option<Recipe> {
         self.recipes
             .iter()
             .find(|r| r.name == name)
             .cloned()
-            .or_else(|| builtin(name))
+            .or_else(|| builtin(name).map(|r| r.on_debian(self.debian)))
     }
 
     /// Content hash of `recipe`, covering its base chain and the builder version.
