@@ -79,6 +79,9 @@ enum TemplateCommand {
         /// Where a built-in is built.
         #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox")]
         state_dir: PathBuf,
+        /// The Debian release a built-in is made from: 13 (trixie) or 12 (bookworm).
+        #[arg(long, env = "FORKBOX_DEBIAN", default_value = "13", value_parser = parse_debian)]
+        debian: template::Debian,
         /// The server a recipe file is sent to.
         #[command(flatten)]
         client: ClientArgs,
@@ -87,6 +90,9 @@ enum TemplateCommand {
     Ls {
         #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox")]
         state_dir: PathBuf,
+        /// Which release's versions are "current": 13 (trixie) or 12 (bookworm).
+        #[arg(long, env = "FORKBOX_DEBIAN", default_value = "13", value_parser = parse_debian)]
+        debian: template::Debian,
     },
     /// List the server's templates (built-in and custom).
     List(ClientArgs),
@@ -106,6 +112,10 @@ enum TemplateCommand {
         #[arg(required = true)]
         names: Vec<String>,
     },
+}
+
+fn parse_debian(raw: &str) -> Result<template::Debian, String> {
+    raw.parse().map_err(|e: template::TemplateError| e.to_string())
 }
 
 fn parse_egress_proxy(raw: &str) -> Result<egress_proxy::Upstream, String> {
@@ -164,6 +174,11 @@ struct ServeArgs {
     /// Where templates are built and cached (default: <state-dir>/templates).
     #[arg(long, env = "FORKBOX_TEMPLATES_DIR")]
     templates_dir: Option<PathBuf>,
+    /// The Debian release the built-in templates are made from: 13 (trixie:
+    /// Python 3.13, numpy 2, pandas 2) or 12 (bookworm: Python 3.11, numpy
+    /// 1.24, pandas 1.5). What was made on the other stays as it was.
+    #[arg(long, env = "FORKBOX_DEBIAN", default_value = "13", value_parser = parse_debian)]
+    debian: template::Debian,
     /// Accepted bearer API key (repeat, or comma-separate in the env var);
     /// hashed at start. Keys of <state-dir>/keys.json are accepted too.
     #[arg(long = "api-key", env = "FORKBOX_API_KEYS", value_delimiter = ',')]
@@ -373,19 +388,20 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Template { command: TemplateCommand::Build { name, client, .. } } if is_recipe_path(&name) => {
             tokio::runtime::Runtime::new()?.block_on(client::templates::build(&client, std::path::Path::new(&name)))
         }
-        Command::Template { command: TemplateCommand::Build { name, state_dir, .. } } => {
+        Command::Template { command: TemplateCommand::Build { name, state_dir, debian, .. } } => {
             template::check_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
-            let recipe = template::builtin(&name)
+            let store = template::TemplateStore::new(state_dir.join("templates")).with_debian(debian);
+            let recipe = store
+                .recipe(&name)
                 .with_context(|| format!("unknown template `{name}` (built-in: {}; or a recipe file's path)", template::builtin_names().join(", ")))?;
-            let store = template::TemplateStore::new(state_dir.join("templates"));
             let built = store.build(&recipe, &template::BarProgress).map_err(|e| anyhow::anyhow!("{e}"))?;
             println!("{} {} {}", built.name, built.hash, built.rootfs.display());
             Ok(0)
         }
-        Command::Template { command: TemplateCommand::Ls { state_dir } } => {
-            let store = template::TemplateStore::new(state_dir.join("templates"));
+        Command::Template { command: TemplateCommand::Ls { state_dir, debian } } => {
+            let store = template::TemplateStore::new(state_dir.join("templates")).with_debian(debian);
             for name in template::builtin_names() {
-                let recipe = template::builtin(name).context("built-in recipe")?;
+                let recipe = store.recipe(name).context("built-in recipe")?;
                 let current = store.lookup(&recipe).ok().flatten().map(|t| t.hash);
                 let versions: Vec<String> = store.versions(name).into_iter().map(|t| t.hash).collect();
                 println!("{name}\tcurrent={}\tbuilt={}", current.unwrap_or_else(|| "-".into()), versions.join(","));
@@ -467,6 +483,7 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
     Ok(server::ServerConfig {
         listen: a.listen,
         templates_dir: a.templates_dir.unwrap_or_else(|| a.state_dir.join("templates")),
+        debian: a.debian,
         state_dir: a.state_dir,
         // Only the hashes are kept; the keys are dropped with `a`.
         api_keys: a.api_keys.iter().filter(|k| !k.is_empty()).map(|k| server::keys::KeyHash::of(k)).collect(),

@@ -37,6 +37,7 @@ fn fixture() -> &'static Fixture {
             listen: "127.0.0.1:0".parse().unwrap(),
             state_dir: state_dir.clone(),
             templates_dir: templates_dir.clone(),
+            debian: Default::default(),
             api_keys: vec![],
             key_limits: Default::default(),
             limits: server::SandboxLimits { max_ram_mib: 4096, ..Default::default() },
@@ -56,7 +57,7 @@ fn fixture() -> &'static Fixture {
             drain: std::time::Duration::from_secs(30),
         };
         let jail = jail::Jail::open_clean(jail::JailConfig { volume: config.volume, ..jail::JailConfig::new(state_dir, config.shim_exe.clone(), 4) }).expect("engine");
-        let templates = server::Templates::new(templates_dir, &config.state_dir.join("custom-templates"));
+        let templates = server::Templates::new(templates_dir, &config.state_dir.join("custom-templates"), config.debian);
         templates.scan();
         assert!(templates.is_ready("default"), "build the default template first: forkbox template build default");
         Fixture { state: server::AppState::new(config, jail, templates) }

@@ -11,6 +11,8 @@ pub struct ServerConfig {
     pub state_dir: PathBuf,
     /// Where built templates live (normally `<state_dir>/templates`).
     pub templates_dir: PathBuf,
+    /// The Debian release the built-in templates are made from.
+    pub debian: template::Debian,
     /// SHA-256 of the keys given with `--api-key` (the keys themselves are
     /// not kept); with none here and none in `<state>/keys.json`, no auth
     /// (only allowed on loopback). See src/keys.rs.

@@ -149,7 +149,8 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         volume: config.volume,
         ..jail::JailConfig::new(config.state_dir.clone(), config.shim_exe.clone(), 0)
     })?;
-    let templates = Templates::new(config.templates_dir.clone(), &config.state_dir.join("custom-templates"));
+    let templates = Templates::new(config.templates_dir.clone(), &config.state_dir.join("custom-templates"), config.debian);
+    tracing::info!(debian = %config.debian, python = config.debian.python(), "built-in templates are made from this release");
     templates.scan();
     if !config.build_templates {
         templates.mark_unbuilt();

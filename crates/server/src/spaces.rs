@@ -58,6 +58,14 @@ pub struct Resumed {
     pub owner: Option<String>,
 }
 
+/// What a sandbox resumed from a Space starts with.
+pub struct SpaceStart {
+    /// The Space's files: the upper layer of the sandbox it was.
+    pub upper: PathBuf,
+    /// The built-in template version that sandbox ran on, if it was one.
+    pub rootfs: Option<PathBuf>,
+}
+
 /// `meta.json` of a Space.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SpaceMeta {
@@ -70,6 +78,12 @@ pub struct SpaceMeta {
     /// had owners have none, and are reachable only without keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// The built-in template version (its rootfs) the sandbox ran on: its
+    /// files and its pickled REPL are that version's, so it resumes on it
+    /// even after the built-in was rebuilt (docs/templates.md#debian).
+    /// Spaces frozen before this was kept have none: the current version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs: Option<PathBuf>,
 }
 
 /// The Spaces directory.
@@ -340,6 +354,7 @@ impl AppState {
             },
             sandbox: info,
             owner: entry.settings.owner.clone(),
+            rootfs: self.inner.templates.is_builtin(&entry.settings.template).then(|| entry.engine.layers().1),
         };
         let engine = Arc::clone(&entry.engine);
         let dir = store.dir.clone();
@@ -444,7 +459,8 @@ impl AppState {
         };
         // The resumed sandbox is the Space's owner's (the caller's, with keys).
         let settings = Settings { owner: meta.owner.clone(), ..self.settings(&create, caller)? };
-        let entry = self.create_with(caller, settings, Some(claimed.join("upper"))).await?;
+        let start = SpaceStart { upper: claimed.join("upper"), rootfs: meta.rootfs.clone() };
+        let entry = self.create_with(caller, settings, Some(start)).await?;
         let mut slot = entry.slot.lock().await;
         let thawed = entry.run_hidden(&mut slot, &space_code("thaw"), REPL_SAVE_TIMEOUT).await.and_then(|out| parse_answer(&out));
         let notice = match thawed {

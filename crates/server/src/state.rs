@@ -273,11 +273,15 @@ impl AppState {
     }
 
     /// Create a sandbox for `settings.owner`, within `caller`'s quotas;
-    /// `initial_upper`: files to start with (a Space's), which rules out
-    /// the warm pool.
-    pub async fn create_with(&self, caller: &Caller, settings: Settings, initial_upper: Option<std::path::PathBuf>) -> Result<Arc<SandboxEntry>, ApiError> {
+    /// `space`: a Space's files to start with, on the template version
+    /// they were made on, which rules out the warm pool.
+    pub async fn create_with(&self, caller: &Caller, settings: Settings, space: Option<crate::spaces::SpaceStart>) -> Result<Arc<SandboxEntry>, ApiError> {
         // `settings` checked the template's name and who may use it.
-        let rootfs = self.inner.templates.rootfs(&settings.template)?;
+        let rootfs = match &space {
+            Some(start) => self.inner.templates.rootfs_pinned(&settings.template, start.rootfs.as_deref())?,
+            None => self.inner.templates.rootfs(&settings.template)?,
+        };
+        let initial_upper = space.map(|start| start.upper);
         let quota = self.reserve_quota(caller, settings.owner.as_deref(), 1, settings.ram_mib, false)?;
         let _slot = CreateSlot::take(self)?;
         let started = std::time::Instant::now();

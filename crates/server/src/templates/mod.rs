@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use protocol::{TemplateInfo, TemplateLimits};
-use template::{Progress, Recipe, TemplateStore};
+use template::{Debian, Progress, Recipe, TemplateStore};
 
 use crate::error::ApiError;
 use crate::keys::Caller;
@@ -61,12 +61,13 @@ impl Drop for Building {
 }
 
 impl Templates {
-    /// Built-ins under `root` (shared by servers), custom templates under `custom`.
-    pub fn new(root: PathBuf, custom: &Path) -> Templates {
+    /// Built-ins under `root` (shared by servers), made from `debian`;
+    /// custom templates under `custom`.
+    pub fn new(root: PathBuf, custom: &Path, debian: Debian) -> Templates {
         let order: Vec<String> = template::builtin_names().iter().map(|s| s.to_string()).collect();
         let states = order.iter().map(|n| (n.clone(), State::Queued)).collect();
         Templates {
-            store: TemplateStore::new(root),
+            store: TemplateStore::new(root).with_debian(debian),
             states: Arc::new(Mutex::new(states)),
             order,
             user: Arc::new(RwLock::new(UserTemplates::load(custom.join("templates")))),
@@ -166,7 +167,7 @@ impl Templates {
     /// Mark templates already built as ready (cheap; no building).
     pub fn scan(&self) {
         for name in &self.order {
-            if let Some(recipe) = template::builtin(name) {
+            if let Some(recipe) = self.store.recipe(name) {
                 if let Ok(Some(built)) = self.store.lookup(&recipe) {
                     seal(&built.rootfs);
                     self.set(name, State::Ready(built.rootfs));
@@ -188,7 +189,7 @@ impl Templates {
     /// Build every missing built-in, in order; blocking (run it on a thread).
     pub fn build_all(&self) {
         for name in self.order.clone() {
-            let Some(recipe) = template::builtin(&name) else { continue };
+            let Some(recipe) = self.store.recipe(&name) else { continue };
             self.build_one(&name, &recipe);
         }
     }
@@ -232,6 +233,27 @@ impl Templates {
                 Err(ApiError::Unavailable { message: format!("template `{name}` is still building ({:.0}%: {message})", p * 100.0), progress: Some(p) })
             }
         }
+    }
+
+    /// The root filesystem of `name` as `pinned` names it: the built-in's
+    /// version something was made on (a Space frozen before the built-in
+    /// was rebuilt, e.g. from another Debian), while that version is on
+    /// disk; else the current one.
+    pub fn rootfs_pinned(&self, name: &str, pinned: Option<&Path>) -> Result<Root, ApiError> {
+        let current = self.rootfs(name);
+        let Some(pinned) = pinned.filter(|p| self.is_builtin(name) && self.is_version_of(name, p)) else { return current };
+        if current.as_ref().is_ok_and(|root| root.rootfs == pinned) {
+            return current;
+        }
+        tracing::info!(template = name, rootfs = %pinned.display(), "starting on the template version it was made on, not the current one");
+        seal(pinned);
+        Ok(Root::single(pinned.to_path_buf()))
+    }
+
+    /// Whether `rootfs` is a built version of built-in `name` in this store
+    /// (a path from a Space's metadata is not trusted to point elsewhere).
+    fn is_version_of(&self, name: &str, rootfs: &Path) -> bool {
+        self.store.versions(name).iter().any(|v| v.rootfs == rootfs)
     }
 
     pub fn is_ready(&self, name: &str) -> bool {
