@@ -943,7 +943,11 @@ def _redo_map(libc, e):
 
 def _reseed():
     """Siblings must not share random streams.  ``random`` reseeds itself in
-    a fork child (an at-fork hook); numpy's global generator does not."""
+    a fork child (an at-fork hook); numpy's global generator does not, nor
+    do the generators user code keeps: numpy 2's ``default_rng()``
+    ``Generator``s, ``RandomState``s and ``random.Random``s bound to a name
+    of the REPL's globals get fresh entropy too (objects nested deeper are
+    the user's to reseed)."""
     for name in ('random', 'numpy.random'):
         mod = sys.modules.get(name)
         seed = getattr(mod, 'seed', None) if mod is not None else None
@@ -952,6 +956,20 @@ def _reseed():
                 seed()
             except Exception:
                 pass
+    nprandom = sys.modules.get('numpy.random')
+    generator = getattr(nprandom, 'Generator', None)
+    legacy = getattr(nprandom, 'RandomState', None)
+    pyrandom = sys.modules.get('random')
+    for value in list((_G or {}).values()):
+        try:
+            if generator is not None and isinstance(value, generator):
+                bits = value.bit_generator
+                bits.state = type(bits)().state   # a new one of its kind, seeded by the OS
+            elif (legacy is not None and isinstance(value, legacy)) or \
+                    (pyrandom is not None and isinstance(value, pyrandom.Random)):
+                value.seed()
+        except Exception:
+            pass
 
 
 # ---- rich output (docs/outputs.md) -------------------------------------------
