@@ -1,4 +1,5 @@
-"""repl/space.py on its own, in a plain host python3: what a freeze saves,
+"""repl/space.py on its own, in a plain python3 (FORKBOX_TEST_PYTHON, as
+tests/repl/test_repl.py; default: the one running pytest): what a freeze saves,
 what a thaw brings back, and a thaw without a saved state (the sandbox had
 no REPL when it was frozen). The whole path through a server is
 tests/e2e/test_spaces.py."""
@@ -9,6 +10,7 @@ import os
 import subprocess
 import sys
 
+PYTHON = os.environ.get("FORKBOX_TEST_PYTHON", sys.executable)
 SPACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "repl", "space.py")
 
 FREEZE = """
@@ -35,7 +37,7 @@ print(alias is shared, box.v is shared, double(21), 'sock' in globals(), 'gen' i
 
 
 def run(code: str, path: str) -> list[str]:
-    p = subprocess.run([sys.executable, "-c", code, SPACE, path], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([PYTHON, "-c", code, SPACE, path], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     return p.stdout.splitlines()
 
