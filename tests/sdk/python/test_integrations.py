@@ -106,3 +106,70 @@ def test_langchain_tool(url):
     fresh = ForkboxTool(url=url, persistent_sandbox=False)
     fresh.invoke({"code": "z = 1"})
     assert "NameError" in fresh.invoke({"code": "z"})  # a new sandbox per call
+
+
+def _gemini_function_calls(*args):
+    """The calls of a generateContent answer as the Gemini API sends it (JSON), one
+    ``functionCall`` part per ``args``, parsed by google-genai as ``client.models`` does."""
+    from google.genai import types
+
+    parts = [{"functionCall": {"id": f"fc-{i}", "name": "run_code", "args": a}} for i, a in enumerate(args, 1)]
+    parts[0]["thoughtSignature"] = base64.b64encode(b"sig").decode()  # Gemini 3 signs its first call
+    answer = {"candidates": [{"content": {"role": "model", "parts": [{"text": "Running it."}] + parts},
+                              "finishReason": "STOP", "index": 0}],
+              "modelVersion": "gemini-3.8-flash", "responseId": "r-1"}
+    return types.GenerateContentResponse.model_validate_json(json.dumps(answer)).function_calls
+
+
+def test_gemini_function_call_handler(url):
+    from google.genai import types
+
+    from forkbox.integrations.gemini import DECLARATION, TOOL, handle_function_call, run_function_call
+
+    assert isinstance(TOOL, types.Tool) and TOOL.function_declarations[0].name == "run_code"
+    params = TOOL.function_declarations[0].parameters
+    assert set(params.properties) == {"code", "language"} and params.required == ["code"]
+    assert params.properties["language"].enum == ["python", "bash"]
+    assert types.FunctionDeclaration.model_validate(DECLARATION) == TOOL.function_declarations[0]
+
+    def wire(part):  # the JSON the request carries, as the API's reference spells it
+        assert isinstance(part, types.Part)
+        out = part.model_dump(mode="json", exclude_none=True, by_alias=True)
+        assert types.Part.model_validate(out) == part  # and google-genai reads it back the same
+        return out
+
+    with Sandbox("python-datasci", url=url) as sb:
+        first, bash = _gemini_function_calls({"code": "x = 7\nx * 6"},
+                                             {"code": "echo $((x + 1)); ls /nonexistent", "language": "bash"})
+        assert wire(handle_function_call(first, sb)) == {"functionResponse": {
+            "id": "fc-1", "name": "run_code", "response": {"output": "result:\n42\nexit_code: 0", "exit_code": 0}}}
+        res = wire(handle_function_call(bash, sb))["functionResponse"]
+        assert res["id"] == "fc-2" and res["response"]["exit_code"] == 2
+        assert "stdout:\n1\n" in res["response"]["output"]  # bash: a shell, not the REPL's x
+        assert "No such file" in res["response"]["output"]
+
+        [again, err] = _gemini_function_calls({"code": "print(x + 1)"}, {"code": "1/0"})
+        assert wire(handle_function_call(again, sb))["functionResponse"]["response"] == {
+            "output": "stdout:\n8\n\nexit_code: 0", "exit_code": 0}  # the REPL's state carried over
+        res = wire(handle_function_call(err, sb))["functionResponse"]["response"]
+        assert res["exit_code"] == 1 and "error: ZeroDivisionError: division by zero" in res["output"]
+
+        [plot] = _gemini_function_calls({"code": PLOT})
+        part = handle_function_call(plot, sb)
+        [image] = part.function_response.parts
+        assert image.inline_data.mime_type == "image/png" and image.inline_data.data.startswith(PNG_MAGIC)
+        res = wire(part)["functionResponse"]
+        assert "stdout:\nplotted" in res["response"]["output"] and "display 1 (image/png" in res["response"]["output"]
+        [sent] = res["parts"]
+        assert set(sent) == {"inlineData"} and sent["inlineData"]["mimeType"] == "image/png"
+        assert base64.urlsafe_b64decode(sent["inlineData"]["data"]).startswith(PNG_MAGIC)
+        assert "parts" not in wire(handle_function_call(plot, sb, with_images=False))["functionResponse"]
+
+        # The response alone, for a REST request (podflare's run_function_call).
+        assert run_function_call({"args": {"code": "x"}}, sb) == {"output": "result:\n7\nexit_code: 0", "exit_code": 0}
+
+        # A dict call without an id (older models send none): nothing invented.
+        res = wire(handle_function_call({"name": "run_code", "args": {"code": "import time; time.sleep(5)"}},
+                                        sb, timeout=0.5))["functionResponse"]
+        assert "id" not in res and res["name"] == "run_code" and res["response"]["exit_code"] == 124
+        assert "timed out" in res["response"]["output"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .._sync import Sandbox
 from ..errors import Timeout
@@ -79,12 +79,13 @@ def describe(ex: Execution) -> str:
     return "\n".join(parts)
 
 
-def images(ex: Execution) -> List[Tuple[str, str]]:
-    """``(mime type, base64 data)`` of every image among the displays and the result."""
+def images(ex: Execution, kinds: Sequence[str] = IMAGE_TYPES) -> List[Tuple[str, str]]:
+    """``(mime type, base64 data)`` of every image among the displays and the result,
+    of the types in ``kinds`` (the ones the model's API takes)."""
     bundles = ex.displays + ([ex.result] if ex.result else [])
     out = []
     for b in bundles:
-        for mime in IMAGE_TYPES:
+        for mime in kinds:
             if isinstance(b.get(mime), str):
                 out.append((mime, b[mime]))
                 break  # one picture per bundle: its first image type
