@@ -7,7 +7,7 @@ use crate::recipe::Recipe;
 use crate::steps::Steps;
 use crate::tools::{self, Tools};
 
-/// Packages in a bookworm minbase; the first guess before downloads reveal the real count.
+/// Packages in a Debian minbase (bookworm and trixie alike); the first guess before downloads reveal the real count.
 const MINBASE_PACKAGES: u64 = 90;
 /// Rough number of dependencies each extra package drags in.
 const PACKAGES_PER_INCLUDE: u64 = 6;
