@@ -35,6 +35,20 @@ MIB = 1024 * 1024
 MAX_CODE_BYTES = 10 * MIB
 
 
+def current_rootfs(name: str = "default") -> str:
+    """The rootfs of built-in `name`'s current version in TEMPLATES_DIR
+    (others, e.g. another Debian's, may be built beside it)."""
+    out = subprocess.run([FORKBOX_BIN, "template", "ls", "--state-dir", os.path.dirname(os.path.normpath(TEMPLATES_DIR))],
+                         capture_output=True, text=True, timeout=60, check=True)
+    for line in out.stdout.splitlines():
+        fields = line.split("\t")
+        if fields[0] == name:
+            [key] = [f.split("=", 1)[1] for f in fields if f.startswith("current=")]
+            assert key != "-", f"{name} is not built in {TEMPLATES_DIR}"
+            return os.path.join(TEMPLATES_DIR, name, key, "rootfs")
+    raise AssertionError(f"no built-in {name}: {out.stdout}")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import start_server, stop_and_assert_clean
 from helpers import (
-    E2E_ROOT, TEMPLATES_DIR, ForkboxServer, assert_json_error, create_raw, exec_ok, exec_raw, proc_status,
+    E2E_ROOT, TEMPLATES_DIR, ForkboxServer, assert_json_error, create_raw, current_rootfs, exec_ok, exec_raw, proc_status,
     sandbox_host_pids, wait_no_leaks,
 )
 
@@ -281,9 +281,12 @@ def test_a_template_cannot_be_deleted_from_under_its_sandboxes(say, server):
     (the server sealed the template read-only), the sandboxes go on, new
     ones are made, and not one of the template's files is gone."""
     own = os.path.join(E2E_ROOT, f"templates-{uuid.uuid4().hex[:8]}")
-    os.makedirs(own)
-    subprocess.run(["cp", "-a", "--reflink=auto", os.path.join(TEMPLATES_DIR, "default"), own], check=True)
-    rootfs = glob.glob(os.path.join(own, "default", "*", "rootfs"))[0]
+    # The version the server serves, alone: another one beside it (built
+    # for another Debian) is not sealed and would go.
+    version = os.path.dirname(current_rootfs())
+    os.makedirs(os.path.join(own, "default"))
+    subprocess.run(["cp", "-a", "--reflink=auto", version, os.path.join(own, "default")], check=True)
+    rootfs = os.path.join(own, "default", os.path.basename(version), "rootfs")
     files_before = sum(len(f) for _, _, f in os.walk(rootfs))
     srv = ForkboxServer("template-rm", build_templates=False, log=say)
     srv.templates_dir = own

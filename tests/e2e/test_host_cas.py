@@ -14,7 +14,6 @@ Traffic: loopback, the namespace, and Debian's mirror (a recipe's apt step)."""
 from __future__ import annotations
 
 import base64
-import glob
 import hashlib
 import io
 import json
@@ -28,7 +27,7 @@ import trustme
 from cryptography import x509
 
 from conftest import start_server, stop_and_assert_clean
-from helpers import TEMPLATES_DIR, create_raw, delete_raw, exec_ok, exec_raw
+from helpers import create_raw, current_rootfs, delete_raw, exec_ok, exec_raw
 from netns import NetNs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -132,19 +131,27 @@ def sh(c, sid: str, code: str, timeout_ms: int = 180_000):
 
 
 def template_bundle() -> bytes:
-    [path] = glob.glob(os.path.join(TEMPLATES_DIR, "default", "*", "rootfs", "etc", "ssl", "certs", "ca-certificates.crt"))[:1]
-    with open(path, "rb") as f:
+    with open(os.path.join(current_rootfs(), "etc", "ssl", "certs", "ca-certificates.crt"), "rb") as f:
         return f.read()
+
+
+# pip (24.2 on, Debian 13's 25.1) verifies through truststore, which fails
+# on an index named by an IP address ("check_hostname requires
+# server_hostname", pypa/pip#12905): pip reaches the interceptor by a name,
+# which the sandbox's /etc/hosts gives (the interceptor signs for any name).
+INDEX_HOST = "index.forkbox.test"
 
 
 def clients(ip: str) -> dict[str, str]:
     """Each client's way of fetching from the interceptor (bash)."""
+    name = f"(grep -q {INDEX_HOST} /etc/hosts || echo '{ip} {INDEX_HOST}' >> /etc/hosts) && "
     return {
         "curl": f"curl -sS --max-time 20 https://{ip}/hello.txt",
         "python ssl": f"python3 -c \"import urllib.request; print(urllib.request.urlopen('https://{ip}/hello.txt', timeout=20).read().decode(), end='')\"",
-        "pip": f"pip download --no-deps --no-cache-dir -q --index-url https://{ip}/simple/ -d /tmp/dl forkbox-probe==1.0 && sha256sum /tmp/dl/*.whl",
-        "venv pip": f"(test -x /tmp/venv/bin/pip || python3 -m venv /tmp/venv) && /tmp/venv/bin/pip download --no-deps --no-cache-dir -q "
-                    f"--index-url https://{ip}/simple/ -d /tmp/vdl forkbox-probe==1.0 && sha256sum /tmp/vdl/*.whl",
+        "pip": name + f"pip download --no-deps --no-cache-dir -q --index-url https://{INDEX_HOST}/simple/ -d /tmp/dl forkbox-probe==1.0 "
+                      "&& sha256sum /tmp/dl/*.whl",
+        "venv pip": name + f"(test -x /tmp/venv/bin/pip || python3 -m venv /tmp/venv) && /tmp/venv/bin/pip download --no-deps --no-cache-dir -q "
+                           f"--index-url https://{INDEX_HOST}/simple/ -d /tmp/vdl forkbox-probe==1.0 && sha256sum /tmp/vdl/*.whl",
     }
 
 
