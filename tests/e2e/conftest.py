@@ -27,8 +27,12 @@ import httpx  # noqa: E402
 import pytest  # noqa: E402
 from podflare import Client, Sandbox  # noqa: E402
 
-from helpers import FORKBOX_BIN, TEMPLATES_DIR, ForkboxServer, create_raw, delete_raw, wait_for_binary, wait_no_leaks  # noqa: E402
+from helpers import (  # noqa: E402
+    FORKBOX_BIN, TEMPLATES_DIR, ForkboxServer, create_raw, delete_raw, sweep_dead_runs, wait_for_binary, wait_no_leaks,
+)
 from upstream_proxy import UpstreamProxy  # noqa: E402
+
+sweep_dead_runs(lambda msg: print(msg, file=sys.__stderr__, flush=True))
 
 
 @pytest.fixture(scope="session")

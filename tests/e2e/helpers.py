@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -33,6 +34,33 @@ READY_TIMEOUT_S = float(os.environ.get("FORKBOX_E2E_READY_TIMEOUT", 15 * 60))
 
 MIB = 1024 * 1024
 MAX_CODE_BYTES = 10 * MIB
+
+
+# `<name>-<pid of the pytest that made it>[-<8 hex>]` under E2E_ROOT.
+_RUN_DIR = re.compile(r"^.+?-(\d+)(?:-[0-9a-f]{8})?$")
+
+
+def sweep_dead_runs(say=lambda msg: None) -> None:
+    """Remove the state directories of test runs that died (a killed CI, a
+    lost machine): each keeps its volume image mounted, gigabytes a fresh
+    run then lacks. Only directories whose pytest is gone are touched."""
+    try:
+        entries = os.listdir(E2E_ROOT)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        path = os.path.join(E2E_ROOT, entry)
+        m = _RUN_DIR.match(entry)
+        if not m or not os.path.isdir(path) or os.path.exists(f"/proc/{m.group(1)}"):
+            continue
+        points = {line.split()[4].replace("\\040", " ") for line in mounts_under(path)}
+        for mnt in sorted((p for p in points if p == path or p.startswith(path + "/")), key=len, reverse=True):
+            subprocess.run(["umount", "-l", mnt], check=False)
+        if mounts_under(path):
+            say(f"[forkbox-e2e] {path}, left by a run that died, is still in use: kept")
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        say(f"[forkbox-e2e] removed {path}, left by a run that died")
 
 
 def current_rootfs(name: str = "default") -> str:

@@ -280,7 +280,7 @@ def test_a_template_cannot_be_deleted_from_under_its_sandboxes(say, server):
     server serving sandboxes from it; `rm -rf` of the template: it fails
     (the server sealed the template read-only), the sandboxes go on, new
     ones are made, and not one of the template's files is gone."""
-    own = os.path.join(E2E_ROOT, f"templates-{uuid.uuid4().hex[:8]}")
+    own = os.path.join(E2E_ROOT, f"templates-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     # The version the server serves, alone: another one beside it (built
     # for another Debian) is not sealed and would go.
     version = os.path.dirname(current_rootfs())
