@@ -10,7 +10,9 @@ Two servers (the built-ins of each release built first, e.g. with
 state directories and the same templates directory. In each round, in
 turn on each server:
   1. exec round trip of `print(1)` (the lean keep-alive client of run.py);
-  2. create → first exec of `import pandas as pd; print(1)`: the warm pool's
+  2. create → first exec of `import pandas as pd; print(1)`, 300 ms apart
+     (an agent's pause; without it each create's first exec races the
+     pool's refill after the one before): the warm pool's
      zygote imported pandas, so this is as cheap as `print(1)`; beside it,
      what `import numpy, pandas` costs a fresh interpreter in the same
      sandbox (what every create would pay without the pool);
@@ -59,7 +61,7 @@ def exec_ok(fb: Forkbox, sid: str, code: str, what: str) -> str:
     return out.strip()
 
 
-def one_round(fb: Forkbox, s: dict[str, Series], calls: int, creates: int, forks: int, parent: str) -> None:
+def one_round(fb: Forkbox, s: dict[str, Series], calls: int, creates: int, forks: int, parent: str, gap: float) -> None:
     sid = fb.create()
     try:
         for _ in range(5):
@@ -73,6 +75,10 @@ def one_round(fb: Forkbox, s: dict[str, Series], calls: int, creates: int, forks
     finally:
         fb.destroy(sid)
     for _ in range(creates):
+        # The pool refills a spare after each create (a fork of the zygote,
+        # ~10 ms of CPU on a 2-core machine): without a pause, the next
+        # create's first exec races it, on this server or the other.
+        time.sleep(gap)
         gc.collect()
         t0 = time.perf_counter_ns()
         new = fb.create()
@@ -81,6 +87,7 @@ def one_round(fb: Forkbox, s: dict[str, Series], calls: int, creates: int, forks
         check(out, rc, "create → import pandas")
         fb.destroy(new)
     for _ in range(forks):
+        time.sleep(gap)
         t0 = time.perf_counter_ns()
         st, b = fb.request("POST", f"/v1/sandboxes/{parent}/fork", {"n": 5})
         s["fork"].add_ns(time.perf_counter_ns() - t0)
@@ -107,7 +114,8 @@ def render(series: dict[str, dict[str, Series]], versions: dict[str, str], args)
         py, np_, pd_ = versions[r].split()
         out.append(f"- Debian {r}: Python {py}, numpy {np_}, pandas {pd_}.")
     out.append("- Both servers run at once, the releases taking turns in each of "
-               f"{args.rounds} rounds, so machine noise hits both alike.")
+               f"{args.rounds} rounds, so machine noise hits both alike; creates and forks are "
+               f"{args.gap_ms:.0f} ms apart, so that each one's warm-pool refill is not in the next one's time.")
     out.append(f"\nRun: {run_header()}; reproduce with `python3 bench/debian.py --rounds {args.rounds}`.")
     return "\n".join(out)
 
@@ -118,6 +126,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=100, help="exec calls per round (default 100)")
     ap.add_argument("--creates", type=int, default=10, help="creates per round (default 10)")
     ap.add_argument("--forks", type=int, default=3, help="fork(5) calls per round (default 3)")
+    ap.add_argument("--gap-ms", type=float, default=300, help="pause before each create and fork, as an agent thinks (default 300)")
     ap.add_argument("--ready-timeout", type=float, default=300)
     ap.add_argument("--no-docs", action="store_true")
     args = ap.parse_args()
@@ -141,7 +150,7 @@ def main() -> int:
         for i in range(args.rounds):
             log(f"round {i + 1}/{args.rounds}")
             for r in (RELEASES if i % 2 == 0 else RELEASES[::-1]):
-                one_round(clients[r], series[r], args.calls, args.creates, args.forks, parents[r])
+                one_round(clients[r], series[r], args.calls, args.creates, args.forks, parents[r], args.gap_ms / 1000)
     finally:
         for r, fb in clients.items():
             if parents.get(r):
