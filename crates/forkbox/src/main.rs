@@ -79,9 +79,8 @@ enum TemplateCommand {
         /// Where a built-in is built.
         #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox")]
         state_dir: PathBuf,
-        /// The Debian release a built-in is made from: 13 (trixie) or 12 (bookworm).
-        #[arg(long, env = "FORKBOX_DEBIAN", default_value = "13", value_parser = parse_debian)]
-        debian: template::Debian,
+        #[command(flatten)]
+        debian: DebianArg,
         /// The server a recipe file is sent to.
         #[command(flatten)]
         client: ClientArgs,
@@ -90,9 +89,8 @@ enum TemplateCommand {
     Ls {
         #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox")]
         state_dir: PathBuf,
-        /// Which release's versions are "current": 13 (trixie) or 12 (bookworm).
-        #[arg(long, env = "FORKBOX_DEBIAN", default_value = "13", value_parser = parse_debian)]
-        debian: template::Debian,
+        #[command(flatten)]
+        debian: DebianArg,
     },
     /// List the server's templates (built-in and custom).
     List(ClientArgs),
@@ -112,6 +110,16 @@ enum TemplateCommand {
         #[arg(required = true)]
         names: Vec<String>,
     },
+}
+
+/// `--debian`, which `serve`, `template build` and `template ls` share.
+#[derive(Args)]
+struct DebianArg {
+    /// The Debian release the built-in templates are made from: 13 (trixie:
+    /// Python 3.13, numpy 2, pandas 2) or 12 (bookworm: Python 3.11, numpy
+    /// 1.24, pandas 1.5). What was made on the other stays as it was.
+    #[arg(long = "debian", env = "FORKBOX_DEBIAN", default_value = "13", value_parser = parse_debian)]
+    release: template::Debian,
 }
 
 fn parse_debian(raw: &str) -> Result<template::Debian, String> {
@@ -174,11 +182,8 @@ struct ServeArgs {
     /// Where templates are built and cached (default: <state-dir>/templates).
     #[arg(long, env = "FORKBOX_TEMPLATES_DIR")]
     templates_dir: Option<PathBuf>,
-    /// The Debian release the built-in templates are made from: 13 (trixie:
-    /// Python 3.13, numpy 2, pandas 2) or 12 (bookworm: Python 3.11, numpy
-    /// 1.24, pandas 1.5). What was made on the other stays as it was.
-    #[arg(long, env = "FORKBOX_DEBIAN", default_value = "13", value_parser = parse_debian)]
-    debian: template::Debian,
+    #[command(flatten)]
+    debian: DebianArg,
     /// Accepted bearer API key (repeat, or comma-separate in the env var);
     /// hashed at start. Keys of <state-dir>/keys.json are accepted too.
     #[arg(long = "api-key", env = "FORKBOX_API_KEYS", value_delimiter = ',')]
@@ -390,7 +395,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Template { command: TemplateCommand::Build { name, state_dir, debian, .. } } => {
             template::check_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
-            let store = template::TemplateStore::new(state_dir.join("templates")).with_debian(debian);
+            let store = template::TemplateStore::new(state_dir.join("templates")).with_debian(debian.release);
             let recipe = store
                 .recipe(&name)
                 .with_context(|| format!("unknown template `{name}` (built-in: {}; or a recipe file's path)", template::builtin_names().join(", ")))?;
@@ -399,7 +404,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Template { command: TemplateCommand::Ls { state_dir, debian } } => {
-            let store = template::TemplateStore::new(state_dir.join("templates")).with_debian(debian);
+            let store = template::TemplateStore::new(state_dir.join("templates")).with_debian(debian.release);
             for name in template::builtin_names() {
                 let recipe = store.recipe(name).context("built-in recipe")?;
                 let current = store.lookup(&recipe).ok().flatten().map(|t| t.hash);
@@ -483,7 +488,7 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
     Ok(server::ServerConfig {
         listen: a.listen,
         templates_dir: a.templates_dir.unwrap_or_else(|| a.state_dir.join("templates")),
-        debian: a.debian,
+        debian: a.debian.release,
         state_dir: a.state_dir,
         // Only the hashes are kept; the keys are dropped with `a`.
         api_keys: a.api_keys.iter().filter(|k| !k.is_empty()).map(|k| server::keys::KeyHash::of(k)).collect(),

@@ -67,9 +67,18 @@ mod tests {
 
         let ds = builtin("python-datasci").unwrap();
         assert_eq!(ds.base.as_deref(), Some("default"));
-        for pkg in ["python3-matplotlib", "python3-scipy", "python3-sklearn"] {
-            assert!(ds.apt.iter().any(|p| p == pkg), "{pkg} missing");
-        }
+        assert_eq!(
+            ds.apt,
+            [
+                "python3-matplotlib",
+                "python3-scipy",
+                "python3-sklearn",
+                "python3-seaborn",
+                "python3-sympy",
+                "python3-openpyxl",
+                "python3-pil"
+            ]
+        );
         assert_eq!(ds.suite, "");
     }
 }
