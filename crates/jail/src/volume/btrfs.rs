@@ -97,11 +97,44 @@ pub(super) const BTRFS_QGROUP_LIMIT_MAX_RFER: u64 = 1 << 0;
 /// `max_rfer` value that removes a limit.
 pub(super) const BTRFS_QGROUP_LIMIT_CLEAR: u64 = u64::MAX;
 pub(super) const BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA: u64 = 4;
+/// `struct btrfs_ioctl_search_key`: a slice of one tree's keys.
+#[repr(C)]
+#[derive(Default)]
+pub(super) struct SearchKey {
+    pub tree_id: u64,
+    pub min_objectid: u64,
+    pub max_objectid: u64,
+    pub min_offset: u64,
+    pub max_offset: u64,
+    pub min_transid: u64,
+    pub max_transid: u64,
+    pub min_type: u32,
+    pub max_type: u32,
+    pub nr_items: u32,
+    pub unused: u32,
+    pub unused_more: [u64; 4],
+}
+
+/// `struct btrfs_ioctl_search_args`: the key and room for what it finds.
+#[repr(C)]
+pub(super) struct SearchArgs {
+    pub key: SearchKey,
+    pub buf: [u8; 4096 - std::mem::size_of::<SearchKey>()],
+}
+
+const BTRFS_ROOT_TREE_OBJECTID: u64 = 1;
+/// A deleted subvolume's root waits under this id, as an orphan item
+/// keyed by its own id, until the cleaner has dropped it.
+const BTRFS_ORPHAN_OBJECTID: u64 = -5i64 as u64;
+const BTRFS_ORPHAN_ITEM_KEY: u32 = 48;
+
 /// Subvolume ids start here (below: the filesystem's own trees).
 pub(super) const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;
 
 nix::ioctl_write_ptr!(btrfs_resize, 0x94, 3, VolArgs);
+nix::ioctl_none!(btrfs_sync, 0x94, 8);
 nix::ioctl_write_ptr!(btrfs_snap_destroy, 0x94, 15, VolArgs);
+nix::ioctl_readwrite!(btrfs_tree_search, 0x94, 17, SearchArgs);
 nix::ioctl_write_ptr!(btrfs_snap_create_v2, 0x94, 23, VolArgsV2);
 nix::ioctl_write_ptr!(btrfs_subvol_create_v2, 0x94, 24, VolArgsV2);
 nix::ioctl_read!(btrfs_fs_info, 0x94, 31, FsInfoArgs);
@@ -116,6 +149,40 @@ pub(super) fn resize_to_device(root: &Path) -> Result<()> {
     // SAFETY: `args` is a valid btrfs_ioctl_vol_args naming "max"; the fd is open.
     unsafe { btrfs_resize(dir.as_raw_fd(), &args) }.map_err(|e| Error::sys("resize the volume's file system", e))?;
     Ok(())
+}
+
+/// Commit the file system and wake its cleaner: subvolumes deleted before
+/// an unmount are only reclaimed once the cleaner runs, which otherwise
+/// waits for the next periodic commit (30 s), and space a crashed or
+/// short-lived predecessor deleted would read as used until then.
+pub(super) fn wake_cleaner(root: &Path) -> Result<()> {
+    let dir = fs::File::open(root).map_err(|e| Error::io("open volume", e))?;
+    // SAFETY: BTRFS_IOC_SYNC takes no argument; the fd is open.
+    unsafe { btrfs_sync(dir.as_raw_fd()) }.map_err(|e| Error::sys("sync the volume", e))?;
+    Ok(())
+}
+
+/// Whether a deleted subvolume still waits for the cleaner (its space
+/// is not free yet).
+pub(super) fn deletions_pending(root: &Path) -> Result<bool> {
+    let dir = fs::File::open(root).map_err(|e| Error::io("open volume", e))?;
+    let mut args = SearchArgs {
+        key: SearchKey {
+            tree_id: BTRFS_ROOT_TREE_OBJECTID,
+            min_objectid: BTRFS_ORPHAN_OBJECTID,
+            max_objectid: BTRFS_ORPHAN_OBJECTID,
+            max_offset: u64::MAX,
+            max_transid: u64::MAX,
+            min_type: BTRFS_ORPHAN_ITEM_KEY,
+            max_type: BTRFS_ORPHAN_ITEM_KEY,
+            nr_items: 1,
+            ..Default::default()
+        },
+        buf: [0; 4096 - std::mem::size_of::<SearchKey>()],
+    };
+    // SAFETY: `args` is a valid btrfs_ioctl_search_args the ioctl fills in; the fd is open.
+    unsafe { btrfs_tree_search(dir.as_raw_fd(), &mut args) }.map_err(|e| Error::sys("search the volume's root tree", e))?;
+    Ok(args.key.nr_items > 0)
 }
 
 /// The id of the btrfs filesystem `file` is on; None elsewhere.

@@ -97,6 +97,7 @@ impl Volume {
         fs::create_dir_all(&root).map_err(|e| Error::io("create volume dir", e))?;
         if is_btrfs(&root)? {
             // A predecessor mounted it and did not unmount (crash): adopt it.
+            reclaim_deleted(&root);
             return Ok(Volume { root, image: Some(image), grower: None, qgroups: None });
         }
         if !image.exists() {
@@ -108,6 +109,7 @@ impl Volume {
             image::allocate_existing(&image);
         }
         image::mount(&image, &root)?;
+        reclaim_deleted(&root);
         Ok(Volume { root, image: Some(image), grower: None, qgroups: None })
     }
 
@@ -124,6 +126,8 @@ impl Volume {
     /// Grow the volume now by a step if one fits (a writer of the server's
     /// own met ENOSPC); answers whether it grew.
     pub fn grow_now(&self) -> bool {
+        // Deleted sandboxes may hold space the cleaner has not given back.
+        let _ = wake_cleaner(&self.root);
         self.grower.as_ref().is_some_and(|g| g.grow(true))
     }
 
@@ -279,6 +283,36 @@ impl Volume {
     }
 }
 
+/// Give back, soon and in the background, the space of subvolumes a
+/// predecessor deleted but did not see cleaned: the cleaner would wait for
+/// the periodic commit (30 s), and what it frees reads as used until the
+/// commit after it. A run shorter than that (a test binary, a quick
+/// restart) would otherwise leave its deletions counted against the next.
+fn reclaim_deleted(root: &Path) {
+    // Not only while deletions are pending: the cleaner may have dropped
+    // them during the mount, and what it freed still waits for a commit.
+    if wake_cleaner(root).is_err() {
+        return;
+    }
+    let root = root.to_path_buf();
+    let started = std::time::Instant::now();
+    let spawned = std::thread::Builder::new().name("forkbox-reclaim".into()).spawn(move || {
+        while deletions_pending(&root).unwrap_or(false) && started.elapsed() < RECLAIM_WAIT {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        if wake_cleaner(&root).is_ok() {
+            tracing::debug!(ms = started.elapsed().as_millis() as u64, "reclaimed the space of subvolumes deleted by the last run");
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(err = %e, "could not start reclaiming deleted subvolumes: their space is free after the next commit");
+    }
+}
+
+/// How long the reclaimer waits for the cleaner before it leaves the rest
+/// to the periodic commit.
+const RECLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Run a btrfs ioctl that takes `btrfs_ioctl_vol_args` naming `path`'s last
 /// component, on `path`'s parent directory.
 fn name_ioctl(path: &Path, what: &'static str, ioctl: impl FnOnce(i32, &VolArgs) -> nix::Result<i32>) -> Result<()> {
@@ -332,5 +366,54 @@ mod tests {
         Volume::discard_larger(state.path(), 2 << 30).unwrap();
         assert!(!image.exists(), "over the cap");
         Volume::discard_larger(state.path(), 2 << 30).unwrap();
+    }
+
+    /// Data used on the volume, as btrfs counts it (deleted subvolumes not
+    /// yet cleaned still count).
+    fn data_used(root: &Path) -> u64 {
+        let sysfs = sysfs_dir(root).expect("the volume's sysfs dir");
+        fs::read_to_string(sysfs.join("allocation/data/bytes_used")).unwrap().trim().parse().unwrap()
+    }
+
+    #[test]
+    fn space_deleted_before_an_unmount_is_reclaimed_soon_after_the_next_mount() {
+        let state = tempfile::tempdir().unwrap();
+        let size = VolumeSize { initial_bytes: MIN_IMAGE_BYTES, max_bytes: MIN_IMAGE_BYTES, host_reserve_bytes: Some(0) };
+        let volume = Volume::mount(state.path(), size).unwrap();
+        let sub = volume.root().join("big");
+        volume.create_subvolume(&sub, 0).unwrap();
+        fs::write(sub.join("data"), vec![7u8; 300 << 20]).unwrap();
+        fs::File::open(&sub).unwrap().sync_all().unwrap();
+        nix::unistd::syncfs(fs::File::open(volume.root()).unwrap()).unwrap();
+        volume.delete_subvolume(&sub).unwrap();
+        // As a run that ends right after its last destroy does.
+        volume.close().unwrap();
+        assert!(data_used_offline(state.path()) >= 300 << 20, "the test needs the deleted data still counted");
+
+        let volume = Volume::mount(state.path(), size).unwrap();
+        // The cleaner would otherwise wait for the periodic commit (30 s).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while data_used(volume.root()) >= 100 << 20 {
+            assert!(std::time::Instant::now() < deadline, "{} MiB still used 10 s after the mount (deletions pending: {:?})", data_used(volume.root()) >> 20, deletions_pending(volume.root()));
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        volume.close().unwrap();
+    }
+
+    /// Data used on the unmounted image at `state`/volume.img, read from a
+    /// read-only mount (which runs no cleaner).
+    fn data_used_offline(state: &Path) -> u64 {
+        let probe = state.join("probe");
+        fs::create_dir_all(&probe).unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-o", "loop,ro"])
+            .arg(state.join("volume.img"))
+            .arg(&probe)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let used = data_used(&probe);
+        nix::mount::umount2(&probe, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        used
     }
 }
