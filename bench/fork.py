@@ -25,7 +25,7 @@ What is measured (see bench/README.md for the details):
 4. create → first exec done: `POST /v1/sandboxes` then `print(1)` until
    its exit event (the sandbox is destroyed afterwards, untimed).
 
-It prints a table with ratios and the targets of DESIGN.md §4, and writes
+It prints a table with ratios and the targets of docs/architecture.md#targets, and writes
 the same into docs/benchmarks.md between `<!-- bench:fork:start -->` and
 `<!-- bench:fork:end -->` (other sections are left alone). A measurement,
 not a test: outputs are checked (a wrong answer aborts the run), timings
@@ -55,7 +55,7 @@ DEFAULT_STATE_DIR = "/var/lib/forkbox-bench-fork"
 FORK_NS = (1, 5, 32)
 MEM_CHILDREN = 5
 
-# Targets of DESIGN.md §4.
+# Targets of docs/architecture.md#targets.
 TARGET_FORK5_MS = 30.0
 TARGET_FORK5_VS_BARE = 3.0
 TARGET_FORK32_MS = 150.0
@@ -542,7 +542,7 @@ def render(lat: dict, split: dict, mem: dict, cr: list[Series], facts: dict, m: 
             a(f"- {STATES[s]['label']}: forkbox fork({n}) p50 / bare fork ×{n} p50 = "
               f"{fmt_ms(f.p50)} / {fmt_ms(b.p50)} ms = {fmt_ratio(f.p50, b.p50)}")
     a("")
-    a("### Targets (DESIGN.md §4)")
+    a("### Targets ([architecture.md](architecture.md#targets))")
     a("")
     a("| target | measured | result |")
     a("|---|---:|---|")

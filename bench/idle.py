@@ -154,7 +154,7 @@ def render(n: int, fb: dict, py: int, jup: int, jn: int, m: dict) -> str:
             f"- PSS counts user-space memory only. A second estimate: the host's MemAvailable dropped by "
             f"{host_per:.1f} MiB per sandbox; that counts kernel objects too (page tables, namespaces, cgroups, "
             "mounts, overlay and btrfs metadata) but nets out cache the kernel can reclaim, so it is no bound either way.",
-            f"- at the larger of the two, 24 GiB holds about {cap} idle sandboxes (DESIGN.md §4 target: ≥ 200).",
+            f"- at the larger of the two, 24 GiB holds about {cap} idle sandboxes (target: ≥ 200, [architecture.md](architecture.md#targets)).",
             "",
             f"Run: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, "
             f"{m.get('nproc')} CPUs ({m.get('cpu')}), Linux {m.get('kernel')}, commit {m.get('commit')}; reproduce with `python3 bench/idle.py --sandboxes {n}`."]

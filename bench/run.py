@@ -22,7 +22,7 @@ What is measured (see bench/README.md for the details):
    Jupyter kernel until its first `print(1)` is done (shutdown not counted).
 
 It prints a table with ratios (forkbox / baseline) and the targets of
-DESIGN.md §4, and writes the same into docs/benchmarks.md between the
+docs/architecture.md#targets, and writes the same into docs/benchmarks.md between the
 `<!-- bench:repl:start -->` and `<!-- bench:repl:end -->` markers (other
 sections of that file are left alone). Nothing here asserts a timing: this is
 a measurement, not a test. Outputs are checked for correctness (a wrong
@@ -58,7 +58,7 @@ DEFAULT_BIN = os.path.join(REPO, "target", "release", "forkbox")
 DEFAULT_STATE_DIR = "/var/lib/forkbox-bench"
 DEFAULT_TEMPLATES_DIR = "/var/lib/forkbox/templates"
 
-# Targets of DESIGN.md §4 (this first version relaxes create → first exec).
+# Targets of docs/architecture.md#targets (this first version relaxes create → first exec).
 TARGET_EXEC_P50_MS = 2.0
 TARGET_CREATE_P50_MS_V1 = 100.0
 TARGET_CREATE_P50_MS_FINAL = 10.0
@@ -656,7 +656,7 @@ def render(ex: dict[str, Series], cr: dict[str, Series], info: dict, m: dict, v:
     for f, b, fl, bl in pairs:
         a(f"| {fl} | {bl} | {fmt_ratio(f.p50, b.p50)} | {fmt_ratio(f.pct(95), b.pct(95))} | {fmt_ratio(f.mean, b.mean)} |")
     a("")
-    a("### Targets (DESIGN.md §4)")
+    a("### Targets ([architecture.md](architecture.md#targets))")
     a("")
     a("| target | measured p50 | result |")
     a("|---|---:|---|")

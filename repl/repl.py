@@ -644,7 +644,7 @@ def _close(fd):
         pass
 
 
-# ---- fork into new sandboxes (DESIGN.md §3.1) ----------------------------------
+# ---- fork into new sandboxes (docs/architecture.md#processes-and-namespaces) ----
 # The server sends one `F` frame per child, with a plan (in the first frame)
 # of what to redo in the child so it shares nothing with its parent: which
 # descriptors to reopen on the child's own files and which shared mappings

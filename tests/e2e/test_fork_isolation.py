@@ -1,6 +1,6 @@
 """Isolation between the members of a family, tried from inside them: after a
 fork, the parent, the children and their siblings share a user and a pid
-namespace (DESIGN.md §3.1), so every way of naming another member's process
+namespace (docs/architecture.md#processes-and-namespaces), so every way of naming another member's process
 is attempted here and must fail — from the REPLs (which see the family's pid
 namespace) and from bash (which sees only its own sandbox)."""
 from __future__ import annotations

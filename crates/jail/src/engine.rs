@@ -1,5 +1,5 @@
 //! The engine's public face: `Jail` creates, forks and destroys sandboxes.
-//! A sandbox is a member of a family (DESIGN.md §3.1): a create starts a new
+//! A sandbox is a member of a family (docs/architecture.md#processes-and-namespaces): a create starts a new
 //! family with its own shim; a fork adds members to the parent's family.
 //! Each member has its own cgroup and subvolume on the copy-on-write volume.
 

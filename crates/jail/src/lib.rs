@@ -1,5 +1,5 @@
 //! The `jail` engine: sandboxes made of Linux namespaces, cgroups, seccomp and
-//! an overlay root on a copy-on-write volume (DESIGN.md §3.1).
+//! an overlay root on a copy-on-write volume (docs/architecture.md#processes-and-namespaces).
 //!
 //! Layout: `engine` is the API the server uses; `shim` is the per-family
 //! supervisor process (and the member init it forks), `supervisor` the

@@ -1,5 +1,5 @@
 //! Vetting, in the family's supervisor (the shim), the calls by which a REPL
-//! could reach the processes of another member of its family (DESIGN.md §3.1).
+//! could reach the processes of another member of its family (docs/architecture.md#processes-and-namespaces).
 //!
 //! A member's REPL lives in the family pid namespace P_F and holds
 //! capabilities in the family user namespace U_F, like every other member's
@@ -68,7 +68,7 @@ const F_SETOWN_EX: i32 = 15;
 const FIOSETOWN: u32 = 0x8901;
 const SIOCSPGRP: u32 = 0x8902;
 /// `ioctl` requests by which a fork child takes its descriptors and its
-/// parent REPL names the child that may ([`HandOver`], DESIGN.md §3.1).
+/// parent REPL names the child that may ([`HandOver`], docs/architecture.md#processes-and-namespaces).
 /// Direction "none" with a nonzero size: an encoding the kernel's `_IO*`
 /// macros never produce, so no driver's request is taken over.
 pub const HANDOVER_TAKE: u32 = 0x0046_4201;
@@ -671,7 +671,7 @@ pub enum Served {
     HandOver(Notification, Caller, HandOver),
 }
 
-/// A step of a fork's descriptor hand-over (DESIGN.md §3.1). The server
+/// A step of a fork's descriptor hand-over (docs/architecture.md#processes-and-namespaces). The server
 /// gives the shim each fork child's descriptors; the forking REPL forks,
 /// then names each child by its pid (`Give`, from its main thread); each
 /// child, single-threaded right after `fork(2)`, asks for its own (`Take`),

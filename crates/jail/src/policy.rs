@@ -180,7 +180,7 @@ fn with_repl_filter(json: &str) -> Result<String, PolicyError> {
                       "comment": "only pid namespaces: pid_for_children of the REPL's own threads"}],
             "comment": "the REPL switches between its family and leaf pid namespaces"
         }));
-        // A forked REPL enters its new member's namespaces (DESIGN.md §3.1).
+        // A forked REPL enters its new member's namespaces (docs/architecture.md#processes-and-namespaces).
         // It can only name namespaces it holds descriptors for: its own
         // (its /proc shows only its member) and, during a fork, the new
         // members' the server hands it.

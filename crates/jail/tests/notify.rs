@@ -1,4 +1,4 @@
-//! The REPL's notify filter against a real family (DESIGN.md §3.1): a
+//! The REPL's notify filter against a real family (docs/architecture.md#processes-and-namespaces): a
 //! supervisor vets, with `ProcFamilyView` on a procfs of the family's pid
 //! namespace, every call a REPL could use to reach another member's
 //! processes, and the REPL tries each of them.

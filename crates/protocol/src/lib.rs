@@ -1,7 +1,7 @@
 //! Wire types of the forkbox HTTP API, shared by the server, the CLI and tests.
 //!
 //! The request and response shapes follow the HTTP contract of the published
-//! `podflare` Python SDK (DESIGN.md §2); fields that SDK does not know are
+//! `podflare` Python SDK (docs/api.md); fields that SDK does not know are
 //! additions it ignores.
 
 pub mod api;

@@ -1,4 +1,5 @@
-//! fork and merge_into (docs/fork.md): the server's half of DESIGN.md §3.1.
+//! fork and merge_into (docs/fork.md): the server's half of a family fork
+//! (docs/architecture.md#processes-and-namespaces).
 //!
 //! A fork takes the parent's exec slot (so it waits for a running exec, in
 //! arrival order), has the engine snapshot the parent's files and build one

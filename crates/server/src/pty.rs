@@ -1,4 +1,4 @@
-//! PTY sessions (DESIGN.md §2, the podflare SDK's `sandbox.pty`): a command
+//! PTY sessions (docs/api.md, the podflare SDK's `sandbox.pty`): a command
 //! on a terminal of the sandbox's own devpts, driven over HTTP.
 //!
 //! One pump task per session reads the terminal into a 1 MiB ring of output

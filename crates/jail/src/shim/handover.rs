@@ -1,4 +1,4 @@
-//! A fork's descriptor hand-over (DESIGN.md §3.1, docs/fork.md): the shim
+//! A fork's descriptor hand-over (docs/architecture.md, docs/fork.md): the shim
 //! copies each fork child's descriptors — its namespaces, channels and
 //! cgroup files — straight into that child, so the forking REPL, whose
 //! other threads run user code, never holds them.

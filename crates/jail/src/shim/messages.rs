@@ -111,7 +111,7 @@ pub enum Request {
     /// pid namespaces, into that child once its parent named it (shim's
     /// `handover`); the forking REPL never holds them.
     ExpectFork { parent_repl: i32, slot: usize, member: String },
-    /// After a REPL forked itself into new members (DESIGN.md §3.1): find
+    /// After a REPL forked itself into new members (docs/architecture.md#processes-and-namespaces): find
     /// each child among the forking REPL's children (by the mount namespace
     /// it entered), move it into its member's cgroup and watch it.
     /// Reply: `Adopted`, fds: [pidfd of each child, in order].

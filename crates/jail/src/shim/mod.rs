@@ -36,7 +36,7 @@ use messages::*;
 pub const SHIM_SOCKET_FD: i32 = 3;
 
 /// Highest pid + 1 in a sandbox's leaf pid namespace. A REPL lives in the
-/// family pid namespace (DESIGN.md §3.1) and sees the leaf's /proc; its own
+/// family pid namespace (docs/architecture.md#processes-and-namespaces) and sees the leaf's /proc; its own
 /// family pid is chosen at or above this, so `/proc/<os.getpid()>` can never
 /// be a different process of the sandbox (it does not exist instead).
 pub const LEAF_PID_MAX: i32 = 1 << 21;
@@ -458,7 +458,7 @@ impl Shim {
         )
     }
 
-    /// Find the children a REPL just forked (DESIGN.md §3.1): each entered
+    /// Find the children a REPL just forked (docs/architecture.md#processes-and-namespaces): each entered
     /// its member's mount namespace before it said it was ready, which is
     /// how we tell them apart. Move each into its member's cgroup and watch it.
     fn adopt_forks(&mut self, parent_repl: i32, children: &[ForkedChild]) -> Result<(Vec<i32>, Vec<OwnedFd>)> {
