@@ -64,7 +64,8 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Headers of one hop (RFC 9110 §7.6.1) and the client's own proxy
 /// credentials: never sent upstream.
-const HOP_BY_HOP: [&str; 9] = ["connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"];
+const HOP_BY_HOP: [&str; 9] =
+    ["connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade"];
 
 type Body = BoxBody<Bytes, hyper::Error>;
 

@@ -75,7 +75,9 @@ async fn upstream(origin: SocketAddr, status: Option<u16>) -> (SocketAddr, Seen)
                 record.lock().unwrap().push((line.trim().to_string(), auth));
                 let mut s = r.into_inner();
                 if let Some(code) = status {
-                    let _ = s.write_all(format!("HTTP/1.1 {code} No\r\nProxy-Authenticate: Basic realm=\"secret-realm\"\r\nContent-Length: 0\r\n\r\n").as_bytes()).await;
+                    let _ = s
+                        .write_all(format!("HTTP/1.1 {code} No\r\nProxy-Authenticate: Basic realm=\"secret-realm\"\r\nContent-Length: 0\r\n\r\n").as_bytes())
+                        .await;
                     return;
                 }
                 let mut o = TcpStream::connect(origin).await.unwrap();
@@ -114,10 +116,7 @@ async fn ask(s: &mut TcpStream, head: &str, body: usize) -> (String, String) {
         buf.push(byte[0]);
     }
     let head = String::from_utf8_lossy(&buf).into_owned();
-    let len = head
-        .lines()
-        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length: ").map(|v| v.trim().parse::<usize>().unwrap()))
-        .unwrap_or(body);
+    let len = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length: ").map(|v| v.trim().parse::<usize>().unwrap())).unwrap_or(body);
     let mut b = vec![0u8; len];
     tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut b)).await.unwrap().unwrap();
     (head, String::from_utf8_lossy(&b).into_owned())
@@ -142,7 +141,11 @@ async fn connect_tunnels_an_allowed_name_with_the_servers_credentials() {
 async fn a_name_the_policy_refuses_never_reaches_the_upstream_proxy() {
     let (up, seen) = upstream(origin().await, None).await;
     let proxy = ours(up, &["allowed.test"], Limits::default()).await;
-    for head in ["CONNECT other.test:443 HTTP/1.1\r\nHost: other.test:443\r\n\r\n", "CONNECT 10.0.0.1:443 HTTP/1.1\r\nHost: 10.0.0.1:443\r\n\r\n", "GET http://other.test/x HTTP/1.1\r\nHost: other.test\r\n\r\n"] {
+    for head in [
+        "CONNECT other.test:443 HTTP/1.1\r\nHost: other.test:443\r\n\r\n",
+        "CONNECT 10.0.0.1:443 HTTP/1.1\r\nHost: 10.0.0.1:443\r\n\r\n",
+        "GET http://other.test/x HTTP/1.1\r\nHost: other.test\r\n\r\n",
+    ] {
         let mut s = TcpStream::connect(proxy).await.unwrap();
         let (head, body) = ask(&mut s, head, 0).await;
         assert!(head.starts_with("HTTP/1.1 403") && body.contains("not allowed"), "{head}{body}");
@@ -168,7 +171,11 @@ async fn plain_http_is_checked_request_by_request_on_one_connection() {
 async fn what_is_not_a_proxy_request_is_a_clear_400() {
     let (up, seen) = upstream(origin().await, None).await;
     let proxy = ours(up, &["allowed.test"], Limits::default()).await;
-    for head in ["GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n", "CONNECT allowed.test HTTP/1.1\r\nHost: allowed.test\r\n\r\n", "GET https://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n"] {
+    for head in [
+        "GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+        "CONNECT allowed.test HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+        "GET https://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+    ] {
         let mut s = TcpStream::connect(proxy).await.unwrap();
         let (head, body) = ask(&mut s, head, 0).await;
         assert!(head.starts_with("HTTP/1.1 400") && body.starts_with("forkbox: "), "{head}{body}");

@@ -36,10 +36,7 @@ impl Api {
         }
         let status = resp.status();
         let body = resp.text().await.unwrap_or_default();
-        let msg = serde_json::from_str::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(String::from))
-            .unwrap_or(body);
+        let msg = serde_json::from_str::<serde_json::Value>(&body).ok().and_then(|v| v.get("error").and_then(|e| e.as_str()).map(String::from)).unwrap_or(body);
         bail!("{status}: {msg}")
     }
 }

@@ -173,10 +173,7 @@ mod tests {
         let elsewhere = dir.path().join("b.txt");
         std::fs::write(&elsewhere, "B").unwrap();
         let recipe = dir.path().join("recipes/r.toml");
-        let text = format!(
-            "name = \"r\"\n[[files]]\nsrc = \"assets/a.txt\"\npath = \"/a\"\n[[files]]\nsrc = \"{}\"\npath = \"/b\"\n",
-            elsewhere.display()
-        );
+        let text = format!("name = \"r\"\n[[files]]\nsrc = \"assets/a.txt\"\npath = \"/a\"\n[[files]]\nsrc = \"{}\"\npath = \"/b\"\n", elsewhere.display());
         std::fs::write(&recipe, text).unwrap();
         let r = load(&recipe).unwrap();
         assert_eq!(r.files.iter().map(|f| f.content_b64.as_str()).collect::<Vec<_>>(), [b64("A"), b64("B")]);
@@ -255,9 +252,6 @@ mod tests {
             k.sort();
             k
         };
-        assert_eq!(
-            keys(serde_json::to_value(RecipeFile::default()).unwrap()),
-            keys(serde_json::to_value(TemplateRecipe::default()).unwrap())
-        );
+        assert_eq!(keys(serde_json::to_value(RecipeFile::default()).unwrap()), keys(serde_json::to_value(TemplateRecipe::default()).unwrap()));
     }
 }

@@ -56,7 +56,8 @@ fn fixture() -> &'static Fixture {
             cpu_boost: 1,
             drain: std::time::Duration::from_secs(30),
         };
-        let jail = jail::Jail::open_clean(jail::JailConfig { volume: config.volume, ..jail::JailConfig::new(state_dir, config.shim_exe.clone(), 4) }).expect("engine");
+        let jail =
+            jail::Jail::open_clean(jail::JailConfig { volume: config.volume, ..jail::JailConfig::new(state_dir, config.shim_exe.clone(), 4) }).expect("engine");
         let templates = server::Templates::new(templates_dir, &config.state_dir.join("custom-templates"), config.debian);
         templates.scan();
         assert!(templates.is_ready("default"), "build the default template first: forkbox template build default");

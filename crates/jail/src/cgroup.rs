@@ -289,11 +289,7 @@ impl Cgroup {
             Version::V1 => (self.dir("memory").join("memory.oom_control"), "oom_kill"),
             Version::V2 => (self.dirs[0].join("memory.events"), "oom_kill"),
         };
-        fs::read_to_string(file)
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse().ok()))
-            .unwrap_or(0)
+        fs::read_to_string(file).unwrap_or_default().lines().find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse().ok())).unwrap_or(0)
     }
 
     /// Memory in use now, in bytes.
@@ -321,15 +317,11 @@ impl Cgroup {
         match self.version {
             Version::V2 => {
                 let stat = fs::read_to_string(self.dirs[0].join("cpu.stat")).unwrap_or_default();
-                let field = |name: &str| {
-                    stat.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok())).map_or(0, |us| us * 1000)
-                };
+                let field = |name: &str| stat.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok())).map_or(0, |us| us * 1000);
                 CpuTimes { total_ns: field("usage_usec "), system_ns: field("system_usec ") }
             }
             Version::V1 => {
-                let read = |name: &str| -> Option<u64> {
-                    fs::read_to_string(self.optional_dir("cpuacct")?.join(name)).ok()?.trim().parse().ok()
-                };
+                let read = |name: &str| -> Option<u64> { fs::read_to_string(self.optional_dir("cpuacct")?.join(name)).ok()?.trim().parse().ok() };
                 if let Some(total_ns) = read("cpuacct.usage") {
                     return CpuTimes { total_ns, system_ns: read("cpuacct.usage_sys").unwrap_or(0) };
                 }
@@ -375,9 +367,11 @@ impl Cgroup {
             Version::V2 => {
                 let events = self.dirs[0].join("cgroup.events");
                 let want = if frozen { "frozen 1" } else { "frozen 0" };
-                (self.dirs[0].join("cgroup.freeze"), if frozen { "1" } else { "0" }, Box::new(move || {
-                    fs::read_to_string(&events).map(|s| s.lines().any(|l| l.trim() == want)).unwrap_or(false)
-                }))
+                (
+                    self.dirs[0].join("cgroup.freeze"),
+                    if frozen { "1" } else { "0" },
+                    Box::new(move || fs::read_to_string(&events).map(|s| s.lines().any(|l| l.trim() == want)).unwrap_or(false)),
+                )
             }
         };
         write(&file, value)?;

@@ -8,8 +8,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::cmsg_space;
 use nix::sys::socket::{
-    recvmsg, sendmsg, setsockopt, socketpair, sockopt, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
-    SockFlag, SockType, UnixCredentials,
+    recvmsg, sendmsg, setsockopt, socketpair, sockopt, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixCredentials,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -24,16 +23,14 @@ pub const MAX_FDS: usize = 64;
 
 /// A connected pair of seqpacket sockets (close-on-exec).
 pub fn pair() -> Result<(OwnedFd, OwnedFd)> {
-    socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
-        .map_err(|e| Error::sys("socketpair", e))
+    socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).map_err(|e| Error::sys("socketpair", e))
 }
 
 /// A seqpacket socket listening at `path` (close-on-exec, non-blocking,
 /// mode 0600: only root on the host reaches it).
 pub fn listen(path: &std::path::Path) -> Result<OwnedFd> {
     use nix::sys::socket::{bind, listen as listen_on, socket, Backlog, UnixAddr};
-    let sock = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)
-        .map_err(|e| Error::sys("socket", e))?;
+    let sock = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None).map_err(|e| Error::sys("socket", e))?;
     let _ = std::fs::remove_file(path);
     let addr = UnixAddr::new(path).map_err(|e| Error::sys("socket path", e))?;
     bind(sock.as_raw_fd(), &addr).map_err(|e| Error::sys("bind", e))?;

@@ -68,13 +68,7 @@ pub fn diff(this: &Layers, other: &Layers, paths: &[String]) -> Result<Diff> {
         let nodes = [views[0].resolve(&path)?, views[1].resolve(&path)?];
         starts.push((path, nodes));
     }
-    let mut walk = Walk {
-        views: [&views[0], &views[1]],
-        starts,
-        both: BTreeMap::new(),
-        only: Default::default(),
-        btrfs: HashMap::new(),
-    };
+    let mut walk = Walk { views: [&views[0], &views[1]], starts, both: BTreeMap::new(), only: Default::default(), btrfs: HashMap::new() };
     for i in 0..walk.starts.len() {
         let (start, nodes) = walk.starts[i].clone();
         walk.walk(start, nodes)?;
@@ -88,17 +82,11 @@ fn starting_points(paths: &[String]) -> Result<Vec<Vec<u8>>> {
     if paths.len() > MAX_PATHS {
         return Err(Error::Invalid(format!("at most {MAX_PATHS} paths")));
     }
-    let given: Vec<&str> = if paths.is_empty() {
-        DEFAULT_PATHS.to_vec()
-    } else {
-        paths.iter().map(String::as_str).collect()
-    };
+    let given: Vec<&str> = if paths.is_empty() { DEFAULT_PATHS.to_vec() } else { paths.iter().map(String::as_str).collect() };
     let mut out: Vec<Vec<u8>> = Vec::new();
     for path in given {
         if !path.starts_with('/') || path.contains('\0') || path.len() > PATH_MAX {
-            return Err(Error::Invalid(format!(
-                "diff paths must be absolute, without NUL, at most {PATH_MAX} bytes: {path:?}"
-            )));
+            return Err(Error::Invalid(format!("diff paths must be absolute, without NUL, at most {PATH_MAX} bytes: {path:?}")));
         }
         if !out.iter().any(|p| p == path.as_bytes()) {
             out.push(path.as_bytes().to_vec());
@@ -153,29 +141,15 @@ struct View {
 
 impl View {
     fn new(layers: &Layers) -> Result<View> {
-        let dir = |path: &Path| {
-            open(
-                path,
-                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| Error::sys("open overlay layer", e))
-        };
+        let dir =
+            |path: &Path| open(path, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()).map_err(|e| Error::sys("open overlay layer", e));
         let (upper, lower) = (dir(layers.upper)?, dir(layers.lower)?);
         let lower_id = id(&fstat(&lower).map_err(|e| Error::sys("stat overlay layer", e))?);
-        Ok(View {
-            upper,
-            lower,
-            lower_id,
-        })
+        Ok(View { upper, lower, lower_id })
     }
 
     fn root(&self) -> MDir {
-        MDir {
-            rel: Vec::new(),
-            upper: true,
-            lower: Some(self.lower_id),
-        }
+        MDir { rel: Vec::new(), upper: true, lower: Some(self.lower_id) }
     }
 
     fn open(&self, dir: &MDir) -> Result<Opened> {
@@ -219,11 +193,7 @@ impl View {
                             Some((fd, _)) => lstat_at(fd, name)?.filter(is_dir).map(|st| id(&st)),
                             None => None,
                         };
-                        Node::Dir(MDir {
-                            rel,
-                            upper: true,
-                            lower,
-                        })
+                        Node::Dir(MDir { rel, upper: true, lower })
                     }
                     _ => leaf(&st, rel, true),
                 };
@@ -233,11 +203,7 @@ impl View {
         if let Some((lower, _)) = &at.lower {
             if let Some(st) = lstat_at(lower, name)? {
                 return Ok(match is_dir(&st) {
-                    true => Node::Dir(MDir {
-                        rel,
-                        upper: false,
-                        lower: Some(id(&st)),
-                    }),
+                    true => Node::Dir(MDir { rel, upper: false, lower: Some(id(&st)) }),
                     false => leaf(&st, rel, false),
                 });
             }
@@ -388,24 +354,14 @@ impl Walk<'_> {
     }
 
     /// Queues the entries of a directory in either view or both.
-    fn children(
-        &self,
-        printed: &[u8],
-        dirs: [Option<MDir>; 2],
-        todo: &mut Vec<(Vec<u8>, [Node; 2])>,
-    ) -> Result<()> {
+    fn children(&self, printed: &[u8], dirs: [Option<MDir>; 2], todo: &mut Vec<(Vec<u8>, [Node; 2])>) -> Result<()> {
         let mut opened = [None, None];
         for side in 0..2 {
             if let Some(dir) = &dirs[side] {
                 opened[side] = Some(self.views[side].open(dir)?);
             }
         }
-        let lower_id = |side: usize| {
-            opened[side]
-                .as_ref()
-                .and_then(|o| o.lower.as_ref())
-                .map(|l| l.1)
-        };
+        let lower_id = |side: usize| opened[side].as_ref().and_then(|o| o.lower.as_ref()).map(|l| l.1);
         // Where both views see the same lower directory, its entries that
         // neither upper touches are the same in both: skip them unseen.
         let shared = lower_id(0).is_some() && lower_id(0) == lower_id(1);
@@ -447,8 +403,7 @@ impl Walk<'_> {
         if a.size != b.size {
             return Ok(true);
         }
-        let (Some(fa), Some(fb)) = (self.views[0].open_file(a)?, self.views[1].open_file(b)?)
-        else {
+        let (Some(fa), Some(fb)) = (self.views[0].open_file(a)?, self.views[1].open_file(b)?) else {
             return Ok(true);
         };
         if fa.1.st_size != fb.1.st_size {
@@ -482,15 +437,9 @@ impl Walk<'_> {
                 Node::Dir(dir) => {
                     let below = match start.ends_with(b"/") {
                         true => printed.strip_prefix(start.as_slice()),
-                        false => printed
-                            .strip_prefix(start.as_slice())
-                            .and_then(|r| r.strip_prefix(b"/")),
+                        false => printed.strip_prefix(start.as_slice()).and_then(|r| r.strip_prefix(b"/")),
                     };
-                    if let Some(f) = below
-                        .map(|rel| self.views[side].file_below(dir, rel))
-                        .transpose()?
-                        .flatten()
-                    {
+                    if let Some(f) = below.map(|rel| self.views[side].file_below(dir, rel)).transpose()?.flatten() {
                         return Ok(Some(f));
                     }
                 }
@@ -521,11 +470,7 @@ impl Walk<'_> {
                 Some(_) => {}
             }
         }
-        diff.added = keys[1]
-            .keys()
-            .filter(|k| !keys[0].contains_key(*k))
-            .cloned()
-            .collect();
+        diff.added = keys[1].keys().filter(|k| !keys[0].contains_key(*k)).cloned().collect();
         Ok(diff)
     }
 
@@ -534,18 +479,14 @@ impl Walk<'_> {
         if ours == theirs {
             // Where several names make one key, podflare keeps the hash
             // that sorts last: call it modified unless they all agree.
-            return Ok(ours
-                .iter()
-                .any(|s| matches!(s, Source::File(p) if self.both.get(p) != Some(&false))));
+            return Ok(ours.iter().any(|s| matches!(s, Source::File(p) if self.both.get(p) != Some(&false))));
         }
         match (ours.first(), theirs.first(), ours.len(), theirs.len()) {
             // One file on each side, printed under names that make one key.
-            (Some(Source::File(x)), Some(Source::File(y)), 1, 1) => {
-                match (self.lookup(0, x)?, self.lookup(1, y)?) {
-                    (Some(a), Some(b)) => self.differs(&a, &b),
-                    _ => Ok(true),
-                }
-            }
+            (Some(Source::File(x)), Some(Source::File(y)), 1, 1) => match (self.lookup(0, x)?, self.lookup(1, y)?) {
+                (Some(a), Some(b)) => self.differs(&a, &b),
+                _ => Ok(true),
+            },
             _ => Ok(true),
         }
     }
@@ -576,19 +517,12 @@ fn add_keys(keys: &mut BTreeMap<String, BTreeSet<Source>>, printed: &[u8]) {
     let text = String::from_utf8_lossy(&escaped);
     let mut pieces = text.split(is_py_line_break);
     // The first piece follows "<hash>  " and starts with '/'.
-    let first = pieces
-        .next()
-        .unwrap_or_default()
-        .trim_end_matches(is_py_space);
-    keys.entry(first.to_string())
-        .or_default()
-        .insert(Source::File(printed.to_vec()));
+    let first = pieces.next().unwrap_or_default().trim_end_matches(is_py_space);
+    keys.entry(first.to_string()).or_default().insert(Source::File(printed.to_vec()));
     for piece in pieces {
         if let Some((word, rest)) = piece.trim_matches(is_py_space).split_once(is_py_space) {
             let key = rest.trim_start_matches(is_py_space).to_string();
-            keys.entry(key)
-                .or_default()
-                .insert(Source::Text(word.to_string()));
+            keys.entry(key).or_default().insert(Source::Text(word.to_string()));
         }
     }
 }
@@ -600,10 +534,7 @@ fn is_py_space(c: char) -> bool {
 
 /// The line boundaries of Python's `str.splitlines`.
 fn is_py_line_break(c: char) -> bool {
-    matches!(
-        c,
-        '\n' | '\r' | '\u{b}' | '\u{c}' | '\u{1c}'..='\u{1e}' | '\u{85}' | '\u{2028}' | '\u{2029}'
-    )
+    matches!(c, '\n' | '\r' | '\u{b}' | '\u{c}' | '\u{1c}'..='\u{1e}' | '\u{85}' | '\u{2028}' | '\u{2029}')
 }
 
 fn unsupported() -> Error {
@@ -624,12 +555,7 @@ fn is_dir(st: &FileStat) -> bool {
 
 fn leaf(st: &FileStat, rel: Vec<u8>, upper: bool) -> Node {
     match st.st_mode & libc::S_IFMT {
-        libc::S_IFREG => Node::File(MFile {
-            rel,
-            upper,
-            id: id(st),
-            size: st.st_size,
-        }),
+        libc::S_IFREG => Node::File(MFile { rel, upper, id: id(st), size: st.st_size }),
         libc::S_IFLNK => Node::Link { upper },
         _ => Node::Other,
     }
@@ -639,15 +565,8 @@ fn leaf(st: &FileStat, rel: Vec<u8>, upper: bool) -> Node {
 /// nothing a sandbox wrote can lead the host elsewhere; None if it is gone.
 fn open_beneath(root: &OwnedFd, rel: &[u8], flags: OFlag) -> Result<Option<OwnedFd>> {
     let path: &[u8] = if rel.is_empty() { b"." } else { rel };
-    let flags = flags
-        | OFlag::O_RDONLY
-        | OFlag::O_NOFOLLOW
-        | OFlag::O_NONBLOCK
-        | OFlag::O_NOCTTY
-        | OFlag::O_CLOEXEC;
-    let how = OpenHow::new()
-        .flags(flags)
-        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let flags = flags | OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    let how = OpenHow::new().flags(flags).resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
     match openat2(root, path, how) {
         Ok(fd) => Ok(Some(fd)),
         Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => Ok(None),
@@ -666,8 +585,7 @@ fn lstat_at(dir: &OwnedFd, name: &[u8]) -> Result<Option<FileStat>> {
 
 fn list(dir: &OwnedFd) -> Result<Vec<Vec<u8>>> {
     // The fd's magic link reopens that very directory, whatever its path.
-    let entries = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))
-        .map_err(|e| Error::io("list overlay layer dir", e))?;
+    let entries = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())).map_err(|e| Error::io("list overlay layer dir", e))?;
     let mut names = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| Error::io("list overlay layer dir", e))?;
@@ -681,14 +599,7 @@ fn xattr(fd: &OwnedFd, name: &CStr) -> Result<Option<Vec<u8>>> {
     let mut buf = [0u8; 16];
     // SAFETY: `fd` is open, `name` is NUL-terminated and `buf` is writable
     // for the length we pass.
-    let n = unsafe {
-        libc::fgetxattr(
-            fd.as_raw_fd(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
+    let n = unsafe { libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     match Errno::result(n) {
         Ok(n) => Ok(Some(buf[..n as usize].to_vec())),
         Err(Errno::ERANGE) => Ok(Some(Vec::new())),
@@ -813,10 +724,7 @@ thread_local! {
 
 fn trace(event: &str, rel: &[u8]) {
     #[cfg(test)]
-    TRACE.with(|t| {
-        t.borrow_mut()
-            .push(format!("{event} {}", String::from_utf8_lossy(rel)))
-    });
+    TRACE.with(|t| t.borrow_mut().push(format!("{event} {}", String::from_utf8_lossy(rel))));
     #[cfg(not(test))]
     let _ = (event, rel);
 }
@@ -843,10 +751,7 @@ mod tests {
 
     impl Fixture {
         fn new() -> Fixture {
-            let tmp = tempfile::Builder::new()
-                .prefix("forkbox-diff-")
-                .tempdir_in("/var/tmp")
-                .unwrap();
+            let tmp = tempfile::Builder::new().prefix("forkbox-diff-").tempdir_in("/var/tmp").unwrap();
             let f = Fixture { tmp };
             for layer in ["lower", "a", "b"] {
                 fs::create_dir(f.path(layer, "")).unwrap();
@@ -904,18 +809,13 @@ mod tests {
             let (a, b) = (self.path("a", ""), self.path("b", ""));
             let (la, lb) = (self.path(lower_a, ""), self.path(lower_b, ""));
             let paths: Vec<String> = paths.iter().map(|p| p.to_string()).collect();
-            diff_layers(&a, &la, &b, &lb, &paths)
-            .unwrap()
+            diff_layers(&a, &la, &b, &lb, &paths).unwrap()
         }
 
         /// podflare's answer, from the real thing: `find` and `sha256sum`
         /// chrooted into real overlay mounts of the layers.
         fn oracle_diff(&self, lower_a: &str, lower_b: &str, paths: &[&str]) -> Diff {
-            let paths = if paths.is_empty() {
-                &DEFAULT_PATHS[..]
-            } else {
-                paths
-            };
+            let paths = if paths.is_empty() { &DEFAULT_PATHS[..] } else { paths };
             let a = self.oracle("a", lower_a, paths);
             let b = self.oracle("b", lower_b, paths);
             let mut diff = Diff::default();
@@ -933,10 +833,7 @@ mod tests {
         fn oracle(&self, upper: &str, lower: &str, paths: &[&str]) -> BTreeMap<String, String> {
             static MOUNTS: AtomicUsize = AtomicUsize::new(0);
             let n = MOUNTS.fetch_add(1, Ordering::Relaxed);
-            let (work, root) = (
-                self.tmp.path().join(format!("work{n}")),
-                self.tmp.path().join(format!("mnt{n}")),
-            );
+            let (work, root) = (self.tmp.path().join(format!("work{n}")), self.tmp.path().join(format!("mnt{n}")));
             fs::create_dir(&work).unwrap();
             fs::create_dir(&root).unwrap();
             let script = r#"mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" || exit 97
@@ -948,15 +845,7 @@ mod tests {
             let mut last = String::new();
             for _ in 0..50 {
                 let out = Command::new("unshare")
-                    .args([
-                        "--mount",
-                        "--propagation",
-                        "private",
-                        "sh",
-                        "-c",
-                        script,
-                        "sh",
-                    ])
+                    .args(["--mount", "--propagation", "private", "sh", "-c", script, "sh"])
                     .arg(self.path(lower, ""))
                     .arg(self.path(upper, ""))
                     .arg(&work)
@@ -995,19 +884,13 @@ mod tests {
     /// podflare's parser over `find ... -exec sha256sum` output, after the
     /// server sent it as lines of lossy UTF-8 and the SDK joined them.
     fn parse_like_podflare(stdout: &[u8]) -> BTreeMap<String, String> {
-        let lines: Vec<String> = stdout
-            .split(|b| *b == b'\n')
-            .map(|l| String::from_utf8_lossy(l).into_owned())
-            .collect();
+        let lines: Vec<String> = stdout.split(|b| *b == b'\n').map(|l| String::from_utf8_lossy(l).into_owned()).collect();
         let text = lines.join("\n");
         let mut out = BTreeMap::new();
         for line in text.split(is_py_line_break) {
             let line = line.trim_matches(is_py_space);
             if let Some((hash, path)) = line.split_once(is_py_space) {
-                out.insert(
-                    path.trim_start_matches(is_py_space).to_string(),
-                    hash.to_string(),
-                );
+                out.insert(path.trim_start_matches(is_py_space).to_string(), hash.to_string());
             }
         }
         out
@@ -1024,23 +907,9 @@ mod tests {
     fn set_xattr(path: &Path, name: &CStr, value: &[u8]) {
         let p = CString::new(path.as_os_str().as_bytes()).unwrap();
         // SAFETY: NUL-terminated strings, and a value of the length passed.
-        let rc = unsafe {
-            libc::lsetxattr(
-                p.as_ptr(),
-                name.as_ptr(),
-                value.as_ptr().cast(),
-                value.len(),
-                0,
-            )
-        };
+        let rc = unsafe { libc::lsetxattr(p.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
         // A privileged test that cannot run must fail, not skip.
-        assert_eq!(
-            rc,
-            0,
-            "set {name:?} on {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        );
+        assert_eq!(rc, 0, "set {name:?} on {}: {}", path.display(), std::io::Error::last_os_error());
     }
 
     /// `diff` of uppers `a` over `la` and `b` over `lb`.
@@ -1054,11 +923,7 @@ mod tests {
             keys.sort();
             keys
         };
-        Diff {
-            added: sorted(added),
-            removed: sorted(removed),
-            modified: sorted(modified),
-        }
+        Diff { added: sorted(added), removed: sorted(removed), modified: sorted(modified) }
     }
 
     fn take_trace() -> Vec<String> {
@@ -1081,14 +946,7 @@ mod tests {
         f.put("b", "tmp/t", "T");
         f.whiteout("b", "root/gone");
         f.put("a", "root/only-a", "a");
-        f.check(
-            &[],
-            expect(
-                &["/root/new"],
-                &["/root/gone", "/root/only-a"],
-                &["/root/edited", "/tmp/t"],
-            ),
-        );
+        f.check(&[], expect(&["/root/new"], &["/root/gone", "/root/only-a"], &["/root/edited", "/tmp/t"]));
     }
 
     #[test]
@@ -1099,10 +957,7 @@ mod tests {
         f.put("lower", "root/d/e/h", "h");
         f.whiteout("a", "root/f");
         f.whiteout("a", "root/d");
-        f.check(
-            &["/root"],
-            expect(&["/root/d/e/h", "/root/d/g", "/root/f"], &[], &[]),
-        );
+        f.check(&["/root"], expect(&["/root/d/e/h", "/root/d/g", "/root/f"], &[], &[]));
     }
 
     #[test]
@@ -1113,10 +968,7 @@ mod tests {
         f.put("lower", "root/d/sub/z", "z");
         f.opaque("a", "root/d");
         f.put("a", "root/d/x", "x");
-        f.check(
-            &["/root"],
-            expect(&["/root/d/sub/z", "/root/d/y"], &[], &[]),
-        );
+        f.check(&["/root"], expect(&["/root/d/sub/z", "/root/d/y"], &[], &[]));
         // Opaque on both sides: only what the uppers hold counts.
         f.opaque("b", "root/d");
         f.put("b", "root/d/x", "X");
@@ -1130,10 +982,7 @@ mod tests {
         f.put("lower", "root/e", "e");
         f.put("a", "root/d", "now a file");
         f.put("b", "root/e/z", "z");
-        f.check(
-            &["/root"],
-            expect(&["/root/d/x", "/root/e/z"], &["/root/d", "/root/e"], &[]),
-        );
+        f.check(&["/root"], expect(&["/root/d/x", "/root/e/z"], &["/root/d", "/root/e"], &[]));
     }
 
     #[test]
@@ -1148,20 +997,10 @@ mod tests {
         f.link("a", "root/host", host.to_str().unwrap());
         f.link("a", "root/rel", "target");
         f.link("b", "root/rel", "f");
-        let paths = [
-            "/root",
-            "/root/host/",
-            "/root/host",
-            "/root/host/secret",
-            "/root/f",
-            "/root/rel",
-        ];
+        let paths = ["/root", "/root/host/", "/root/host", "/root/host/secret", "/root/f", "/root/rel"];
         take_trace();
         f.check(&paths, expect(&["/root/f"], &[], &[]));
-        assert!(
-            take_trace().iter().all(|e| !e.starts_with("read")),
-            "nothing needed reading"
-        );
+        assert!(take_trace().iter().all(|e| !e.starts_with("read")), "nothing needed reading");
     }
 
     #[test]
@@ -1183,33 +1022,8 @@ mod tests {
             f.link("lower", &format!("c{i}"), &format!("c{}", i + 1));
         }
         f.link("lower", "c40", "/root");
-        let paths = [
-            "/lnk/b",
-            "/rel/sub/c",
-            "/up/b",
-            "/lnk",
-            "/lnk/",
-            "/../../lnk/./b",
-            "/loop/x",
-            "/moved/",
-            "/c0/b",
-            "/c1/b",
-        ];
-        f.check(
-            &paths,
-            expect(
-                &["/moved/c"],
-                &["/moved/b", "/moved/sub/c"],
-                &[
-                    "/lnk/b",
-                    "/rel/sub/c",
-                    "/up/b",
-                    "/lnk/sub/c",
-                    "/../../lnk/./b",
-                    "/c1/b",
-                ],
-            ),
-        );
+        let paths = ["/lnk/b", "/rel/sub/c", "/up/b", "/lnk", "/lnk/", "/../../lnk/./b", "/loop/x", "/moved/", "/c0/b", "/c1/b"];
+        f.check(&paths, expect(&["/moved/c"], &["/moved/b", "/moved/sub/c"], &["/lnk/b", "/rel/sub/c", "/up/b", "/lnk/sub/c", "/../../lnk/./b", "/c1/b"]));
     }
 
     #[test]
@@ -1219,29 +1033,8 @@ mod tests {
         f.put("lower", "root/sub/g", "1");
         f.put("b", "root/f", "2");
         f.put("b", "root/sub/g", "2");
-        let paths = [
-            "/root/f",
-            "/root/f/",
-            "/root/",
-            "//root",
-            "/root//",
-            "/root/.",
-            "/root",
-            "/root",
-            "/nope",
-            "/root/sub/../f",
-        ];
-        let modified = [
-            "/root/f",
-            "/root/sub/g",
-            "//root/f",
-            "//root/sub/g",
-            "/root//f",
-            "/root//sub/g",
-            "/root/./f",
-            "/root/./sub/g",
-            "/root/sub/../f",
-        ];
+        let paths = ["/root/f", "/root/f/", "/root/", "//root", "/root//", "/root/.", "/root", "/root", "/nope", "/root/sub/../f"];
+        let modified = ["/root/f", "/root/sub/g", "//root/f", "//root/sub/g", "/root//f", "/root//sub/g", "/root/./f", "/root/./sub/g", "/root/sub/../f"];
         f.check(&paths, expect(&[], &[], &modified));
     }
 
@@ -1267,9 +1060,7 @@ mod tests {
         f.put("b", "root/f", "3");
         set_xattr(&f.path("a", "root/f"), METACOPY, b"");
         let (a, b, lower) = (f.path("a", ""), f.path("b", ""), f.path("lower", ""));
-        let run = || {
-            diff_layers(&a, &lower, &b, &lower, &["/root".into()])
-        };
+        let run = || diff_layers(&a, &lower, &b, &lower, &["/root".into()]);
         assert!(matches!(run(), Err(Error::Unsupported(_))));
         fs::remove_file(f.path("a", "root/f")).unwrap();
         set_xattr(&f.path("b", "root"), REDIRECT, b"/elsewhere");
@@ -1284,14 +1075,7 @@ mod tests {
         f.put("b", "root/f", "2");
         f.put("b", "tmp/new", "n");
         assert_eq!(f.diff(&["/"]), expect(&["/tmp/new"], &[], &["/root/f"]));
-        assert_eq!(
-            f.diff(&["//", "/."]),
-            expect(
-                &["//tmp/new", "/./tmp/new"],
-                &[],
-                &["//root/f", "/./root/f"]
-            )
-        );
+        assert_eq!(f.diff(&["//", "/."]), expect(&["//tmp/new", "/./tmp/new"], &[], &["//root/f", "/./root/f"]));
     }
 
     #[test]
@@ -1308,10 +1092,7 @@ mod tests {
         let expected = expect(&["/root/i"], &["/root/h"], &["/root/g"]);
         take_trace();
         assert_eq!(f.diff_over("lower", "lower2", &["/root"]), expected);
-        assert!(
-            take_trace().contains(&"compare root/f".to_string()),
-            "equal files of different templates are read"
-        );
+        assert!(take_trace().contains(&"compare root/f".to_string()), "equal files of different templates are read");
         assert_eq!(f.oracle_diff("lower", "lower2", &["/root"]), expected);
     }
 
@@ -1321,12 +1102,7 @@ mod tests {
         f.put("lower", "root/f", "abc");
         f.put("a", "root/f", "abc");
         let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
-        File::options()
-            .write(true)
-            .open(f.path("a", "root/f"))
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
+        File::options().write(true).open(f.path("a", "root/f")).unwrap().set_modified(old).unwrap();
         f.put("a", "root/g", "xyz");
         f.put("b", "root/g", "xyz");
         f.put("a", "root/h", "111");
@@ -1351,10 +1127,7 @@ mod tests {
         f.put("a", "root/d5/f5", "TEMPLATE");
         take_trace();
         let got = f.diff(&[]);
-        assert_eq!(
-            got,
-            expect(&["/tmp/x"], &["/root/new"], &["/root/d3/f3", "/root/d5/f5"])
-        );
+        assert_eq!(got, expect(&["/tmp/x"], &["/root/new"], &["/root/d3/f3", "/root/d5/f5"]));
         let trace = take_trace();
         let lower: Vec<&String> = trace.iter().filter(|e| e.contains("lower")).collect();
         assert_eq!(lower, ["read lower root/d5/f5"], "all of {trace:?}");
@@ -1363,29 +1136,13 @@ mod tests {
     #[test]
     fn podflare_parser_quirks() {
         let f = Fixture::new();
-        let names: [&[u8]; 7] = [
-            b"back\\slash",
-            b"new\nline",
-            b"cr\rx",
-            b"ws ",
-            b"f\x0cg h",
-            b"\xff",
-            "é".as_bytes(),
-        ];
+        let names: [&[u8]; 7] = [b"back\\slash", b"new\nline", b"cr\rx", b"ws ", b"f\x0cg h", b"\xff", "é".as_bytes()];
         for name in names {
             let rel = [b"root/".as_slice(), name].concat();
             f.put("lower", OsStr::from_bytes(&rel), "1");
             f.put("b", OsStr::from_bytes(&rel), "2");
         }
-        let modified = [
-            "/root/back\\\\slash",
-            "/root/new\\nline",
-            "/root/cr\\rx",
-            "/root/ws",
-            "/root/f",
-            "/root/\u{fffd}",
-            "/root/é",
-        ];
+        let modified = ["/root/back\\\\slash", "/root/new\\nline", "/root/cr\\rx", "/root/ws", "/root/f", "/root/\u{fffd}", "/root/é"];
         f.check(&["/root"], expect(&[], &[], &modified));
         // The pieces after the form feed make a key of their own.
         f.put("a", OsStr::from_bytes(b"root/k\x0cv w"), "1");
@@ -1396,80 +1153,46 @@ mod tests {
     fn bad_paths_are_refused() {
         let f = Fixture::new();
         let (a, b, lower) = (f.path("a", ""), f.path("b", ""), f.path("lower", ""));
-        let run = |paths: Vec<String>| {
-            diff_layers(&a, &lower, &b, &lower, &paths)
-        };
-        for bad in [
-            vec!["root".to_string()],
-            vec!["/a\0b".into()],
-            vec![format!("/{}", "a".repeat(PATH_MAX))],
-            vec!["/x".into(); 65],
-        ] {
-            assert!(
-                matches!(run(bad.clone()), Err(Error::Invalid(_))),
-                "{bad:?}"
-            );
+        let run = |paths: Vec<String>| diff_layers(&a, &lower, &b, &lower, &paths);
+        for bad in [vec!["root".to_string()], vec!["/a\0b".into()], vec![format!("/{}", "a".repeat(PATH_MAX))], vec!["/x".into(); 65]] {
+            assert!(matches!(run(bad.clone()), Err(Error::Invalid(_))), "{bad:?}");
         }
         // The longest path taken is one the kernel refuses: nothing there.
-        assert_eq!(
-            run(vec![format!("/{}", "a".repeat(PATH_MAX - 1))]).unwrap(),
-            Diff::default()
-        );
+        assert_eq!(run(vec![format!("/{}", "a".repeat(PATH_MAX - 1))]).unwrap(), Diff::default());
     }
 
     #[test]
     fn shared_extents_count_as_equal_without_reading() {
         // Sandbox uppers are btrfs subvolumes; a fork is a snapshot.
-        let tmp = tempfile::Builder::new()
-            .prefix("forkbox-diff-btrfs-")
-            .tempdir_in("/var/tmp")
-            .unwrap();
+        let tmp = tempfile::Builder::new().prefix("forkbox-diff-btrfs-").tempdir_in("/var/tmp").unwrap();
         let image = tmp.path().join("volume.img");
         File::create(&image).unwrap().set_len(256 << 20).unwrap();
         run(Command::new("mkfs.btrfs").arg("-q").arg(&image));
         let mnt = tmp.path().join("mnt");
         fs::create_dir(&mnt).unwrap();
-        run(Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&image)
-            .arg(&mnt));
+        run(Command::new("mount").args(["-o", "loop"]).arg(&image).arg(&mnt));
         let _unmount = Unmount(mnt.clone());
         let (a, b, lower) = (mnt.join("a"), mnt.join("b"), tmp.path().join("lower"));
         fs::create_dir_all(lower.join("root")).unwrap();
-        run(Command::new("btrfs")
-            .args(["-q", "subvolume", "create"])
-            .arg(&a));
+        run(Command::new("btrfs").args(["-q", "subvolume", "create"]).arg(&a));
         fs::create_dir(a.join("root")).unwrap();
         let mut rng = StdRng::seed_from_u64(7);
         let data: Vec<u8> = (0..1 << 20).map(|_| rng.random()).collect();
         for name in ["big", "edited", "rewritten"] {
             fs::write(a.join("root").join(name), &data).unwrap();
         }
-        run(Command::new("btrfs")
-            .args(["-q", "subvolume", "snapshot"])
-            .arg(&a)
-            .arg(&b));
-        let mut edited = File::options()
-            .write(true)
-            .open(b.join("root/edited"))
-            .unwrap();
+        run(Command::new("btrfs").args(["-q", "subvolume", "snapshot"]).arg(&a).arg(&b));
+        let mut edited = File::options().write(true).open(b.join("root/edited")).unwrap();
         edited.seek(SeekFrom::Start(500_000)).unwrap();
         edited.write_all(&[!data[500_000]]).unwrap();
         fs::remove_file(b.join("root/rewritten")).unwrap();
         fs::write(b.join("root/rewritten"), &data).unwrap();
         take_trace();
-        let got = diff_layers(&a, &lower, &b, &lower, &["/root".into()])
-        .unwrap();
+        let got = diff_layers(&a, &lower, &b, &lower, &["/root".into()]).unwrap();
         assert_eq!(got, expect(&[], &[], &["/root/edited"]));
-        let compared: Vec<String> = take_trace()
-            .into_iter()
-            .filter(|e| e.starts_with("compare"))
-            .collect();
+        let compared: Vec<String> = take_trace().into_iter().filter(|e| e.starts_with("compare")).collect();
         assert_eq!(compared.len(), 2, "{compared:?}");
-        assert!(
-            compared.iter().all(|e| e != "compare root/big"),
-            "{compared:?}"
-        );
+        assert!(compared.iter().all(|e| e != "compare root/big"), "{compared:?}");
     }
 
     struct Unmount(PathBuf);
@@ -1482,26 +1205,11 @@ mod tests {
 
     fn run(cmd: &mut Command) {
         let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{cmd:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
     const DIR_NAMES: [&str; 5] = ["a", "b", "c", "sp ace", "back\\slash"];
-    const FILE_NAMES: [&[u8]; 10] = [
-        b"a",
-        b"b",
-        b"c",
-        b"sp ace",
-        b"back\\slash",
-        b"new\nline",
-        b"ws ",
-        b"\xff",
-        "é".as_bytes(),
-        b"f\x0cg h",
-    ];
+    const FILE_NAMES: [&[u8]; 10] = [b"a", b"b", b"c", b"sp ace", b"back\\slash", b"new\nline", b"ws ", b"\xff", "é".as_bytes(), b"f\x0cg h"];
     /// Template names leave out the last: a name with a line break that
     /// podflare's parser splits gives a key of its own ("h"), which one in
     /// unchanged template data would share unseen.
@@ -1509,37 +1217,10 @@ mod tests {
     const CONTENTS: [&str; 5] = ["", "1", "2", "22", "xyz"];
     /// Targets that never lead to the sandbox's root (the oracle would walk
     /// the host's /usr there).
-    const TARGETS: [&str; 9] = [
-        "a",
-        "../y",
-        "/x",
-        "/y/a",
-        "/nope",
-        ".",
-        "/x/../y",
-        "/etc/passwd",
-        "b/c",
-    ];
+    const TARGETS: [&str; 9] = ["a", "../y", "/x", "/y/a", "/nope", ".", "/x/../y", "/etc/passwd", "b/c"];
     const TOP_TARGETS: [&str; 5] = ["/x", "y", "/y/a", "/nope", "l"];
-    const STARTS: [&str; 17] = [
-        "/x",
-        "/y",
-        "/x/",
-        "/y//",
-        "//x",
-        "/x/.",
-        "/x/../y",
-        "/l",
-        "/l/",
-        "/l/a",
-        "/x/a",
-        "/x/a/",
-        "/nope",
-        "/x/a/b",
-        "/z",
-        "/x/sp ace",
-        "/y/b/",
-    ];
+    const STARTS: [&str; 17] =
+        ["/x", "/y", "/x/", "/y//", "//x", "/x/.", "/x/../y", "/l", "/l/", "/l/a", "/x/a", "/x/a/", "/nope", "/x/a/b", "/z", "/x/sp ace", "/y/b/"];
 
     fn pick<T: Copy>(rng: &mut StdRng, items: &[T]) -> T {
         items[rng.random_range(0..items.len())]
@@ -1607,14 +1288,11 @@ mod tests {
     fn mutate(rng: &mut StdRng, lower: &Path, upper: &Path) {
         let mut known = Vec::new();
         paths_in(lower, Path::new(""), &mut known);
-        known.retain(|p| {
-            p.starts_with("x") || p.starts_with("y") || p.starts_with("z") || p.starts_with("l")
-        });
+        known.retain(|p| p.starts_with("x") || p.starts_with("y") || p.starts_with("z") || p.starts_with("l"));
         for _ in 0..rng.random_range(0..10) {
             let rel = match rng.random_bool(0.7) && !known.is_empty() {
                 true => pick(rng, &known.iter().collect::<Vec<_>>()).clone(),
-                false => Path::new(pick(rng, &["x", "y", "x/a", "y/b", "x/c"]))
-                    .join(OsStr::from_bytes(pick(rng, &FILE_NAMES))),
+                false => Path::new(pick(rng, &["x", "y", "x/a", "y/b", "x/c"])).join(OsStr::from_bytes(pick(rng, &FILE_NAMES))),
             };
             if !clear(upper, &rel) {
                 continue;
@@ -1646,11 +1324,7 @@ mod tests {
                 }
                 _ => {
                     let top = rel.components().count() == 1;
-                    let target = if top {
-                        pick(rng, &TOP_TARGETS)
-                    } else {
-                        pick(rng, &TARGETS)
-                    };
+                    let target = if top { pick(rng, &TOP_TARGETS) } else { pick(rng, &TARGETS) };
                     std::os::unix::fs::symlink(target, &path).unwrap();
                 }
             }
@@ -1673,10 +1347,7 @@ mod tests {
         }
         let lower_b = match rng.random_bool(0.2) {
             true => {
-                run(Command::new("cp")
-                    .arg("-a")
-                    .arg(&lower)
-                    .arg(f.path("lower2", "")));
+                run(Command::new("cp").arg("-a").arg(&lower).arg(f.path("lower2", "")));
                 mutate(&mut rng, &lower, &f.path("lower2", ""));
                 "lower2"
             }
@@ -1695,10 +1366,7 @@ mod tests {
         let got = f.diff_over("lower", lower_b, &paths);
         let want = f.oracle_diff("lower", lower_b, &paths);
         if got != want {
-            panic!(
-                "seed {seed}, paths {paths:?}, layers in {}:\n{got:?}\n{want:?}",
-                f.tmp.keep().display()
-            );
+            panic!("seed {seed}, paths {paths:?}, layers in {}:\n{got:?}\n{want:?}", f.tmp.keep().display());
         }
     }
 

@@ -240,7 +240,16 @@ impl Jail {
         let preferred = std::fs::read_to_string(&slot_file).ok().and_then(|s| s.trim().parse().ok());
         let ids = IdAllocator::claim_preferring(Path::new(crate::ids::SLOT_LOCK_DIR), preferred)?;
         std::fs::write(&slot_file, ids.slot().to_string()).map_err(|e| Error::io("record the id slot", e))?;
-        let jail = Jail { config, volume, cgroups, ids: StdMutex::new(ids), hollow_ids: Default::default(), refills: tokio::sync::RwLock::new(true), left_running: Default::default(), _lock: lock };
+        let jail = Jail {
+            config,
+            volume,
+            cgroups,
+            ids: StdMutex::new(ids),
+            hollow_ids: Default::default(),
+            refills: tokio::sync::RwLock::new(true),
+            left_running: Default::default(),
+            _lock: lock,
+        };
         Ok(jail)
     }
 
@@ -668,14 +677,7 @@ impl Jail {
     /// `disk_bytes` (0: no limit). The upper layer's root must belong to
     /// the sandbox's root (and carry the template root's mode), or root
     /// inside could not create anything in `/`.
-    fn make_layers(
-        &self,
-        subvolume: &Path,
-        template_rootfs: &Path,
-        range: crate::ids::IdRange,
-        initial: Option<&Path>,
-        disk_bytes: u64,
-    ) -> Result<()> {
+    fn make_layers(&self, subvolume: &Path, template_rootfs: &Path, range: crate::ids::IdRange, initial: Option<&Path>, disk_bytes: u64) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
         // Saved files go in before the limit: a Space of a fork child may
         // hold more than its own quota (what it inherited was its parent's).
@@ -726,16 +728,12 @@ impl Jail {
     /// (and its id range) goes with its last member.
     pub async fn destroy(&self, sandbox: &Sandbox) -> Result<()> {
         let cgroup = sandbox.cgroup.clone();
-        tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE))
-            .await
-            .map_err(|e| Error::Shim(format!("join: {e}")))??;
+        tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE)).await.map_err(|e| Error::Shim(format!("join: {e}")))??;
         let shim = sandbox.shim();
-        let _ = shim
-            .call(Request::DestroyMember { member: sandbox.id.clone() }, &[])
-            .await;
+        let _ = shim.call(Request::DestroyMember { member: sandbox.id.clone() }, &[]).await;
         let family = &sandbox.family;
-        let family_gone = !sandbox.released.swap(true, std::sync::atomic::Ordering::SeqCst)
-            && family.members.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1;
+        let family_gone =
+            !sandbox.released.swap(true, std::sync::atomic::Ordering::SeqCst) && family.members.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1;
         if family_gone {
             shim.shutdown().await;
             // The shim's mounts died with it; its mount points are plain dirs here.
@@ -1014,9 +1012,7 @@ impl Sandbox {
     /// processes do not.
     pub async fn rebuild(&self) -> Result<()> {
         let cgroup = self.cgroup.clone();
-        tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE))
-            .await
-            .map_err(|e| Error::Shim(format!("join: {e}")))??;
+        tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE)).await.map_err(|e| Error::Shim(format!("join: {e}")))??;
         let shim = {
             let _one_at_a_time = self.family.restart.lock().await;
             let mut shim = self.shim();
@@ -1095,7 +1091,11 @@ impl Sandbox {
 
     /// Connect to `port` on the sandbox's own loopback (the port proxy;
     /// see `ports::connect`).
-    pub async fn connect_port(&self, port: u16, timeout: Duration) -> std::result::Result<(tokio::net::TcpStream, std::net::SocketAddr), crate::ports::PortError> {
+    pub async fn connect_port(
+        &self,
+        port: u16,
+        timeout: Duration,
+    ) -> std::result::Result<(tokio::net::TcpStream, std::net::SocketAddr), crate::ports::PortError> {
         let netns = self.netns().map_err(|e| crate::ports::PortError::Unreachable(e.to_string()))?;
         crate::ports::connect(netns, port, timeout).await
     }
@@ -1151,8 +1151,7 @@ impl Sandbox {
 
 fn source_memfd(source: &[u8]) -> Result<OwnedFd> {
     use std::io::{Seek, Write};
-    let fd = nix::sys::memfd::memfd_create(c"forkbox-repl", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-        .map_err(|e| Error::sys("memfd_create", e))?;
+    let fd = nix::sys::memfd::memfd_create(c"forkbox-repl", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).map_err(|e| Error::sys("memfd_create", e))?;
     let mut file = std::fs::File::from(fd);
     file.write_all(source).map_err(|e| Error::io("write REPL source", e))?;
     file.rewind().map_err(|e| Error::io("rewind REPL source", e))?;

@@ -125,14 +125,7 @@ fn parse_map_line(line: &str) -> Option<MapEntry> {
     let (start, end) = range.split_once('-')?;
     let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
     let file = path.starts_with('/') && !path.ends_with(" (deleted)") && !path.starts_with("/memfd:") && !path.starts_with("/SYSV");
-    Some(MapEntry {
-        start,
-        end,
-        perms: perms.to_string(),
-        offset,
-        kind: if file { "file" } else { "anon" },
-        path: file.then(|| path.to_string()),
-    })
+    Some(MapEntry { start, end, perms: perms.to_string(), offset, kind: if file { "file" } else { "anon" }, path: file.then(|| path.to_string()) })
 }
 
 #[cfg(test)]

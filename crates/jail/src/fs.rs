@@ -316,8 +316,13 @@ impl SandboxFs {
         let perm = mode.or(regular.map(|st| st.st_mode & 0o7777)).unwrap_or(0o644);
         let owner = regular.map(|st| (st.st_uid, st.st_gid)).unwrap_or((self.id_base, self.id_base));
         if append {
-            let fd = rustix::fs::openat(&dir, name, OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::from_raw_mode(perm))
-                .map_err(|e| FsError::at(&path.to_string(), e))?;
+            let fd = rustix::fs::openat(
+                &dir,
+                name,
+                OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                Mode::from_raw_mode(perm),
+            )
+            .map_err(|e| FsError::at(&path.to_string(), e))?;
             if existing.is_none() {
                 chown_fd(&fd, owner).map_err(|e| FsError::at(&path.to_string(), e))?;
                 rustix::fs::fchmod(&fd, Mode::from_raw_mode(perm)).map_err(|e| FsError::at(&path.to_string(), e))?;
@@ -328,8 +333,13 @@ impl SandboxFs {
             return Ok(PendingWrite { file: Some(File::from(fd)), dir, temp: None, name: name.to_string(), path: path.to_string() });
         }
         let temp = format!("{UPLOAD_TEMP_PREFIX}{:016x}", rand::random::<u64>());
-        let fd = rustix::fs::openat(&dir, temp.as_str(), OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::from_raw_mode(0o600))
-            .map_err(|e| FsError::at(&path.to_string(), e))?;
+        let fd = rustix::fs::openat(
+            &dir,
+            temp.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| FsError::at(&path.to_string(), e))?;
         let pending = PendingWrite { file: Some(File::from(fd)), dir, temp: Some(temp), name: name.to_string(), path: path.to_string() };
         let file = pending.file.as_ref().map(|f| f.as_fd());
         if let Some(fd) = file {
@@ -436,7 +446,13 @@ impl SandboxFs {
     /// A directory below an open one, without following symlinks or leaving
     /// its filesystem (for walking a watched tree).
     pub fn open_subdir(dir: BorrowedFd<'_>, name: &str) -> Result<OwnedFd, Errno> {
-        rustix::fs::openat2(dir, name, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty(), ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV)
+        rustix::fs::openat2(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
+        )
     }
 }
 

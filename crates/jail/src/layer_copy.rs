@@ -156,8 +156,7 @@ impl Copier<'_> {
                 } else {
                     FileType::Fifo
                 };
-                rustix::fs::mknodat(CWD, &to, kind, Mode::from_raw_mode(meta.mode() & 0o7777), meta.rdev())
-                    .map_err(|e| errno("copy a device node", e))?;
+                rustix::fs::mknodat(CWD, &to, kind, Mode::from_raw_mode(meta.mode() & 0o7777), meta.rdev()).map_err(|e| errno("copy a device node", e))?;
             } else {
                 // A socket left in the layer: nothing can use it later.
                 self.copied.entries -= 1;
@@ -173,8 +172,7 @@ impl Copier<'_> {
     /// Owner, mode, xattrs and times of `to`, from `from` (directories
     /// after their contents, so copying those does not touch the mtime).
     fn finish(&self, from: &Path, to: &Path, meta: &fs::Metadata) -> Result<()> {
-        std::os::unix::fs::lchown(to, Some(self.ids.map(meta.uid())), Some(self.ids.map(meta.gid())))
-            .map_err(|e| Error::io("set a copied file's owner", e))?;
+        std::os::unix::fs::lchown(to, Some(self.ids.map(meta.uid())), Some(self.ids.map(meta.gid()))).map_err(|e| Error::io("set a copied file's owner", e))?;
         let symlink = meta.file_type().is_symlink();
         if !symlink {
             // After chown, which clears setuid bits.

@@ -29,6 +29,8 @@ pub mod trust;
 pub mod volume;
 
 pub use cgroup::Limits;
-pub use engine::{Adopted, Kept, CommandControl, CommandProcess, ForkChild, Jail, JailConfig, MemberRecord, ReplProcess, Sandbox, SandboxSpec, TerminalProcess};
+pub use engine::{
+    Adopted, CommandControl, CommandProcess, ForkChild, Jail, JailConfig, Kept, MemberRecord, ReplProcess, Sandbox, SandboxSpec, TerminalProcess,
+};
 pub use error::{Error, Result};
 pub use shim::messages::ExitStatus;

@@ -38,15 +38,12 @@ pub enum Rules {
 /// host's own addresses, loopback, link-local (cloud metadata lives at
 /// 169.254.169.254), and "this network".
 pub fn always_blocked() -> Vec<IpNet> {
-    let mut nets: Vec<IpNet> = ["127.0.0.0/8", "169.254.0.0/16", "0.0.0.0/8", "::1/128", "fe80::/10", "::ffff:0:0/96"]
-        .iter()
-        .filter_map(|s| s.parse().ok())
-        .collect();
+    let mut nets: Vec<IpNet> =
+        ["127.0.0.0/8", "169.254.0.0/16", "0.0.0.0/8", "::1/128", "fe80::/10", "::ffff:0:0/96"].iter().filter_map(|s| s.parse().ok()).collect();
     if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
         for a in addrs {
-            let ip = a.address.as_ref().and_then(|s| {
-                s.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())).or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
-            });
+            let ip =
+                a.address.as_ref().and_then(|s| s.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())).or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))));
             if let Some(ip) = ip {
                 nets.push(IpNet::from(ip));
             }
@@ -276,7 +273,11 @@ mod tests {
         assert!(open.contains("ip daddr @blocked4 goto refuse") && !open.contains("@learned4 accept"));
         assert!(open.contains("reject with tcp reset"));
         let allow = ruleset(&Rules::AllowList(vec!["203.0.113.0/24".parse().unwrap(), "169.254.169.254/32".parse().unwrap()]), &blocked);
-        assert!(allow.contains("set explicit4 { type ipv4_addr; flags interval; auto-merge; elements = { 169.254.169.254/32, 203.0.113.0/24 }; }") || allow.contains("elements = { 203.0.113.0/24, 169.254.169.254/32 }"), "{allow}");
+        assert!(
+            allow.contains("set explicit4 { type ipv4_addr; flags interval; auto-merge; elements = { 169.254.169.254/32, 203.0.113.0/24 }; }")
+                || allow.contains("elements = { 203.0.113.0/24, 169.254.169.254/32 }"),
+            "{allow}"
+        );
         // explicit before blocked: an allow-list may name a blocked address
         let (e, b) = (allow.find("@explicit4 accept").unwrap(), allow.find("@blocked4 goto").unwrap());
         assert!(e < b);

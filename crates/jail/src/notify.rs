@@ -94,13 +94,7 @@ const fn arg_high(i: u32) -> u32 {
 }
 
 /// Calls that signal a pid, a tid or a process group: always vetted.
-const SIGNALLERS: [libc::c_long; 5] = [
-    libc::SYS_kill,
-    libc::SYS_tkill,
-    libc::SYS_tgkill,
-    libc::SYS_rt_sigqueueinfo,
-    libc::SYS_rt_tgsigqueueinfo,
-];
+const SIGNALLERS: [libc::c_long; 5] = [libc::SYS_kill, libc::SYS_tkill, libc::SYS_tgkill, libc::SYS_rt_sigqueueinfo, libc::SYS_rt_tgsigqueueinfo];
 /// Calls whose first argument is a pid, 0 meaning the caller: vetted unless 0.
 const PID_FIRST: [libc::c_long; 7] = [
     libc::SYS_prlimit64,
@@ -197,12 +191,7 @@ mod asm {
             let offset = |from: usize, to: To| -> u8 {
                 let target = match to {
                     To::Next => return 0,
-                    To::L(l) => {
-                        at.iter()
-                            .find(|(m, _)| *m == l)
-                            .unwrap_or_else(|| panic!("label {l:?} not placed"))
-                            .1
-                    }
+                    To::L(l) => at.iter().find(|(m, _)| *m == l).unwrap_or_else(|| panic!("label {l:?} not placed")).1,
                 };
                 assert!(target > from, "jump from {from} to {target} is not forward");
                 u8::try_from(target - from - 1).expect("jump within 255 instructions")
@@ -212,24 +201,9 @@ mod asm {
                 let i = out.len();
                 let insn = match *op {
                     Op::Here(_) => continue,
-                    Op::Load(k) => libc::sock_filter {
-                        code: LD_W_ABS as u16,
-                        jt: 0,
-                        jf: 0,
-                        k,
-                    },
-                    Op::Jump(code, k, yes, no) => libc::sock_filter {
-                        code: code as u16,
-                        jt: offset(i, yes),
-                        jf: offset(i, no),
-                        k,
-                    },
-                    Op::Ret(k) => libc::sock_filter {
-                        code: RET_K as u16,
-                        jt: 0,
-                        jf: 0,
-                        k,
-                    },
+                    Op::Load(k) => libc::sock_filter { code: LD_W_ABS as u16, jt: 0, jf: 0, k },
+                    Op::Jump(code, k, yes, no) => libc::sock_filter { code: code as u16, jt: offset(i, yes), jf: offset(i, no), k },
+                    Op::Ret(k) => libc::sock_filter { code: RET_K as u16, jt: 0, jf: 0, k },
                 };
                 out.push(insn);
             }
@@ -375,22 +349,11 @@ pub fn install_with_listener(prog: &[libc::sock_filter]) -> io::Result<OwnedFd> 
     let Ok(len) = u16::try_from(prog.len()) else {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     };
-    let fprog = libc::sock_fprog {
-        len,
-        filter: prog.as_ptr().cast_mut(),
-    };
-    let flags =
-        libc::SECCOMP_FILTER_FLAG_NEW_LISTENER | libc::SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV;
+    let fprog = libc::sock_fprog { len, filter: prog.as_ptr().cast_mut() };
+    let flags = libc::SECCOMP_FILTER_FLAG_NEW_LISTENER | libc::SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV;
     // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel
     // copies the program and only reads it.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_seccomp,
-            libc::SECCOMP_SET_MODE_FILTER,
-            flags,
-            &fprog as *const libc::sock_fprog,
-        )
-    };
+    let fd = unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, flags, &fprog as *const libc::sock_fprog) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -404,27 +367,14 @@ pub fn install_with_listener(prog: &[libc::sock_filter]) -> io::Result<OwnedFd> 
 
 const SECCOMP_IOC_MAGIC: u8 = b'!';
 /// `_IOWR('!', 0, struct seccomp_notif)`.
-const NOTIF_RECV: libc::c_ulong = nix::request_code_readwrite!(
-    SECCOMP_IOC_MAGIC,
-    0,
-    std::mem::size_of::<libc::seccomp_notif>()
-) as libc::c_ulong;
+const NOTIF_RECV: libc::c_ulong = nix::request_code_readwrite!(SECCOMP_IOC_MAGIC, 0, std::mem::size_of::<libc::seccomp_notif>()) as libc::c_ulong;
 /// `_IOWR('!', 1, struct seccomp_notif_resp)`.
-const NOTIF_SEND: libc::c_ulong = nix::request_code_readwrite!(
-    SECCOMP_IOC_MAGIC,
-    1,
-    std::mem::size_of::<libc::seccomp_notif_resp>()
-) as libc::c_ulong;
+const NOTIF_SEND: libc::c_ulong = nix::request_code_readwrite!(SECCOMP_IOC_MAGIC, 1, std::mem::size_of::<libc::seccomp_notif_resp>()) as libc::c_ulong;
 /// `_IOW('!', 2, __u64)`.
-const NOTIF_ID_VALID: libc::c_ulong =
-    nix::request_code_write!(SECCOMP_IOC_MAGIC, 2, std::mem::size_of::<u64>()) as libc::c_ulong;
+const NOTIF_ID_VALID: libc::c_ulong = nix::request_code_write!(SECCOMP_IOC_MAGIC, 2, std::mem::size_of::<u64>()) as libc::c_ulong;
 
 /// `_IOW('!', 3, struct seccomp_notif_addfd)`.
-const NOTIF_ADDFD: libc::c_ulong = nix::request_code_write!(
-    SECCOMP_IOC_MAGIC,
-    3,
-    std::mem::size_of::<libc::seccomp_notif_addfd>()
-) as libc::c_ulong;
+const NOTIF_ADDFD: libc::c_ulong = nix::request_code_write!(SECCOMP_IOC_MAGIC, 3, std::mem::size_of::<libc::seccomp_notif_addfd>()) as libc::c_ulong;
 
 /// Room for the kernel's `struct seccomp_notif` or `seccomp_notif_resp`,
 /// should it be larger than ours (it may grow; we read our prefix).
@@ -466,34 +416,17 @@ pub struct Listener {
 fn notif_sizes() -> io::Result<libc::seccomp_notif_sizes> {
     static SIZES: OnceLock<std::result::Result<(u16, u16, u16), i32>> = OnceLock::new();
     let got = SIZES.get_or_init(|| {
-        let mut s = libc::seccomp_notif_sizes {
-            seccomp_notif: 0,
-            seccomp_notif_resp: 0,
-            seccomp_data: 0,
-        };
+        let mut s = libc::seccomp_notif_sizes { seccomp_notif: 0, seccomp_notif_resp: 0, seccomp_data: 0 };
         // SAFETY: the kernel writes a `struct seccomp_notif_sizes` into `s`.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_seccomp,
-                libc::SECCOMP_GET_NOTIF_SIZES,
-                0,
-                &mut s as *mut libc::seccomp_notif_sizes,
-            )
-        };
+        let r = unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_GET_NOTIF_SIZES, 0, &mut s as *mut libc::seccomp_notif_sizes) };
         if r < 0 {
-            Err(io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::ENOSYS))
+            Err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOSYS))
         } else {
             Ok((s.seccomp_notif, s.seccomp_notif_resp, s.seccomp_data))
         }
     });
     match *got {
-        Ok((seccomp_notif, seccomp_notif_resp, seccomp_data)) => Ok(libc::seccomp_notif_sizes {
-            seccomp_notif,
-            seccomp_notif_resp,
-            seccomp_data,
-        }),
+        Ok((seccomp_notif, seccomp_notif_resp, seccomp_data)) => Ok(libc::seccomp_notif_sizes { seccomp_notif, seccomp_notif_resp, seccomp_data }),
         Err(e) => Err(io::Error::from_raw_os_error(e)),
     }
 }
@@ -519,22 +452,13 @@ impl Listener {
         let sizes = notif_sizes()?;
         let room = NOTIF_BUF_WORDS * 8;
         let fits = |kernel: u16, ours: usize| (ours..=room).contains(&usize::from(kernel));
-        if !fits(
-            sizes.seccomp_notif,
-            std::mem::size_of::<libc::seccomp_notif>(),
-        ) || !fits(
-            sizes.seccomp_notif_resp,
-            std::mem::size_of::<libc::seccomp_notif_resp>(),
-        ) || !fits(
-            sizes.seccomp_data,
-            std::mem::size_of::<libc::seccomp_data>(),
-        ) {
+        if !fits(sizes.seccomp_notif, std::mem::size_of::<libc::seccomp_notif>())
+            || !fits(sizes.seccomp_notif_resp, std::mem::size_of::<libc::seccomp_notif_resp>())
+            || !fits(sizes.seccomp_data, std::mem::size_of::<libc::seccomp_data>())
+        {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                format!(
-                    "kernel seccomp notification sizes {}/{}/{} do not fit ours",
-                    sizes.seccomp_notif, sizes.seccomp_notif_resp, sizes.seccomp_data
-                ),
+                format!("kernel seccomp notification sizes {}/{}/{} do not fit ours", sizes.seccomp_notif, sizes.seccomp_notif_resp, sizes.seccomp_data),
             ));
         }
         Ok(Listener { fd })
@@ -547,18 +471,11 @@ impl Listener {
         let mut buf = [0u64; NOTIF_BUF_WORDS];
         // SAFETY: `buf` is zeroed (the kernel insists), 8-byte aligned and
         // larger than the kernel's `struct seccomp_notif` (checked in `new`).
-        retry_eintr(|| unsafe {
-            libc::ioctl(self.fd.as_raw_fd(), NOTIF_RECV as _, buf.as_mut_ptr())
-        })?;
+        retry_eintr(|| unsafe { libc::ioctl(self.fd.as_raw_fd(), NOTIF_RECV as _, buf.as_mut_ptr()) })?;
         // SAFETY: the buffer is aligned for and at least as large as
         // `seccomp_notif`, a plain-data struct the kernel has just filled.
         let n: libc::seccomp_notif = unsafe { std::ptr::read(buf.as_ptr().cast()) };
-        Ok(Notification {
-            id: n.id,
-            pid: n.pid as i32,
-            nr: n.data.nr as libc::c_long,
-            args: n.data.args,
-        })
+        Ok(Notification { id: n.id, pid: n.pid as i32, nr: n.data.nr as libc::c_long, args: n.data.args })
     }
 
     /// Answer notification `id` (`SECCOMP_IOCTL_NOTIF_SEND`). A caller that
@@ -571,22 +488,10 @@ impl Listener {
         };
         let mut buf = [0u64; NOTIF_BUF_WORDS];
         // SAFETY: `buf` is aligned and large enough for `seccomp_notif_resp`.
-        unsafe {
-            std::ptr::write(
-                buf.as_mut_ptr().cast(),
-                libc::seccomp_notif_resp {
-                    id,
-                    val,
-                    error,
-                    flags,
-                },
-            )
-        };
+        unsafe { std::ptr::write(buf.as_mut_ptr().cast(), libc::seccomp_notif_resp { id, val, error, flags }) };
         // SAFETY: the kernel reads its `struct seccomp_notif_resp` from the
         // buffer, which is at least that large and zero past our fields.
-        match retry_eintr(|| unsafe {
-            libc::ioctl(self.fd.as_raw_fd(), NOTIF_SEND as _, buf.as_ptr())
-        }) {
+        match retry_eintr(|| unsafe { libc::ioctl(self.fd.as_raw_fd(), NOTIF_SEND as _, buf.as_ptr()) }) {
             Ok(_) => Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
             Err(e) => Err(e),
@@ -597,9 +502,7 @@ impl Listener {
     /// `SECCOMP_IOCTL_NOTIF_ID_VALID`.
     pub fn id_valid(&self, id: u64) -> io::Result<bool> {
         // SAFETY: the kernel reads one u64 from `&id`.
-        match retry_eintr(|| unsafe {
-            libc::ioctl(self.fd.as_raw_fd(), NOTIF_ID_VALID as _, &id as *const u64)
-        }) {
+        match retry_eintr(|| unsafe { libc::ioctl(self.fd.as_raw_fd(), NOTIF_ID_VALID as _, &id as *const u64) }) {
             Ok(_) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
             Err(e) => Err(e),
@@ -620,9 +523,7 @@ impl Listener {
             newfd_flags: libc::O_CLOEXEC as u32,
         };
         // SAFETY: the kernel reads one `struct seccomp_notif_addfd`.
-        retry_eintr(|| unsafe {
-            libc::ioctl(self.fd.as_raw_fd(), NOTIF_ADDFD as _, &add as *const libc::seccomp_notif_addfd)
-        })
+        retry_eintr(|| unsafe { libc::ioctl(self.fd.as_raw_fd(), NOTIF_ADDFD as _, &add as *const libc::seccomp_notif_addfd) })
     }
 
     /// A second handle on the same listener (to answer a notification
@@ -699,10 +600,7 @@ impl HandOver {
         let slot = usize::try_from(int(n.args[0])).ok()?;
         match n.args[1] as u32 {
             HANDOVER_TAKE => Some(HandOver::Take { slot }),
-            HANDOVER_GIVE => Some(HandOver::Give {
-                slot,
-                pid: int(n.args[2]),
-            }),
+            HANDOVER_GIVE => Some(HandOver::Give { slot, pid: int(n.args[2]) }),
             _ => None,
         }
     }
@@ -862,16 +760,8 @@ pub fn vet_caller(n: &Notification, caller: Option<&Caller>, view: &dyn FamilyVi
             if pid < 0 {
                 // The kernel finds no process for a negative pid: the
                 // sched_set* calls reject it, the others do not find it.
-                let einval = [
-                    libc::SYS_sched_setscheduler,
-                    libc::SYS_sched_setparam,
-                    libc::SYS_sched_setattr,
-                ];
-                return Verdict::Errno(if einval.contains(&nr) {
-                    libc::EINVAL
-                } else {
-                    libc::ESRCH
-                });
+                let einval = [libc::SYS_sched_setscheduler, libc::SYS_sched_setparam, libc::SYS_sched_setattr];
+                return Verdict::Errno(if einval.contains(&nr) { libc::EINVAL } else { libc::ESRCH });
             }
             in_member_or(caller, pid, libc::ESRCH, view)
         }
@@ -890,13 +780,7 @@ fn in_member_or(caller: &Caller, pid: i32, errno: i32, view: &dyn FamilyView) ->
 
 /// A signal to one thread (`tid`) or process; `other` is a second id the
 /// kernel insists be positive (tgid) or 1 when there is none.
-fn directed(
-    caller: &Caller,
-    target: i32,
-    other: i32,
-    nonpositive: i32,
-    view: &dyn FamilyView,
-) -> Verdict {
+fn directed(caller: &Caller, target: i32, other: i32, nonpositive: i32, view: &dyn FamilyView) -> Verdict {
     if target <= 0 || other <= 0 {
         return Verdict::Errno(nonpositive);
     }
@@ -1007,11 +891,7 @@ impl ProcFamilyView {
     /// `/proc` (1 when the shim is in the pid namespace that host `/proc`
     /// shows and the family's is its child).
     pub fn new(family_proc: impl Into<PathBuf>, family_level: usize) -> ProcFamilyView {
-        ProcFamilyView {
-            family_proc: family_proc.into(),
-            host_proc: PathBuf::from("/proc"),
-            family_level,
-        }
+        ProcFamilyView { family_proc: family_proc.into(), host_proc: PathBuf::from("/proc"), family_level }
     }
 
     /// As [`ProcFamilyView::new`], with the family level read from the
@@ -1022,10 +902,7 @@ impl ProcFamilyView {
         let nspid = status_ids(&status, "NSpid:").unwrap_or_default();
         match nspid.last() {
             Some(1) if nspid.len() >= 2 => Ok(ProcFamilyView::new(family_proc, nspid.len() - 1)),
-            _ => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("process {reaper} is no pid namespace's init"),
-            )),
+            _ => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("process {reaper} is no pid namespace's init"))),
         }
     }
 
@@ -1035,12 +912,8 @@ impl ProcFamilyView {
     }
 
     fn open_family(&self, pid: i32) -> io::Result<OwnedFd> {
-        nix::fcntl::open(
-            &self.family_proc.join(pid.to_string()),
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(io::Error::from)
+        nix::fcntl::open(&self.family_proc.join(pid.to_string()), OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(io::Error::from)
     }
 
     /// The member of the process whose family-procfs directory is `dir`.
@@ -1085,12 +958,7 @@ impl FamilyView for ProcFamilyView {
         let member = parse_ns_inode(fs::read_link(host.join("ns/mnt")).ok()?.as_os_str())?;
         let stat = fs::read_to_string(self.family_proc.join(tgid.to_string()).join("stat")).ok()?;
         let pgid = stat_pgid(&stat)?;
-        Some(Caller {
-            member,
-            tgid,
-            pgid,
-            in_leaf: nspid.len() > self.family_level + 1,
-        })
+        Some(Caller { member, tgid, pgid, in_leaf: nspid.len() > self.family_level + 1 })
     }
 
     fn member_of(&self, pid: i32) -> Option<u64> {
@@ -1106,10 +974,7 @@ impl FamilyView for ProcFamilyView {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for pid in entries
-            .flatten()
-            .filter_map(|e| pid_name(e.file_name().as_bytes()))
-        {
+        for pid in entries.flatten().filter_map(|e| pid_name(e.file_name().as_bytes())) {
             // A process that vanishes mid-scan is skipped.
             let Ok(dir) = self.open_family(pid) else {
                 continue;
@@ -1120,19 +985,11 @@ impl FamilyView for ProcFamilyView {
             let Some(pgid) = read_at(dir.as_fd(), "stat").as_deref().and_then(stat_pgid) else {
                 continue;
             };
-            let Some(nspid) = read_at(dir.as_fd(), "status")
-                .as_deref()
-                .and_then(|s| status_ids(s, "NSpid:"))
-            else {
+            let Some(nspid) = read_at(dir.as_fd(), "status").as_deref().and_then(|s| status_ids(s, "NSpid:")) else {
                 continue;
             };
             let is_init = nspid.len() >= 2 && nspid.last() == Some(&1);
-            out.push(FamilyProcess {
-                pid,
-                member,
-                pgid,
-                is_init,
-            });
+            out.push(FamilyProcess { pid, member, pgid, is_init });
         }
         out
     }
@@ -1151,15 +1008,7 @@ impl FamilyView for ProcFamilyView {
         }
         // SAFETY: a /proc/<pid> directory fd is accepted as a pidfd; a null
         // siginfo means "as kill(2) would".
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                dir.as_raw_fd(),
-                sig,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
+        let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, dir.as_raw_fd(), sig, std::ptr::null::<libc::siginfo_t>(), 0) };
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -1168,11 +1017,7 @@ impl FamilyView for ProcFamilyView {
 }
 
 fn pid_name(name: &[u8]) -> Option<i32> {
-    std::str::from_utf8(name)
-        .ok()?
-        .parse()
-        .ok()
-        .filter(|p: &i32| *p > 0)
+    std::str::from_utf8(name).ok()?.parse().ok().filter(|p: &i32| *p > 0)
 }
 
 /// `mnt:[4026531841]` → 4026531841.
@@ -1184,19 +1029,13 @@ fn parse_ns_inode(link: &OsStr) -> Option<u64> {
 
 /// The value of the `key` line of a `/proc/<pid>/status`.
 fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .map(str::trim)
+    status.lines().find_map(|l| l.strip_prefix(key)).map(str::trim)
 }
 
 /// The numbers of the `key` line of a `/proc/<pid>/status` (`NSpid:`,
 /// `NStgid:`, `PPid:`).
 pub(crate) fn status_ids(status: &str, key: &str) -> Option<Vec<i32>> {
-    status_field(status, key)?
-        .split_whitespace()
-        .map(|n| n.parse().ok())
-        .collect()
+    status_field(status, key)?.split_whitespace().map(|n| n.parse().ok()).collect()
 }
 
 /// Field 5 (pgrp) of a `/proc/<pid>/stat`. The command name (field 2) is in
@@ -1213,8 +1052,7 @@ fn ns_inode_at(dir: BorrowedFd<'_>, path: &str) -> Option<u64> {
 }
 
 fn read_at(dir: BorrowedFd<'_>, path: &str) -> Option<String> {
-    let fd =
-        nix::fcntl::openat(dir, path, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()).ok()?;
+    let fd = nix::fcntl::openat(dir, path, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()).ok()?;
     io::read_to_string(fs::File::from(fd)).ok()
 }
 
@@ -1222,12 +1060,7 @@ fn read_at(dir: BorrowedFd<'_>, path: &str) -> Option<String> {
 /// (`/proc/self/fd/N/...`) so that it is this process's directory.
 fn read_dir_at(dir: BorrowedFd<'_>, path: &str) -> Option<Vec<Vec<u8>>> {
     let entries = fs::read_dir(format!("/proc/self/fd/{}/{path}", dir.as_raw_fd())).ok()?;
-    Some(
-        entries
-            .flatten()
-            .map(|e| e.file_name().as_bytes().to_vec())
-            .collect(),
-    )
+    Some(entries.flatten().map(|e| e.file_name().as_bytes().to_vec()).collect())
 }
 
 // ---------------------------------------------------------------------------
@@ -1249,12 +1082,8 @@ pub fn mount_family_proc(pidns: BorrowedFd<'_>, target: &Path) -> Result<()> {
     const FORK: u8 = 2;
     const MOUNT: u8 = 3;
 
-    let target_c = std::ffi::CString::new(target.as_os_str().as_bytes()).map_err(|_| {
-        Error::Invalid(format!(
-            "mount point {} contains a NUL byte",
-            target.display()
-        ))
-    })?;
+    let target_c =
+        std::ffi::CString::new(target.as_os_str().as_bytes()).map_err(|_| Error::Invalid(format!("mount point {} contains a NUL byte", target.display())))?;
     let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
 
     /// Report a failure of `stage` from a child and end it. Only raw,
@@ -1271,9 +1100,7 @@ pub fn mount_family_proc(pidns: BorrowedFd<'_>, target: &Path) -> Result<()> {
     }
 
     // SAFETY: the caller is single-threaded (documented requirement).
-    let child = match unsafe { sys::fork_with(0) }
-        .map_err(|e| Error::sys("fork to mount family proc", e))?
-    {
+    let child = match unsafe { sys::fork_with(0) }.map_err(|e| Error::sys("fork to mount family proc", e))? {
         Forked::Child => {
             let w = err_w.as_raw_fd();
             // SAFETY: setns on a descriptor we were given.
@@ -1286,15 +1113,7 @@ pub fn mount_family_proc(pidns: BorrowedFd<'_>, target: &Path) -> Result<()> {
                 Ok(Forked::Child) => {
                     let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
                     // SAFETY: all strings are NUL-terminated and outlive the call.
-                    let r = unsafe {
-                        libc::mount(
-                            c"proc".as_ptr(),
-                            target_c.as_ptr(),
-                            c"proc".as_ptr(),
-                            flags,
-                            std::ptr::null(),
-                        )
-                    };
+                    let r = unsafe { libc::mount(c"proc".as_ptr(), target_c.as_ptr(), c"proc".as_ptr(), flags, std::ptr::null()) };
                     if r != 0 {
                         fail(w, MOUNT, Errno::last_raw());
                     }
@@ -1307,11 +1126,7 @@ pub fn mount_family_proc(pidns: BorrowedFd<'_>, target: &Path) -> Result<()> {
                         // SAFETY: waitpid on our own child, writing into a local.
                         let r = unsafe { libc::waitpid(grandchild.as_raw(), &mut status, 0) };
                         if r >= 0 || Errno::last_raw() != libc::EINTR {
-                            break if r > 0 && libc::WIFEXITED(status) {
-                                libc::WEXITSTATUS(status)
-                            } else {
-                                2
-                            };
+                            break if r > 0 && libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 2 };
                         }
                     };
                     // SAFETY: _exit is async-signal-safe.
@@ -1341,9 +1156,7 @@ pub fn mount_family_proc(pidns: BorrowedFd<'_>, target: &Path) -> Result<()> {
     }
     match status {
         nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
-        other => Err(Error::Shim(format!(
-            "family procfs mounter ended with {other:?}"
-        ))),
+        other => Err(Error::Shim(format!("family procfs mounter ended with {other:?}"))),
     }
 }
 
@@ -1379,9 +1192,7 @@ mod tests {
         let mut a: u32 = 0;
         let mut pc = 0usize;
         for _ in 0..=prog.len() {
-            let i = prog
-                .get(pc)
-                .unwrap_or_else(|| panic!("fell off the program at {pc}"));
+            let i = prog.get(pc).unwrap_or_else(|| panic!("fell off the program at {pc}"));
             let code = u32::from(i.code);
             pc += 1;
             match code {
@@ -1441,27 +1252,11 @@ mod tests {
     fn filter_notifies_only_the_owner_setting_fcntls() {
         let fcntl = libc::SYS_fcntl;
         assert_eq!(check(fcntl, [3, F_SETOWN as u64, 42, 0, 0, 0]), NOTIFY);
-        assert_eq!(
-            check(fcntl, [3, F_SETOWN_EX as u64, 0x1000, 0, 0, 0]),
-            NOTIFY
-        );
+        assert_eq!(check(fcntl, [3, F_SETOWN_EX as u64, 0x1000, 0, 0, 0]), NOTIFY);
         // cmd is an unsigned int: the high half is ignored, as by the kernel.
-        assert_eq!(
-            check(fcntl, [3, (1 << 32) | F_SETOWN as u64, 42, 0, 0, 0]),
-            NOTIFY
-        );
-        for cmd in [
-            libc::F_GETFL,
-            libc::F_SETFL,
-            libc::F_GETOWN,
-            libc::F_DUPFD_CLOEXEC,
-            10, /* F_SETSIG */
-        ] {
-            assert_eq!(
-                check(fcntl, [3, cmd as u64, 42, 0, 0, 0]),
-                ALLOW,
-                "cmd {cmd}"
-            );
+        assert_eq!(check(fcntl, [3, (1 << 32) | F_SETOWN as u64, 42, 0, 0, 0]), NOTIFY);
+        for cmd in [libc::F_GETFL, libc::F_SETFL, libc::F_GETOWN, libc::F_DUPFD_CLOEXEC, 10 /* F_SETSIG */] {
+            assert_eq!(check(fcntl, [3, cmd as u64, 42, 0, 0, 0]), ALLOW, "cmd {cmd}");
         }
     }
 
@@ -1488,10 +1283,7 @@ mod tests {
         assert_eq!(check(ioctl, [3, 0x8902, 0, 0, 0, 0]), EPERM);
         assert_eq!(check(ioctl, [3, (7 << 32) | 0x8901, 0, 0, 0, 0]), EPERM);
         assert_eq!(check(ioctl, [3, 0x541b /* FIONREAD */, 0, 0, 0, 0]), ALLOW);
-        assert_eq!(
-            check(ioctl, [3, 0x5413 /* TIOCGWINSZ */, 0, 0, 0, 0]),
-            ALLOW
-        );
+        assert_eq!(check(ioctl, [3, 0x5413 /* TIOCGWINSZ */, 0, 0, 0, 0]), ALLOW);
     }
 
     #[test]
@@ -1540,33 +1332,17 @@ mod tests {
 
     #[test]
     fn filter_leaves_foreign_architectures_to_the_other_filters() {
-        let foreign = if AUDIT_ARCH_NATIVE == AUDIT_ARCH_X86_64 {
-            AUDIT_ARCH_AARCH64
-        } else {
-            AUDIT_ARCH_X86_64
-        };
+        let foreign = if AUDIT_ARCH_NATIVE == AUDIT_ARCH_X86_64 { AUDIT_ARCH_AARCH64 } else { AUDIT_ARCH_X86_64 };
         let prog = repl_filter();
-        assert_eq!(
-            run(&prog, &data(foreign, libc::SYS_kill, [5, 9, 0, 0, 0, 0])),
-            ALLOW
-        );
-        assert_eq!(
-            run(
-                &prog,
-                &data(0x4000_0003, libc::SYS_kill, [5, 9, 0, 0, 0, 0])
-            ),
-            ALLOW
-        );
+        assert_eq!(run(&prog, &data(foreign, libc::SYS_kill, [5, 9, 0, 0, 0, 0])), ALLOW);
+        assert_eq!(run(&prog, &data(0x4000_0003, libc::SYS_kill, [5, 9, 0, 0, 0, 0])), ALLOW);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn filter_refuses_x32_calls() {
         let x32_kill = libc::SYS_kill | X32_SYSCALL_BIT as libc::c_long;
-        assert_eq!(
-            check(x32_kill, [5, 9, 0, 0, 0, 0]),
-            libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32
-        );
+        assert_eq!(check(x32_kill, [5, 9, 0, 0, 0, 0]), libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
     }
 
     #[test]
@@ -1576,16 +1352,10 @@ mod tests {
         for (i, insn) in prog.iter().enumerate() {
             let class = u32::from(insn.code) & 0x07;
             if class == libc::BPF_JMP {
-                assert!(
-                    i + 1 + usize::from(insn.jt.max(insn.jf)) < prog.len(),
-                    "jump out of program at {i}"
-                );
+                assert!(i + 1 + usize::from(insn.jt.max(insn.jf)) < prog.len(), "jump out of program at {i}");
             }
         }
-        assert_eq!(
-            u32::from(prog.last().unwrap().code),
-            libc::BPF_RET | libc::BPF_K
-        );
+        assert_eq!(u32::from(prog.last().unwrap().code), libc::BPF_RET | libc::BPF_K);
     }
 
     // --- vet, against a fake family ------------------------------------------
@@ -1608,12 +1378,7 @@ mod tests {
     }
 
     fn p(pid: i32, member: u64, pgid: i32, is_init: bool) -> FamilyProcess {
-        FamilyProcess {
-            pid,
-            member,
-            pgid,
-            is_init,
-        }
+        FamilyProcess { pid, member, pgid, is_init }
     }
 
     impl Fake {
@@ -1630,31 +1395,9 @@ mod tests {
                 p(40, M2, 40, true),
             ];
             let mut callers = HashMap::new();
-            callers.insert(
-                1010,
-                Caller {
-                    member: M1,
-                    tgid: 10,
-                    pgid: 10,
-                    in_leaf: false,
-                },
-            );
-            callers.insert(
-                1021,
-                Caller {
-                    member: M1,
-                    tgid: 21,
-                    pgid: 21,
-                    in_leaf: true,
-                },
-            );
-            Fake {
-                procs,
-                threads: HashMap::from([(14, M1)]),
-                callers,
-                signalled: RefCell::new(Vec::new()),
-                failing: HashMap::new(),
-            }
+            callers.insert(1010, Caller { member: M1, tgid: 10, pgid: 10, in_leaf: false });
+            callers.insert(1021, Caller { member: M1, tgid: 21, pgid: 21, in_leaf: true });
+            Fake { procs, threads: HashMap::from([(14, M1)]), callers, signalled: RefCell::new(Vec::new()), failing: HashMap::new() }
         }
         fn sent(&self) -> Vec<(i32, i32)> {
             let mut v = self.signalled.borrow().clone();
@@ -1668,11 +1411,7 @@ mod tests {
             self.callers.get(&host_pid).copied()
         }
         fn member_of(&self, pid: i32) -> Option<u64> {
-            self.procs
-                .iter()
-                .find(|p| p.pid == pid)
-                .map(|p| p.member)
-                .or_else(|| self.threads.get(&pid).copied())
+            self.procs.iter().find(|p| p.pid == pid).map(|p| p.member).or_else(|| self.threads.get(&pid).copied())
         }
         fn processes(&self) -> Vec<FamilyProcess> {
             self.procs.clone()
@@ -1692,12 +1431,7 @@ mod tests {
     fn call(nr: libc::c_long, args: &[u64]) -> Notification {
         let mut a = [0u64; 6];
         a[..args.len()].copy_from_slice(args);
-        Notification {
-            id: 7,
-            pid: 1010,
-            nr,
-            args: a,
-        }
+        Notification { id: 7, pid: 1010, nr, args: a }
     }
 
     use Verdict::{Continue, Errno, Return};
@@ -1705,11 +1439,7 @@ mod tests {
     #[test]
     fn unknown_caller_fails_closed() {
         let f = Fake::new();
-        for n in [
-            call(libc::SYS_kill, &[12, 9]),
-            call(libc::SYS_tkill, &[12, 9]),
-            call(libc::SYS_getpid, &[]),
-        ] {
+        for n in [call(libc::SYS_kill, &[12, 9]), call(libc::SYS_tkill, &[12, 9]), call(libc::SYS_getpid, &[])] {
             let n = Notification { pid: 999, ..n };
             assert_eq!(vet(&n, &f), Errno(libc::EPERM));
             assert_eq!(vet(&Notification { pid: 0, ..n }, &f), Errno(libc::EPERM));
@@ -1723,16 +1453,8 @@ mod tests {
         assert_eq!(vet(&call(libc::SYS_kill, &[12, 15]), &f), Return(0));
         assert_eq!(f.sent(), vec![(12, 15)]);
         for other in [11, 30, 40, 1, 99] {
-            assert_eq!(
-                vet(&call(libc::SYS_kill, &[other, 9]), &f),
-                Errno(libc::ESRCH),
-                "pid {other}"
-            );
-            assert_eq!(
-                vet(&call(libc::SYS_kill, &[other, 0]), &f),
-                Errno(libc::ESRCH),
-                "probe {other}"
-            );
+            assert_eq!(vet(&call(libc::SYS_kill, &[other, 9]), &f), Errno(libc::ESRCH), "pid {other}");
+            assert_eq!(vet(&call(libc::SYS_kill, &[other, 0]), &f), Errno(libc::ESRCH), "probe {other}");
         }
         assert_eq!(f.sent(), vec![(12, 15)]);
         // A probe of its own member, its own init and itself.
@@ -1747,10 +1469,7 @@ mod tests {
         let f = Fake::new();
         for sig in [-1i32, 65, 1000] {
             for pid in [12i32, 30, 0, -1, -10] {
-                assert_eq!(
-                    vet(&call(libc::SYS_kill, &[neg(pid), neg(sig)]), &f),
-                    Errno(libc::EINVAL)
-                );
+                assert_eq!(vet(&call(libc::SYS_kill, &[neg(pid), neg(sig)]), &f), Errno(libc::EINVAL));
             }
         }
         assert_eq!(vet(&call(libc::SYS_kill, &[12, 64]), &f), Return(0));
@@ -1783,11 +1502,7 @@ mod tests {
         // Another member's group, an empty group, the family init's group.
         let f = Fake::new();
         for pg in [-40, -77, -1 + -1, i32::MIN] {
-            assert_eq!(
-                vet(&call(libc::SYS_kill, &[neg(pg), 9]), &f),
-                Errno(libc::ESRCH),
-                "group {pg}"
-            );
+            assert_eq!(vet(&call(libc::SYS_kill, &[neg(pg), 9]), &f), Errno(libc::ESRCH), "group {pg}");
         }
         assert!(f.sent().is_empty());
     }
@@ -1802,12 +1517,8 @@ mod tests {
     #[test]
     fn kill_all_with_nobody_else_is_esrch() {
         let mut f = Fake::new();
-        f.procs
-            .retain(|p| p.member != M1 || p.pid == 10 || p.is_init);
-        assert_eq!(
-            vet(&call(libc::SYS_kill, &[neg(-1), 9]), &f),
-            Errno(libc::ESRCH)
-        );
+        f.procs.retain(|p| p.member != M1 || p.pid == 10 || p.is_init);
+        assert_eq!(vet(&call(libc::SYS_kill, &[neg(-1), 9]), &f), Errno(libc::ESRCH));
         assert!(f.sent().is_empty());
     }
 
@@ -1819,16 +1530,10 @@ mod tests {
         assert_eq!(f.sent(), vec![(12, 9), (13, 9), (21, 9)]);
         // Junk in the high half does not change the pid.
         let f = Fake::new();
-        assert_eq!(
-            vet(&call(libc::SYS_kill, &[(5 << 32) | 12, (1 << 40) | 15]), &f),
-            Return(0)
-        );
+        assert_eq!(vet(&call(libc::SYS_kill, &[(5 << 32) | 12, (1 << 40) | 15]), &f), Return(0));
         assert_eq!(f.sent(), vec![(12, 15)]);
         let f = Fake::new();
-        assert_eq!(
-            vet(&call(libc::SYS_kill, &[(5 << 32) | 30, 15]), &f),
-            Errno(libc::ESRCH)
-        );
+        assert_eq!(vet(&call(libc::SYS_kill, &[(5 << 32) | 30, 15]), &f), Errno(libc::ESRCH));
         assert_eq!(vet(&call(libc::SYS_prlimit64, &[1 << 32, 7]), &f), Continue);
     }
 
@@ -1837,54 +1542,18 @@ mod tests {
         let f = Fake::new();
         assert_eq!(vet(&call(libc::SYS_tkill, &[14, 10]), &f), Continue);
         assert_eq!(vet(&call(libc::SYS_tkill, &[12, 10]), &f), Continue);
-        assert_eq!(
-            vet(&call(libc::SYS_tkill, &[30, 10]), &f),
-            Errno(libc::ESRCH)
-        );
-        assert_eq!(
-            vet(&call(libc::SYS_tkill, &[0, 10]), &f),
-            Errno(libc::EINVAL)
-        );
+        assert_eq!(vet(&call(libc::SYS_tkill, &[30, 10]), &f), Errno(libc::ESRCH));
+        assert_eq!(vet(&call(libc::SYS_tkill, &[0, 10]), &f), Errno(libc::EINVAL));
         assert_eq!(vet(&call(libc::SYS_tgkill, &[10, 14, 10]), &f), Continue);
-        assert_eq!(
-            vet(&call(libc::SYS_tgkill, &[30, 30, 9]), &f),
-            Errno(libc::ESRCH)
-        );
+        assert_eq!(vet(&call(libc::SYS_tgkill, &[30, 30, 9]), &f), Errno(libc::ESRCH));
         // The thread decides, the kernel checks it belongs to the tgid.
         assert_eq!(vet(&call(libc::SYS_tgkill, &[30, 12, 9]), &f), Continue);
-        assert_eq!(
-            vet(&call(libc::SYS_tgkill, &[neg(-1), 12, 9]), &f),
-            Errno(libc::EINVAL)
-        );
-        assert_eq!(
-            vet(&call(libc::SYS_rt_sigqueueinfo, &[12, 10, 0x1000]), &f),
-            Continue
-        );
-        assert_eq!(
-            vet(&call(libc::SYS_rt_sigqueueinfo, &[11, 10, 0x1000]), &f),
-            Errno(libc::ESRCH)
-        );
-        assert_eq!(
-            vet(
-                &call(libc::SYS_rt_sigqueueinfo, &[neg(-12), 10, 0x1000]),
-                &f
-            ),
-            Errno(libc::ESRCH)
-        );
-        assert_eq!(
-            vet(
-                &call(libc::SYS_rt_tgsigqueueinfo, &[10, 14, 10, 0x1000]),
-                &f
-            ),
-            Continue
-        );
-        assert_eq!(
-            vet(
-                &call(libc::SYS_rt_tgsigqueueinfo, &[40, 40, 10, 0x1000]),
-                &f
-            ),
-            Errno(libc::ESRCH)
-        );
+        assert_eq!(vet(&call(libc::SYS_tgkill, &[neg(-1), 12, 9]), &f), Errno(libc::EINVAL));
+        assert_eq!(vet(&call(libc::SYS_rt_sigqueueinfo, &[12, 10, 0x1000]), &f), Continue);
+        assert_eq!(vet(&call(libc::SYS_rt_sigqueueinfo, &[11, 10, 0x1000]), &f), Errno(libc::ESRCH));
+        assert_eq!(vet(&call(libc::SYS_rt_sigqueueinfo, &[neg(-12), 10, 0x1000]), &f), Errno(libc::ESRCH));
+        assert_eq!(vet(&call(libc::SYS_rt_tgsigqueueinfo, &[10, 14, 10, 0x1000]), &f), Continue);
+        assert_eq!(vet(&call(libc::SYS_rt_tgsigqueueinfo, &[40, 40, 10, 0x1000]), &f), Errno(libc::ESRCH));
         assert!(f.sent().is_empty());
     }
 
@@ -1902,25 +1571,14 @@ mod tests {
         assert_eq!(own(-40), Errno(libc::ESRCH));
         assert_eq!(own(-77), Errno(libc::ESRCH));
         assert_eq!(own(i32::MIN), Errno(libc::EINVAL));
-        assert_eq!(
-            vet(
-                &call(libc::SYS_fcntl, &[3, F_SETOWN_EX as u64, 0x7ff0_0000]),
-                &f
-            ),
-            Errno(libc::EPERM)
-        );
-        assert_eq!(
-            vet(&call(libc::SYS_fcntl, &[3, libc::F_GETFL as u64]), &f),
-            Continue
-        );
+        assert_eq!(vet(&call(libc::SYS_fcntl, &[3, F_SETOWN_EX as u64, 0x7ff0_0000]), &f), Errno(libc::EPERM));
+        assert_eq!(vet(&call(libc::SYS_fcntl, &[3, libc::F_GETFL as u64]), &f), Continue);
     }
 
     #[test]
     fn priorities_only_in_process_scope_inside_the_member() {
         let f = Fake::new();
-        let sp = |which: i32, who: i32| {
-            vet(&call(libc::SYS_setpriority, &[neg(which), neg(who), 5]), &f)
-        };
+        let sp = |which: i32, who: i32| vet(&call(libc::SYS_setpriority, &[neg(which), neg(who), 5]), &f);
         assert_eq!(sp(0, 0), Continue);
         assert_eq!(sp(0, 12), Continue);
         assert_eq!(sp(0, 14), Continue);
@@ -1930,12 +1588,7 @@ mod tests {
         assert_eq!(sp(1, 10), Errno(libc::EPERM));
         assert_eq!(sp(2, 0), Errno(libc::EPERM));
         assert_eq!(sp(9, 0), Errno(libc::EPERM));
-        let io = |which: i32, who: i32| {
-            vet(
-                &call(libc::SYS_ioprio_set, &[neg(which), neg(who), 0x4004]),
-                &f,
-            )
-        };
+        let io = |which: i32, who: i32| vet(&call(libc::SYS_ioprio_set, &[neg(which), neg(who), 0x4004]), &f);
         assert_eq!(io(1, 12), Continue);
         assert_eq!(io(1, 40), Errno(libc::ESRCH));
         assert_eq!(io(2, 10), Errno(libc::EPERM));
@@ -1953,34 +1606,19 @@ mod tests {
             assert_eq!(vet(&call(nr, &[40, 7]), &f), Errno(libc::ESRCH), "nr {nr}");
             assert_eq!(vet(&call(nr, &[1, 7]), &f), Errno(libc::ESRCH), "nr {nr}");
             let negative = vet(&call(nr, &[neg(-4), 7]), &f);
-            assert!(
-                negative == Errno(libc::ESRCH) || negative == Errno(libc::EINVAL),
-                "nr {nr}: {negative:?}"
-            );
+            assert!(negative == Errno(libc::ESRCH) || negative == Errno(libc::EINVAL), "nr {nr}: {negative:?}");
         }
-        assert_eq!(
-            vet(&call(libc::SYS_sched_setscheduler, &[neg(-4), 0, 0]), &f),
-            Errno(libc::EINVAL)
-        );
-        assert_eq!(
-            vet(&call(libc::SYS_prlimit64, &[neg(-4), 7]), &f),
-            Errno(libc::ESRCH)
-        );
+        assert_eq!(vet(&call(libc::SYS_sched_setscheduler, &[neg(-4), 0, 0]), &f), Errno(libc::EINVAL));
+        assert_eq!(vet(&call(libc::SYS_prlimit64, &[neg(-4), 7]), &f), Errno(libc::ESRCH));
     }
 
     #[test]
     fn leaf_callers_and_other_calls_continue() {
         let f = Fake::new();
         let leaf = |n: Notification| Notification { pid: 1021, ..n };
-        assert_eq!(
-            vet(&leaf(call(libc::SYS_kill, &[neg(-1), 9])), &f),
-            Continue
-        );
+        assert_eq!(vet(&leaf(call(libc::SYS_kill, &[neg(-1), 9])), &f), Continue);
         assert_eq!(vet(&leaf(call(libc::SYS_kill, &[3, 9])), &f), Continue);
-        assert_eq!(
-            vet(&leaf(call(libc::SYS_setpriority, &[2, 0, 5])), &f),
-            Continue
-        );
+        assert_eq!(vet(&leaf(call(libc::SYS_setpriority, &[2, 0, 5])), &f), Continue);
         assert_eq!(vet(&call(libc::SYS_getpid, &[]), &f), Continue);
         assert!(f.sent().is_empty());
     }
@@ -1989,10 +1627,7 @@ mod tests {
 
     #[test]
     fn parses_procfs() {
-        assert_eq!(
-            parse_ns_inode(OsStr::new("mnt:[4026531841]")),
-            Some(4_026_531_841)
-        );
+        assert_eq!(parse_ns_inode(OsStr::new("mnt:[4026531841]")), Some(4_026_531_841));
         assert_eq!(parse_ns_inode(OsStr::new("mnt:[]")), None);
         assert_eq!(parse_ns_inode(OsStr::new("/dev/null")), None);
         let stat = "1234 (a) b) (c 9) S 1 77 77 0 -1 4194560 100 0 0 0";
@@ -2022,18 +1657,9 @@ mod tests {
         assert_eq!(caller.tgid, me);
         // SAFETY: getpgrp has no preconditions.
         assert_eq!(caller.pgid, unsafe { libc::getpgrp() });
-        assert!(view
-            .processes()
-            .iter()
-            .any(|p| p.pid == me && p.member == mine));
-        assert_eq!(
-            view.signal(me, mine, 0).map_err(|e| e.raw_os_error()),
-            Ok(())
-        );
-        assert_eq!(
-            view.signal(me, mine + 1, 0).map_err(|e| e.raw_os_error()),
-            Err(Some(libc::ESRCH))
-        );
+        assert!(view.processes().iter().any(|p| p.pid == me && p.member == mine));
+        assert_eq!(view.signal(me, mine, 0).map_err(|e| e.raw_os_error()), Ok(()));
+        assert_eq!(view.signal(me, mine + 1, 0).map_err(|e| e.raw_os_error()), Err(Some(libc::ESRCH)));
         assert_eq!(view.member_of(-3), None);
     }
 }

@@ -243,20 +243,11 @@ fn compile_for(arch: TargetArch) -> Result<SeccompPolicy, PolicyError> {
         TargetArch::riscv64 => return Err(PolicyError::UnsupportedArch("riscv64")),
     };
     let json = with_repl_filter(&json)?;
-    let mut map =
-        seccompiler::compile_from_json(json.as_bytes(), arch).map_err(PolicyError::Compile)?;
-    let member = map
-        .remove(MEMBER_FILTER)
-        .ok_or(PolicyError::MissingFilter(MEMBER_FILTER))?;
-    let member_enosys = map
-        .remove(MEMBER_ENOSYS_FILTER)
-        .ok_or(PolicyError::MissingFilter(MEMBER_ENOSYS_FILTER))?;
+    let mut map = seccompiler::compile_from_json(json.as_bytes(), arch).map_err(PolicyError::Compile)?;
+    let member = map.remove(MEMBER_FILTER).ok_or(PolicyError::MissingFilter(MEMBER_FILTER))?;
+    let member_enosys = map.remove(MEMBER_ENOSYS_FILTER).ok_or(PolicyError::MissingFilter(MEMBER_ENOSYS_FILTER))?;
     let repl = map.remove(REPL_FILTER).ok_or(PolicyError::MissingFilter(REPL_FILTER))?;
-    Ok(SeccompPolicy {
-        member,
-        member_enosys,
-        repl,
-    })
+    Ok(SeccompPolicy { member, member_enosys, repl })
 }
 
 /// Drops every rule naming one of `names` from every filter of a policy.
@@ -265,11 +256,7 @@ fn without_syscalls(json: &str, names: &[&str]) -> Result<String, PolicyError> {
     if let Some(filters) = doc.as_object_mut() {
         for filter in filters.values_mut() {
             if let Some(rules) = filter.get_mut("filter").and_then(|r| r.as_array_mut()) {
-                rules.retain(|rule| {
-                    rule.get("syscall")
-                        .and_then(|s| s.as_str())
-                        .is_none_or(|s| !names.contains(&s))
-                });
+                rules.retain(|rule| rule.get("syscall").and_then(|s| s.as_str()).is_none_or(|s| !names.contains(&s)));
             }
         }
     }
@@ -287,14 +274,8 @@ fn without_syscalls(json: &str, names: &[&str]) -> Result<String, PolicyError> {
 /// the `member` allow-list, so the second filter can be installed under the
 /// first.
 pub fn install(p: &SeccompPolicy) -> Result<(), PolicyError> {
-    seccompiler::apply_filter(&p.member).map_err(|source| PolicyError::Install {
-        name: MEMBER_FILTER,
-        source,
-    })?;
-    seccompiler::apply_filter(&p.member_enosys).map_err(|source| PolicyError::Install {
-        name: MEMBER_ENOSYS_FILTER,
-        source,
-    })
+    seccompiler::apply_filter(&p.member).map_err(|source| PolicyError::Install { name: MEMBER_FILTER, source })?;
+    seccompiler::apply_filter(&p.member_enosys).map_err(|source| PolicyError::Install { name: MEMBER_ENOSYS_FILTER, source })
 }
 
 #[derive(Deserialize)]
@@ -322,10 +303,7 @@ fn parse_capabilities(text: &str) -> Result<Vec<caps::Capability>, PolicyError> 
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(file.capability.len());
     for entry in file.capability {
-        let cap: caps::Capability = entry
-            .name
-            .parse()
-            .map_err(|_| PolicyError::UnknownCapability(entry.name.clone()))?;
+        let cap: caps::Capability = entry.name.parse().map_err(|_| PolicyError::UnknownCapability(entry.name.clone()))?;
         if FORBIDDEN_CAPABILITIES.contains(&cap) {
             return Err(PolicyError::ForbiddenCapability(entry.name));
         }
@@ -426,10 +404,7 @@ mod tests {
     }
 
     fn names(filter: &str) -> HashSet<String> {
-        rules(filter)
-            .iter()
-            .map(|r| r["syscall"].as_str().unwrap().to_owned())
-            .collect()
+        rules(filter).iter().map(|r| r["syscall"].as_str().unwrap().to_owned()).collect()
     }
 
     #[test]
@@ -474,10 +449,7 @@ mod tests {
         for name in MUST_DENY {
             assert!(!member.contains(*name), "{name} is on the allow-list");
         }
-        assert_eq!(
-            names(MEMBER_ENOSYS_FILTER),
-            HashSet::from(["clone3".to_owned()])
-        );
+        assert_eq!(names(MEMBER_ENOSYS_FILTER), HashSet::from(["clone3".to_owned()]));
     }
 
     #[test]
@@ -491,10 +463,7 @@ mod tests {
             | libc::CLONE_NEWCGROUP
             | 0x80; // CLONE_NEWTIME
         assert_eq!(ns, 0x7E02_0080);
-        let clone: Vec<_> = rules(MEMBER_FILTER)
-            .into_iter()
-            .filter(|r| r["syscall"] == "clone")
-            .collect();
+        let clone: Vec<_> = rules(MEMBER_FILTER).into_iter().filter(|r| r["syscall"] == "clone").collect();
         assert_eq!(clone.len(), 1, "clone must have exactly one rule");
         let args = clone[0]["args"].as_array().expect("clone is conditional");
         assert_eq!(args.len(), 1);
@@ -540,26 +509,11 @@ mod tests {
     #[test]
     fn capability_file_is_validated() {
         let one = |name: &str| format!("[[capability]]\nname = \"{name}\"\nwhy = \"x\"\n");
-        assert!(matches!(
-            parse_capabilities(&one("CAP_FLY")),
-            Err(PolicyError::UnknownCapability(_))
-        ));
-        assert!(matches!(
-            parse_capabilities(&one("CAP_SYS_ADMIN")),
-            Err(PolicyError::ForbiddenCapability(_))
-        ));
-        assert!(matches!(
-            parse_capabilities(&(one("CAP_KILL") + &one("CAP_KILL"))),
-            Err(PolicyError::DuplicateCapability(_))
-        ));
-        assert!(matches!(
-            parse_capabilities("[[capability]]\nname = \"CAP_KILL\"\nwhy = \" \"\n"),
-            Err(PolicyError::MissingReason(_))
-        ));
-        assert!(matches!(
-            parse_capabilities("[[capability]]\nname = \"CAP_KILL\"\n"),
-            Err(PolicyError::Toml(_))
-        ));
+        assert!(matches!(parse_capabilities(&one("CAP_FLY")), Err(PolicyError::UnknownCapability(_))));
+        assert!(matches!(parse_capabilities(&one("CAP_SYS_ADMIN")), Err(PolicyError::ForbiddenCapability(_))));
+        assert!(matches!(parse_capabilities(&(one("CAP_KILL") + &one("CAP_KILL"))), Err(PolicyError::DuplicateCapability(_))));
+        assert!(matches!(parse_capabilities("[[capability]]\nname = \"CAP_KILL\"\nwhy = \" \"\n"), Err(PolicyError::MissingReason(_))));
+        assert!(matches!(parse_capabilities("[[capability]]\nname = \"CAP_KILL\"\n"), Err(PolicyError::Toml(_))));
     }
 
     const CHILD_ENV: &str = "FORKBOX_POLICY_ENFORCEMENT_CHILD";
@@ -569,10 +523,7 @@ mod tests {
     #[test]
     fn installed_policy_is_enforced() {
         let module = module_path!();
-        let test = format!(
-            "{}::enforcement_child",
-            module.split_once("::").map_or(module, |(_, rest)| rest)
-        );
+        let test = format!("{}::enforcement_child", module.split_once("::").map_or(module, |(_, rest)| rest));
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, "1")
@@ -580,19 +531,9 @@ mod tests {
             .expect("re-exec the test binary");
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "child failed ({}):\n{stdout}\n{stderr}",
-            out.status
-        );
-        assert!(
-            stdout.contains("1 passed"),
-            "child did not run the test:\n{stdout}\n{stderr}"
-        );
-        assert!(
-            stdout.contains("policy enforcement checks done"),
-            "child skipped the checks:\n{stdout}\n{stderr}"
-        );
+        assert!(out.status.success(), "child failed ({}):\n{stdout}\n{stderr}", out.status);
+        assert!(stdout.contains("1 passed"), "child did not run the test:\n{stdout}\n{stderr}");
+        assert!(stdout.contains("policy enforcement checks done"), "child skipped the checks:\n{stdout}\n{stderr}");
     }
 
     fn errno() -> i32 {
@@ -609,13 +550,7 @@ mod tests {
     }
 
     /// Calls `nr` and records a failure unless it fails with `want`.
-    fn expect_err(
-        what: &str,
-        nr: libc::c_long,
-        args: &[libc::c_long],
-        want: i32,
-        failures: &mut Vec<String>,
-    ) {
+    fn expect_err(what: &str, nr: libc::c_long, args: &[libc::c_long], want: i32, failures: &mut Vec<String>) {
         let ret = sys(nr, args);
         let e = errno();
         if ret == 0 && nr == libc::SYS_clone {
@@ -625,9 +560,7 @@ mod tests {
             unsafe { libc::_exit(0) };
         }
         if ret != -1 || e != want {
-            failures.push(format!(
-                "{what}: got ret={ret} errno={e}, want errno {want}"
-            ));
+            failures.push(format!("{what}: got ret={ret} errno={e}, want errno {want}"));
         }
     }
 
@@ -659,106 +592,43 @@ mod tests {
         // capability check).
         expect_err("mount", libc::SYS_mount, &[bad, bad, bad, 0, 0], EPERM, f);
         expect_err("umount2", libc::SYS_umount2, &[bad, 0], EPERM, f);
-        expect_err(
-            "unshare(CLONE_NEWUSER)",
-            libc::SYS_unshare,
-            &[libc::CLONE_NEWUSER as L],
-            EPERM,
-            f,
-        );
+        expect_err("unshare(CLONE_NEWUSER)", libc::SYS_unshare, &[libc::CLONE_NEWUSER as L], EPERM, f);
         // Unfiltered: succeeds.
         expect_err("unshare(0)", libc::SYS_unshare, &[0], EPERM, f);
         expect_err("setns", libc::SYS_setns, &[-1, 0], EPERM, f);
         // Unfiltered: EINVAL (size 0 is below CLONE_ARGS_SIZE_VER0).
         expect_err("clone3", libc::SYS_clone3, &[0, 0], libc::ENOSYS, f);
         let ns_clone = (libc::CLONE_NEWUSER | libc::SIGCHLD) as L;
-        expect_err(
-            "clone(CLONE_NEWUSER)",
-            libc::SYS_clone,
-            &[ns_clone, 0, 0, 0, 0],
-            EPERM,
-            f,
-        );
+        expect_err("clone(CLONE_NEWUSER)", libc::SYS_clone, &[ns_clone, 0, 0, 0, 0], EPERM, f);
         let ns_clone = (libc::CLONE_NEWNET | libc::SIGCHLD) as L;
-        expect_err(
-            "clone(CLONE_NEWNET)",
-            libc::SYS_clone,
-            &[ns_clone, 0, 0, 0, 0],
-            EPERM,
-            f,
-        );
+        expect_err("clone(CLONE_NEWNET)", libc::SYS_clone, &[ns_clone, 0, 0, 0, 0], EPERM, f);
         // Unfiltered: succeeds (we would become traced by our parent).
-        expect_err(
-            "ptrace(PTRACE_TRACEME)",
-            libc::SYS_ptrace,
-            &[libc::PTRACE_TRACEME as L],
-            EPERM,
-            f,
-        );
+        expect_err("ptrace(PTRACE_TRACEME)", libc::SYS_ptrace, &[libc::PTRACE_TRACEME as L], EPERM, f);
         // Unfiltered: EOPNOTSUPP (unknown operation).
         expect_err("keyctl", libc::SYS_keyctl, &[0x7fff], EPERM, f);
         expect_err("add_key", libc::SYS_add_key, &[bad, bad, 0, 0, 0], EPERM, f);
         expect_err("bpf", libc::SYS_bpf, &[0x7fff, 0, 0], EPERM, f);
-        expect_err(
-            "perf_event_open",
-            libc::SYS_perf_event_open,
-            &[0, 0, -1, -1, 0],
-            EPERM,
-            f,
-        );
+        expect_err("perf_event_open", libc::SYS_perf_event_open, &[0, 0, -1, -1, 0], EPERM, f);
         expect_err("userfaultfd", libc::SYS_userfaultfd, &[0], EPERM, f);
-        expect_err(
-            "io_uring_setup",
-            libc::SYS_io_uring_setup,
-            &[0, 0],
-            EPERM,
-            f,
-        );
-        expect_err(
-            "process_vm_readv",
-            libc::SYS_process_vm_readv,
-            &[1, 0, 0, 0, 0, 0],
-            EPERM,
-            f,
-        );
+        expect_err("io_uring_setup", libc::SYS_io_uring_setup, &[0, 0], EPERM, f);
+        expect_err("process_vm_readv", libc::SYS_process_vm_readv, &[1, 0, 0, 0, 0, 0], EPERM, f);
         expect_err("pidfd_getfd", libc::SYS_pidfd_getfd, &[-1, 0, 0], EPERM, f);
         expect_err("memfd_secret", libc::SYS_memfd_secret, &[0], EPERM, f);
         expect_err("fsopen", libc::SYS_fsopen, &[bad, 0], EPERM, f);
         expect_err("open_tree", libc::SYS_open_tree, &[-1, bad, 0], EPERM, f);
         expect_err("init_module", libc::SYS_init_module, &[0, 0, 0], EPERM, f);
-        expect_err(
-            "set_mempolicy",
-            libc::SYS_set_mempolicy,
-            &[0, 0, 0],
-            EPERM,
-            f,
-        );
-        expect_err(
-            "name_to_handle_at",
-            libc::SYS_name_to_handle_at,
-            &[-1, bad, bad, bad, 0],
-            EPERM,
-            f,
-        );
+        expect_err("set_mempolicy", libc::SYS_set_mempolicy, &[0, 0, 0], EPERM, f);
+        expect_err("name_to_handle_at", libc::SYS_name_to_handle_at, &[-1, bad, bad, bad, 0], EPERM, f);
 
         // personality: queries and Docker's values pass, others do not.
         if sys(libc::SYS_personality, &[0xffff_ffff]) < 0 {
             f.push(format!("personality(query): errno {}", errno()));
         }
         let pers = libc::ADDR_NO_RANDOMIZE as L;
-        expect_err(
-            "personality(ADDR_NO_RANDOMIZE)",
-            libc::SYS_personality,
-            &[pers],
-            EPERM,
-            f,
-        );
+        expect_err("personality(ADDR_NO_RANDOMIZE)", libc::SYS_personality, &[pers], EPERM, f);
 
         // socket: AF_UNIX allowed, AF_VSOCK refused.
-        let fd = sys(
-            libc::SYS_socket,
-            &[libc::AF_UNIX as L, libc::SOCK_STREAM as L, 0],
-        );
+        let fd = sys(libc::SYS_socket, &[libc::AF_UNIX as L, libc::SOCK_STREAM as L, 0]);
         if fd < 0 {
             f.push(format!("socket(AF_UNIX): errno {}", errno()));
         } else {
@@ -776,24 +646,9 @@ mod tests {
             let c = 0u8;
             let sti = [fd, libc::TIOCSTI as L, &c as *const u8 as L];
             expect_err("ioctl(TIOCSTI)", libc::SYS_ioctl, &sti, EPERM, f);
-            let mut ws = libc::winsize {
-                ws_row: 0,
-                ws_col: 0,
-                ws_xpixel: 0,
-                ws_ypixel: 0,
-            };
-            let gwinsz = [
-                fd,
-                libc::TIOCGWINSZ as L,
-                &mut ws as *mut libc::winsize as L,
-            ];
-            expect_err(
-                "ioctl(TIOCGWINSZ)",
-                libc::SYS_ioctl,
-                &gwinsz,
-                libc::ENOTTY,
-                f,
-            );
+            let mut ws = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
+            let gwinsz = [fd, libc::TIOCGWINSZ as L, &mut ws as *mut libc::winsize as L];
+            expect_err("ioctl(TIOCGWINSZ)", libc::SYS_ioctl, &gwinsz, libc::ENOTTY, f);
             sys(libc::SYS_close, &[fd]);
         }
 

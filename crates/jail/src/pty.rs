@@ -42,15 +42,17 @@ impl SandboxFs {
         // Not NO_XDEV: ptmx lives on the devpts mount, which is the point.
         let resolve = ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_SYMLINKS;
         let flags = OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC | OFlags::NONBLOCK;
-        let master = rustix::fs::openat2(self.root(), "dev/pts/ptmx", flags, Mode::empty(), resolve).map_err(|e| Error::io("open the sandbox's /dev/pts/ptmx", e.into()))?;
+        let master = rustix::fs::openat2(self.root(), "dev/pts/ptmx", flags, Mode::empty(), resolve)
+            .map_err(|e| Error::io("open the sandbox's /dev/pts/ptmx", e.into()))?;
         // Whatever sits at that path must really be a devpts multiplexer.
         let fs = rustix::fs::fstatfs(&master).map_err(|e| Error::io("statfs ptmx", e.into()))?;
         if fs.f_type as i64 != DEVPTS_SUPER_MAGIC {
             return Err(Error::Invalid("the sandbox's /dev/pts/ptmx is not on devpts".into()));
         }
         rustix::pty::unlockpt(&master).map_err(|e| Error::io("unlockpt", e.into()))?;
-        let slave = rustix::pty::ioctl_tiocgptpeer(&master, rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY | rustix::pty::OpenptFlags::CLOEXEC)
-            .map_err(|e| Error::io("open the terminal's peer", e.into()))?;
+        let slave =
+            rustix::pty::ioctl_tiocgptpeer(&master, rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY | rustix::pty::OpenptFlags::CLOEXEC)
+                .map_err(|e| Error::io("open the terminal's peer", e.into()))?;
         let (uid, gid) = self.root_ids();
         rustix::fs::fchown(&slave, Some(rustix::fs::Uid::from_raw(uid)), Some(rustix::fs::Gid::from_raw(gid + TTY_GID)))
             .and_then(|_| rustix::fs::fchmod(&slave, Mode::from_raw_mode(0o620)))

@@ -71,16 +71,7 @@ pub fn move_mount_to(tree: BorrowedFd<'_>, target: &Path) -> nix::Result<()> {
     let t = cstr(target)?;
     let empty = c"";
     // SAFETY: both strings are valid for the duration of the call.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            libc::MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    })?;
+    check(unsafe { libc::syscall(libc::SYS_move_mount, tree.as_raw_fd(), empty.as_ptr(), libc::AT_FDCWD, t.as_ptr(), libc::MOVE_MOUNT_F_EMPTY_PATH) })?;
     Ok(())
 }
 
@@ -95,9 +86,7 @@ pub fn pidfd_open(pid: Pid) -> nix::Result<OwnedFd> {
 /// Send `signal` through a pidfd (race-free against pid reuse).
 pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: nix::sys::signal::Signal) -> nix::Result<()> {
     // SAFETY: plain syscall; a null siginfo means "as kill(2) would".
-    check(unsafe {
-        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal as libc::c_int, std::ptr::null::<libc::siginfo_t>(), 0)
-    })?;
+    check(unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal as libc::c_int, std::ptr::null::<libc::siginfo_t>(), 0) })?;
     Ok(())
 }
 
@@ -125,9 +114,7 @@ pub enum Forked {
 pub unsafe fn fork_with(flags: libc::c_int) -> nix::Result<Forked> {
     // SAFETY: the caller upholds fork's contract; a null stack with no CLONE_VM
     // makes clone behave like fork.
-    let ret = check(unsafe {
-        libc::syscall(libc::SYS_clone, (flags | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize)
-    })?;
+    let ret = check(unsafe { libc::syscall(libc::SYS_clone, (flags | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) })?;
     Ok(if ret == 0 { Forked::Child } else { Forked::Parent(Pid::from_raw(ret as i32)) })
 }
 
@@ -265,12 +252,8 @@ pub fn set_time_slice(pid: i32, slice: std::time::Duration) -> std::io::Result<(
 /// exec through it are not held up either).
 pub fn set_thread_time_slice(tid: i32, slice: std::time::Duration) -> std::io::Result<()> {
     const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
-    let attr = SchedAttr {
-        size: std::mem::size_of::<SchedAttr>() as u32,
-        flags: SCHED_FLAG_RESET_ON_FORK,
-        runtime: slice.as_nanos() as u64,
-        ..Default::default()
-    };
+    let attr =
+        SchedAttr { size: std::mem::size_of::<SchedAttr>() as u32, flags: SCHED_FLAG_RESET_ON_FORK, runtime: slice.as_nanos() as u64, ..Default::default() };
     // SAFETY: `attr` is a valid sched_attr of the size it declares.
     check(unsafe { libc::syscall(libc::SYS_sched_setattr, tid, &attr as *const SchedAttr, 0) }).map_err(std::io::Error::from)?;
     Ok(())

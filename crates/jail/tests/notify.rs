@@ -112,20 +112,11 @@ fn a_repl_reaches_only_its_own_member() {
             }
             let status = waitpid(child, None).expect("wait for supervisor");
             let lines: Vec<&str> = text.lines().collect();
-            let failed: Vec<&&str> = lines
-                .iter()
-                .filter(|l| !l.starts_with("ok ") && **l != "END")
-                .collect();
+            let failed: Vec<&&str> = lines.iter().filter(|l| !l.starts_with("ok ") && **l != "END").collect();
             assert!(!timed_out, "timed out; report so far:\n{text}");
-            assert!(
-                failed.is_empty(),
-                "failures: {failed:#?}\nfull report:\n{text}"
-            );
+            assert!(failed.is_empty(), "failures: {failed:#?}\nfull report:\n{text}");
             for name in CHECKS {
-                assert!(
-                    lines.iter().any(|l| l.strip_prefix("ok ") == Some(name)),
-                    "check {name} missing:\n{text}"
-                );
+                assert!(lines.iter().any(|l| l.strip_prefix("ok ") == Some(name)), "check {name} missing:\n{text}");
             }
             assert_eq!(lines.last(), Some(&"END"), "{text}");
             assert_eq!(status, WaitStatus::Exited(child, 0), "{text}");
@@ -139,23 +130,13 @@ fn a_repl_reaches_only_its_own_member() {
 
 fn supervisor(proc_dir: &Path, report: RawFd) -> Result<(), String> {
     use nix::mount::{mount, umount2, MntFlags, MsFlags};
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-        .map_err(|e| format!("unshare mount ns: {e}"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| format!("make / private: {e}"))?;
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare mount ns: {e}"))?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).map_err(|e| format!("make / private: {e}"))?;
     let (ctl_s, ctl_a) = channel::pair().map_err(|e| e.to_string())?;
     let (info_r, info_w) = nix::unistd::pipe().map_err(|e| e.to_string())?;
 
     // SAFETY: this process is single-threaded (a fork of the test).
-    let reaper_pid = match unsafe { sys::fork_with(libc::CLONE_NEWPID) }
-        .map_err(|e| format!("clone family: {e}"))?
-    {
+    let reaper_pid = match unsafe { sys::fork_with(libc::CLONE_NEWPID) }.map_err(|e| format!("clone family: {e}"))? {
         Forked::Child => {
             drop(ctl_s);
             drop(info_r);
@@ -172,19 +153,10 @@ fn supervisor(proc_dir: &Path, report: RawFd) -> Result<(), String> {
     result
 }
 
-fn serve(
-    proc_dir: &Path,
-    reaper: Pid,
-    ctl: &OwnedFd,
-    info: &OwnedFd,
-    report: RawFd,
-) -> Result<(), String> {
-    let pidns = fs::File::open(format!("/proc/{reaper}/ns/pid"))
-        .map_err(|e| format!("open family pid ns: {e}"))?;
-    notify::mount_family_proc(pidns.as_fd(), proc_dir)
-        .map_err(|e| format!("mount family proc: {e}"))?;
-    let view = ProcFamilyView::for_reaper(proc_dir, reaper.as_raw())
-        .map_err(|e| format!("family view: {e}"))?;
+fn serve(proc_dir: &Path, reaper: Pid, ctl: &OwnedFd, info: &OwnedFd, report: RawFd) -> Result<(), String> {
+    let pidns = fs::File::open(format!("/proc/{reaper}/ns/pid")).map_err(|e| format!("open family pid ns: {e}"))?;
+    notify::mount_family_proc(pidns.as_fd(), proc_dir).map_err(|e| format!("mount family proc: {e}"))?;
+    let view = ProcFamilyView::for_reaper(proc_dir, reaper.as_raw()).map_err(|e| format!("family view: {e}"))?;
 
     // The family pids of B and A, from the reaper.
     if !readable(info.as_fd(), STEP) {
@@ -193,24 +165,14 @@ fn serve(
     let mut buf = [0u8; 64];
     let n = nix::unistd::read(info, &mut buf).map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&buf[..n]).to_string();
-    let b: i32 = text
-        .split_whitespace()
-        .next()
-        .and_then(|s| s.parse().ok())
-        .ok_or(format!("bad info {text:?}"))?;
+    let b: i32 = text.split_whitespace().next().and_then(|s| s.parse().ok()).ok_or(format!("bad info {text:?}"))?;
 
     // The listener, from A.
     if !readable(ctl.as_fd(), STEP) {
         return Err("no listener from A".into());
     }
-    let got = channel::recv::<String>(ctl.as_fd())
-        .map_err(|e| e.to_string())?
-        .ok_or("A closed the channel")?;
-    let fd = got
-        .fds
-        .into_iter()
-        .next()
-        .ok_or("no listener fd attached")?;
+    let got = channel::recv::<String>(ctl.as_fd()).map_err(|e| e.to_string())?.ok_or("A closed the channel")?;
+    let fd = got.fds.into_iter().next().ok_or("no listener fd attached")?;
     let listener = Listener::new(fd).map_err(|e| format!("listener: {e}"))?;
 
     // Serve until nobody uses the filter any more (A has exited and been reaped).
@@ -218,15 +180,9 @@ fn serve(
     let mut answered = 0;
     loop {
         if start.elapsed() > SERVE_DEADLINE {
-            return Err(format!(
-                "A did not finish within {SERVE_DEADLINE:?} ({answered} calls answered)"
-            ));
+            return Err(format!("A did not finish within {SERVE_DEADLINE:?} ({answered} calls answered)"));
         }
-        let mut pfd = libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut pfd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd.
         let r = unsafe { libc::poll(&mut pfd, 1, 200) };
         if r < 0 {
@@ -248,32 +204,17 @@ fn serve(
     }
     say(report, "ok supervisor-answered");
     if answered < 20 {
-        say(
-            report,
-            &format!("FAIL supervisor-answered only {answered} calls"),
-        );
+        say(report, &format!("FAIL supervisor-answered only {answered} calls"));
     }
-    check(
-        report,
-        "other-member-survived",
-        alive(proc_dir, b),
-        format!("B ({b}) is gone"),
-    );
-    check(
-        report,
-        "family-init-survived",
-        alive(proc_dir, 1),
-        "the reaper is gone",
-    );
+    check(report, "other-member-survived", alive(proc_dir, b), format!("B ({b}) is gone"));
+    check(report, "family-init-survived", alive(proc_dir, 1), "the reaper is gone");
     Ok(())
 }
 
 /// Whether family pid `pid` is a live (not zombie) process.
 fn alive(proc_dir: &Path, pid: i32) -> bool {
     match fs::read_to_string(proc_dir.join(pid.to_string()).join("stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
         Err(_) => false,
     }
 }
@@ -314,9 +255,7 @@ fn reaper(ctl_a: OwnedFd, info: OwnedFd, report: RawFd) -> ! {
     let _ = nix::unistd::write(&go_w, b"g");
     loop {
         match waitpid(Pid::from_raw(-1), None) {
-            Ok(status) if status.pid() == Some(b) => {
-                say(report, &format!("FAIL B ended: {status:?}"))
-            }
+            Ok(status) if status.pid() == Some(b) => say(report, &format!("FAIL B ended: {status:?}")),
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
@@ -398,9 +337,7 @@ fn ended(pid: i32, within: Duration) -> Option<WaitStatus> {
     let start = Instant::now();
     loop {
         match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) if start.elapsed() < within => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
+            Ok(WaitStatus::StillAlive) if start.elapsed() < within => std::thread::sleep(Duration::from_millis(10)),
             Ok(WaitStatus::StillAlive) => return None,
             Ok(s) => return Some(s),
             Err(_) => return None,
@@ -420,15 +357,8 @@ fn repl_a(b: i32, ctl: &OwnedFd, go: &OwnedFd, report: RawFd) -> i32 {
     if !readable(go.as_fd(), STEP) {
         fatal(report, "A: no go from the reaper");
     }
-    for (sig, handler) in [
-        (Signal::SIGUSR1, on_usr1 as extern "C" fn(libc::c_int)),
-        (Signal::SIGUSR2, on_usr2),
-    ] {
-        let act = SigAction::new(
-            SigHandler::Handler(handler),
-            SaFlags::empty(),
-            SigSet::empty(),
-        );
+    for (sig, handler) in [(Signal::SIGUSR1, on_usr1 as extern "C" fn(libc::c_int)), (Signal::SIGUSR2, on_usr2)] {
+        let act = SigAction::new(SigHandler::Handler(handler), SaFlags::empty(), SigSet::empty());
         // SAFETY: the handlers only touch atomics.
         if let Err(e) = unsafe { sigaction(sig, &act) } {
             fatal(report, &format!("A: sigaction: {e}"));
@@ -437,13 +367,8 @@ fn repl_a(b: i32, ctl: &OwnedFd, go: &OwnedFd, report: RawFd) -> i32 {
     if let Err(e) = sys::set_no_new_privs() {
         fatal(report, &format!("A: no_new_privs: {e}"));
     }
-    let listener = notify::install_with_listener(&notify::repl_filter())
-        .unwrap_or_else(|e| fatal(report, &format!("A: install filter: {e}")));
-    if let Err(e) = channel::send(
-        ctl.as_fd(),
-        &"listener".to_string(),
-        &[listener.as_raw_fd()],
-    ) {
+    let listener = notify::install_with_listener(&notify::repl_filter()).unwrap_or_else(|e| fatal(report, &format!("A: install filter: {e}")));
+    if let Err(e) = channel::send(ctl.as_fd(), &"listener".to_string(), &[listener.as_raw_fd()]) {
         fatal(report, &format!("A: send listener: {e}"));
     }
     drop(listener);
@@ -455,76 +380,29 @@ fn repl_a(b: i32, ctl: &OwnedFd, go: &OwnedFd, report: RawFd) -> i32 {
     let k = |pid: i32, sig: i32| call(libc::SYS_kill, &[pid as L, sig as L]);
 
     let devnull = fs::OpenOptions::new().write(true).open("/dev/null");
-    let wrote = devnull
-        .as_ref()
-        .map_err(|_| -1)
-        .and_then(|f| call(libc::SYS_write, &[f.as_raw_fd() as L, ptr(&0u8), 1]));
-    check(
-        report,
-        "getpid-and-write-unaffected",
-        me > 1 && tid == me && wrote == Ok(1),
-        format!("{me} {tid} {wrote:?}"),
-    );
+    let wrote = devnull.as_ref().map_err(|_| -1).and_then(|f| call(libc::SYS_write, &[f.as_raw_fd() as L, ptr(&0u8), 1]));
+    check(report, "getpid-and-write-unaffected", me > 1 && tid == me && wrote == Ok(1), format!("{me} {tid} {wrote:?}"));
 
     // Another member is out of reach, and looks nonexistent.
     let r = k(b, libc::SIGKILL);
-    check(
-        report,
-        "kill-other-member-is-esrch",
-        r == Err(libc::ESRCH),
-        format!("{r:?}"),
-    );
+    check(report, "kill-other-member-is-esrch", r == Err(libc::ESRCH), format!("{r:?}"));
     let r = k(b, 0);
-    check(
-        report,
-        "probe-other-member-is-esrch",
-        r == Err(libc::ESRCH),
-        format!("{r:?}"),
-    );
+    check(report, "probe-other-member-is-esrch", r == Err(libc::ESRCH), format!("{r:?}"));
     let r = k(1, 0);
-    check(
-        report,
-        "probe-family-init-is-esrch",
-        r == Err(libc::ESRCH),
-        format!("{r:?}"),
-    );
+    check(report, "probe-family-init-is-esrch", r == Err(libc::ESRCH), format!("{r:?}"));
     let r = call(libc::SYS_tgkill, &[b as L, b as L, libc::SIGKILL as L]);
-    check(
-        report,
-        "tgkill-other-member-is-esrch",
-        r == Err(libc::ESRCH),
-        format!("{r:?}"),
-    );
+    check(report, "tgkill-other-member-is-esrch", r == Err(libc::ESRCH), format!("{r:?}"));
     // SAFETY: siginfo_t is plain data; all zeroes is a valid value.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     info.si_signo = libc::SIGUSR1;
     info.si_code = -1; // SI_QUEUE
-    let r = call(
-        libc::SYS_rt_sigqueueinfo,
-        &[b as L, libc::SIGUSR1 as L, ptr(&info)],
-    );
-    check(
-        report,
-        "rt-sigqueueinfo-other-member-is-esrch",
-        r == Err(libc::ESRCH),
-        format!("{r:?}"),
-    );
+    let r = call(libc::SYS_rt_sigqueueinfo, &[b as L, libc::SIGUSR1 as L, ptr(&info)]);
+    check(report, "rt-sigqueueinfo-other-member-is-esrch", r == Err(libc::ESRCH), format!("{r:?}"));
 
     // Its own member is in reach.
     let r = k(a2, libc::SIGTERM);
     let end = ended(a2, STEP);
-    check(
-        report,
-        "kill-own-member",
-        r == Ok(0)
-            && end
-                == Some(WaitStatus::Signaled(
-                    Pid::from_raw(a2),
-                    Signal::SIGTERM,
-                    false,
-                )),
-        format!("{r:?} {end:?}"),
-    );
+    check(report, "kill-own-member", r == Ok(0) && end == Some(WaitStatus::Signaled(Pid::from_raw(a2), Signal::SIGTERM, false)), format!("{r:?} {end:?}"));
     let r = k(a3, 0);
     check(report, "probe-own-member", r == Ok(0), format!("{r:?}"));
 
@@ -532,21 +410,11 @@ fn repl_a(b: i32, ctl: &OwnedFd, go: &OwnedFd, report: RawFd) -> i32 {
     let before = USR1.load(Ordering::SeqCst);
     let r = k(me, libc::SIGUSR1);
     let after = USR1.load(Ordering::SeqCst);
-    check(
-        report,
-        "kill-self-delivered-on-return",
-        r == Ok(0) && after == before + 1,
-        format!("{r:?} {before}->{after}"),
-    );
+    check(report, "kill-self-delivered-on-return", r == Ok(0) && after == before + 1, format!("{r:?} {before}->{after}"));
     let before = USR2.load(Ordering::SeqCst);
     let r = call(libc::SYS_tgkill, &[me as L, tid as L, libc::SIGUSR2 as L]);
     let after = USR2.load(Ordering::SeqCst);
-    check(
-        report,
-        "tgkill-self",
-        r == Ok(0) && after == before + 1,
-        format!("{r:?} {before}->{after}"),
-    );
+    check(report, "tgkill-self", r == Ok(0) && after == before + 1, format!("{r:?} {before}->{after}"));
 
     // kill(0): its group holds A, A3, I1 (M1) and B (M2): B must survive
     // (SIGUSR1 would end it; the supervisor checks), A3 must not; A4, in
@@ -559,140 +427,53 @@ fn repl_a(b: i32, ctl: &OwnedFd, go: &OwnedFd, report: RawFd) -> i32 {
     check(
         report,
         "kill-own-group-stays-in-member",
-        r == Ok(0)
-            && after == before + 1
-            && end
-                == Some(WaitStatus::Signaled(
-                    Pid::from_raw(a3),
-                    Signal::SIGUSR1,
-                    false,
-                ))
-            && a4_now.is_none(),
+        r == Ok(0) && after == before + 1 && end == Some(WaitStatus::Signaled(Pid::from_raw(a3), Signal::SIGUSR1, false)) && a4_now.is_none(),
         format!("{r:?} {before}->{after} A3 {end:?} A4 {a4_now:?}"),
     );
     let r = k(-99_999, 0);
-    check(
-        report,
-        "kill-missing-group-is-esrch",
-        r == Err(libc::ESRCH),
-        format!("{r:?}"),
-    );
+    check(report, "kill-missing-group-is-esrch", r == Err(libc::ESRCH), format!("{r:?}"));
 
     // SIGIO ownership.
-    let (s1, _s2) = std::os::unix::net::UnixStream::pair()
-        .unwrap_or_else(|e| fatal(report, &format!("A: socketpair: {e}")));
+    let (s1, _s2) = std::os::unix::net::UnixStream::pair().unwrap_or_else(|e| fatal(report, &format!("A: socketpair: {e}")));
     let fd = s1.as_raw_fd();
     let f = |cmd: libc::c_int, arg: L| call(libc::SYS_fcntl, &[fd as L, cmd as L, arg]);
     let r = f(libc::F_SETOWN, me as L);
     check(report, "setown-self", r == Ok(0), format!("{r:?}"));
     let r = f(libc::F_SETOWN, b as L);
-    check(
-        report,
-        "setown-other-member-is-esrch",
-        r == Err(libc::ESRCH),
-        format!("{r:?}"),
-    );
+    check(report, "setown-other-member-is-esrch", r == Err(libc::ESRCH), format!("{r:?}"));
     let r = f(libc::F_SETOWN, -(me as L));
-    check(
-        report,
-        "setown-straddling-group-is-eperm",
-        r == Err(libc::EPERM),
-        format!("{r:?}"),
-    );
+    check(report, "setown-straddling-group-is-eperm", r == Err(libc::EPERM), format!("{r:?}"));
     let owner: [libc::c_int; 2] = [1 /* F_OWNER_PID */, me]; // struct f_owner_ex
     let r = f(15 /* F_SETOWN_EX */, ptr(&owner));
-    check(
-        report,
-        "setown-ex-is-eperm",
-        r == Err(libc::EPERM),
-        format!("{r:?}"),
-    );
+    check(report, "setown-ex-is-eperm", r == Err(libc::EPERM), format!("{r:?}"));
     let r = f(libc::F_GETFL, 0);
     check(report, "getfl-unaffected", r.is_ok(), format!("{r:?}"));
     let pid_arg: libc::c_int = me;
     let r = call(libc::SYS_ioctl, &[fd as L, 0x8901, ptr(&pid_arg)]);
-    check(
-        report,
-        "fiosetown-is-eperm",
-        r == Err(libc::EPERM),
-        format!("{r:?}"),
-    );
+    check(report, "fiosetown-is-eperm", r == Err(libc::EPERM), format!("{r:?}"));
     let r = call(libc::SYS_ioctl, &[fd as L, 0x8902, ptr(&pid_arg)]);
-    check(
-        report,
-        "siocspgrp-is-eperm",
-        r == Err(libc::EPERM),
-        format!("{r:?}"),
-    );
+    check(report, "siocspgrp-is-eperm", r == Err(libc::EPERM), format!("{r:?}"));
 
     // Priorities, limits, affinity.
     let r = call(libc::SYS_setpriority, &[2 /* PRIO_USER */, 0, 5]);
-    check(
-        report,
-        "setpriority-user-is-eperm",
-        r == Err(libc::EPERM),
-        format!("{r:?}"),
-    );
+    check(report, "setpriority-user-is-eperm", r == Err(libc::EPERM), format!("{r:?}"));
     let r = call(libc::SYS_setpriority, &[0 /* PRIO_PROCESS */, 0, 1]);
     check(report, "setpriority-self", r == Ok(0), format!("{r:?}"));
     let r = call(libc::SYS_setpriority, &[0, b as L, 5]);
-    check(
-        report,
-        "setpriority-other-member-is-esrch",
-        r == Err(libc::ESRCH),
-        format!("{r:?}"),
-    );
-    let r = call(
-        libc::SYS_ioprio_set,
-        &[3 /* IOPRIO_WHO_USER */, 0, (2 << 13) | 4],
-    );
-    check(
-        report,
-        "ioprio-user-is-eperm",
-        r == Err(libc::EPERM),
-        format!("{r:?}"),
-    );
-    let mut old = libc::rlimit64 {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    check(report, "setpriority-other-member-is-esrch", r == Err(libc::ESRCH), format!("{r:?}"));
+    let r = call(libc::SYS_ioprio_set, &[3 /* IOPRIO_WHO_USER */, 0, (2 << 13) | 4]);
+    check(report, "ioprio-user-is-eperm", r == Err(libc::EPERM), format!("{r:?}"));
+    let mut old = libc::rlimit64 { rlim_cur: 0, rlim_max: 0 };
     let nofile = libc::RLIMIT_NOFILE as L;
-    let r = call(
-        libc::SYS_prlimit64,
-        &[b as L, nofile, 0, &mut old as *mut libc::rlimit64 as L],
-    );
-    check(
-        report,
-        "prlimit-other-member-is-esrch",
-        r == Err(libc::ESRCH),
-        format!("{r:?}"),
-    );
-    let r = call(
-        libc::SYS_prlimit64,
-        &[me as L, nofile, 0, &mut old as *mut libc::rlimit64 as L],
-    );
-    check(
-        report,
-        "prlimit-own-pid",
-        r == Ok(0) && old.rlim_cur > 0,
-        format!("{r:?}"),
-    );
+    let r = call(libc::SYS_prlimit64, &[b as L, nofile, 0, &mut old as *mut libc::rlimit64 as L]);
+    check(report, "prlimit-other-member-is-esrch", r == Err(libc::ESRCH), format!("{r:?}"));
+    let r = call(libc::SYS_prlimit64, &[me as L, nofile, 0, &mut old as *mut libc::rlimit64 as L]);
+    check(report, "prlimit-own-pid", r == Ok(0) && old.rlim_cur > 0, format!("{r:?}"));
     let mut mask = [0u64; 16];
     let size = std::mem::size_of_val(&mask);
-    let got = call(
-        libc::SYS_sched_getaffinity,
-        &[0, size as L, mask.as_mut_ptr() as L],
-    );
-    let r = call(
-        libc::SYS_sched_setaffinity,
-        &[b as L, size as L, ptr(&mask)],
-    );
-    check(
-        report,
-        "sched-setaffinity-other-member-is-esrch",
-        got.is_ok() && r == Err(libc::ESRCH),
-        format!("get {got:?} set {r:?}"),
-    );
+    let got = call(libc::SYS_sched_getaffinity, &[0, size as L, mask.as_mut_ptr() as L]);
+    let r = call(libc::SYS_sched_setaffinity, &[b as L, size as L, ptr(&mask)]);
+    check(report, "sched-setaffinity-other-member-is-esrch", got.is_ok() && r == Err(libc::ESRCH), format!("get {got:?} set {r:?}"));
 
     // kill(-1): A4 dies; A, its member's init I1, B and the reaper do not.
     let r = k(-1, libc::SIGKILL);
@@ -702,14 +483,7 @@ fn repl_a(b: i32, ctl: &OwnedFd, go: &OwnedFd, report: RawFd) -> i32 {
     check(
         report,
         "kill-all-spares-self-and-init",
-        r == Ok(0)
-            && end
-                == Some(WaitStatus::Signaled(
-                    Pid::from_raw(a4),
-                    Signal::SIGKILL,
-                    false,
-                ))
-            && init.is_none(),
+        r == Ok(0) && end == Some(WaitStatus::Signaled(Pid::from_raw(a4), Signal::SIGKILL, false)) && init.is_none(),
         format!("{r:?} A4 {end:?} I1 {init:?}"),
     );
 
@@ -742,11 +516,7 @@ fn readable(fd: BorrowedFd<'_>, within: Duration) -> bool {
     let start = Instant::now();
     loop {
         let left = within.saturating_sub(start.elapsed());
-        let mut pfd = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd.
         let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis() as libc::c_int) };
         if r > 0 {

@@ -217,7 +217,8 @@ async fn limits_are_written_to_the_sandbox_cgroup() {
                 (parts[1].split(',').any(|c| c == ctrl) || (parts[1].is_empty() && ctrl.is_empty())).then(|| parts[2].to_string())
             })
             .unwrap();
-        let base = if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "/sys/fs/cgroup".to_string() } else { format!("/sys/fs/cgroup/{ctrl}") };
+        let base =
+            if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "/sys/fs/cgroup".to_string() } else { format!("/sys/fs/cgroup/{ctrl}") };
         std::fs::read_to_string(format!("{base}{path}/{file}")).unwrap().trim().to_string()
     };
     if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {

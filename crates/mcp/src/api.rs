@@ -66,10 +66,13 @@ impl Api {
         }
         let status = resp.status();
         let body = resp.text().await.unwrap_or_default();
-        let message = serde_json::from_str::<Value>(&body)
-            .ok()
-            .and_then(|v| v.get("error").and_then(Value::as_str).map(String::from))
-            .unwrap_or_else(|| if body.trim().is_empty() { status.canonical_reason().unwrap_or("error").to_string() } else { body });
+        let message = serde_json::from_str::<Value>(&body).ok().and_then(|v| v.get("error").and_then(Value::as_str).map(String::from)).unwrap_or_else(|| {
+            if body.trim().is_empty() {
+                status.canonical_reason().unwrap_or("error").to_string()
+            } else {
+                body
+            }
+        });
         Err(ApiError::Status { status: status.as_u16(), message })
     }
 
@@ -167,12 +170,9 @@ impl Api {
             other => other?,
         };
         let size = match resp.status() {
-            StatusCode::PARTIAL_CONTENT => resp
-                .headers()
-                .get(reqwest::header::CONTENT_RANGE)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.rsplit('/').next())
-                .and_then(|v| v.parse().ok()),
+            StatusCode::PARTIAL_CONTENT => {
+                resp.headers().get(reqwest::header::CONTENT_RANGE).and_then(|v| v.to_str().ok()).and_then(|v| v.rsplit('/').next()).and_then(|v| v.parse().ok())
+            }
             _ => resp.content_length(),
         };
         let bytes = resp.bytes().await.map_err(|e| self.unreachable(e))?.to_vec();

@@ -35,7 +35,9 @@ pub struct Config {
 pub enum Error {
     #[error("MCP over stdio: {0}")]
     Stdio(String),
-    #[error("--http {0}: listening beyond loopback would hand sandboxes to anyone who can connect; listen on 127.0.0.1 and put an authenticating proxy in front")]
+    #[error(
+        "--http {0}: listening beyond loopback would hand sandboxes to anyone who can connect; listen on 127.0.0.1 and put an authenticating proxy in front"
+    )]
     NotLoopback(SocketAddr),
     #[error("listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },

@@ -205,12 +205,8 @@ impl ForkboxMcp {
 
     /// The session of this call, from its HTTP `Mcp-Session-Id` if any.
     fn session(&self, ext: &Extensions) -> Arc<Session> {
-        let key = ext
-            .get::<axum::http::request::Parts>()
-            .and_then(|p| p.headers.get("mcp-session-id"))
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string();
+        let key =
+            ext.get::<axum::http::request::Parts>().and_then(|p| p.headers.get("mcp-session-id")).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
         let session = self.shared.sessions.get(&key);
         self.binding.key.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(key);
         session
@@ -328,7 +324,9 @@ regular files added in other_sandbox_id, removed from it, and modified, under /r
             Err(e) => return fail(e),
         };
         match self.shared.api.diff(&t.id, p.other_sandbox_id.trim(), p.paths.as_deref().unwrap_or_default()).await {
-            Ok(d) => json_text(&json!({"sandbox_id": t.id, "other_sandbox_id": p.other_sandbox_id, "added": d.added, "removed": d.removed, "modified": d.modified})),
+            Ok(d) => {
+                json_text(&json!({"sandbox_id": t.id, "other_sandbox_id": p.other_sandbox_id, "added": d.added, "removed": d.removed, "modified": d.modified}))
+            }
             Err(e) => self.failed(&t, e).await,
         }
     }

@@ -122,11 +122,7 @@ impl AppState {
     /// Its settings, lifetime, egress policy and checkpoints stay.
     pub async fn restore(&self, caller: &Caller, id: &str, checkpoint: &str) -> Result<Arc<SandboxEntry>, ApiError> {
         let entry = self.get(caller, id).await?;
-        let source = lock(&entry.checkpoints)
-            .iter()
-            .find(|c| c.id == checkpoint)
-            .map(|c| Arc::clone(&c.entry))
-            .ok_or_else(|| no_checkpoint(id, checkpoint))?;
+        let source = lock(&entry.checkpoints).iter().find(|c| c.id == checkpoint).map(|c| Arc::clone(&c.entry)).ok_or_else(|| no_checkpoint(id, checkpoint))?;
         let _reserved = CreateSlot::take(self)?;
         let fork = self.fork_entries(&source, 1).await?.pop().ok_or_else(|| ApiError::Internal("a fork made no child".into()))?;
         // A running exec finishes first; later ones run on the restored state.

@@ -197,9 +197,7 @@ impl AppState {
                 all.values().map(|e| (Arc::clone(e), self.limits_for(&e.settings).cpu_weight)).collect()
             };
             let booster = Arc::clone(&booster);
-            let boosted = tokio::task::spawn_blocking(move || booster.lock().map(|mut b| b.tick(&live, Instant::now())).unwrap_or(0))
-                .await
-                .unwrap_or(0);
+            let boosted = tokio::task::spawn_blocking(move || booster.lock().map(|mut b| b.tick(&live, Instant::now())).unwrap_or(0)).await.unwrap_or(0);
             self.inner.metrics.cpu_boosted.set(boosted as i64);
         }
     }

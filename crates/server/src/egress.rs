@@ -25,7 +25,10 @@ pub const MAX_ALLOW_ENTRIES: usize = 256;
 pub enum Names {
     All,
     /// Exact names, and suffixes (from `*.example.org`: any name below it).
-    Only { exact: Vec<String>, suffixes: Vec<String> },
+    Only {
+        exact: Vec<String>,
+        suffixes: Vec<String>,
+    },
 }
 
 impl Names {
@@ -33,7 +36,10 @@ impl Names {
         let name = name.trim_end_matches('.').to_ascii_lowercase();
         match self {
             Names::All => true,
-            Names::Only { exact, suffixes } => exact.contains(&name) || suffixes.iter().any(|s| name.len() > s.len() && name.ends_with(s.as_str()) && name.as_bytes()[name.len() - s.len() - 1] == b'.'),
+            Names::Only { exact, suffixes } => {
+                exact.contains(&name)
+                    || suffixes.iter().any(|s| name.len() > s.len() && name.ends_with(s.as_str()) && name.as_bytes()[name.len() - s.len() - 1] == b'.')
+            }
         }
     }
 }
@@ -54,7 +60,10 @@ pub enum Plan {
 }
 
 fn valid_domain(d: &str) -> bool {
-    d.len() <= 253 && d.split('.').count() >= 2 && d.split('.').all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') && !l.starts_with('-') && !l.ends_with('-'))
+    d.len() <= 253
+        && d.split('.').count() >= 2
+        && d.split('.')
+            .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') && !l.starts_with('-') && !l.ends_with('-'))
 }
 
 /// Check a policy and turn it into what the engine and the DNS proxy need.
@@ -79,7 +88,9 @@ pub fn plan(egress: &Egress) -> Result<Plan, ApiError> {
         } else if valid_domain(&e) {
             exact.push(e);
         } else {
-            return Err(ApiError::BadRequest(format!("`{entry}` in the allow-list is neither a domain (`pypi.org`, `*.pythonhosted.org`) nor an IP address or CIDR")));
+            return Err(ApiError::BadRequest(format!(
+                "`{entry}` in the allow-list is neither a domain (`pypi.org`, `*.pythonhosted.org`) nor an IP address or CIDR"
+            )));
         }
     }
     Ok(Plan::On { rules: Rules::AllowList(nets), names: Names::Only { exact, suffixes } })
@@ -161,7 +172,10 @@ pub async fn apply(entry: &SandboxEntry, state: &mut NetState, egress: &Egress) 
             }
             // Without pasta there is no interface and no route; the table
             // is dropped so a later `On` starts clean.
-            let _ = tokio::task::spawn_blocking(move || engine.netns().and_then(|ns| jail::net::nft(std::os::fd::AsFd::as_fd(&ns), "table inet forkbox\ndelete table inet forkbox\n"))).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                engine.netns().and_then(|ns| jail::net::nft(std::os::fd::AsFd::as_fd(&ns), "table inet forkbox\ndelete table inet forkbox\n"))
+            })
+            .await;
         }
         Plan::On { rules, names } => {
             let need_pasta = !state.pasta.as_ref().is_some_and(|p| p.alive());
@@ -304,7 +318,12 @@ pub async fn get(State(state): State<AppState>, caller: crate::keys::Caller, Pat
 
 #[utoipa::path(patch, path = "/v1/sandboxes/{id}/egress", params(("id" = String, Path)), request_body = EgressBody,
     responses((status = 200, body = EgressBody), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
-pub async fn patch(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, Json(body): Json<EgressBody>) -> Result<Response, ApiError> {
+pub async fn patch(
+    State(state): State<AppState>,
+    caller: crate::keys::Caller,
+    Path(id): Path<String>,
+    Json(body): Json<EgressBody>,
+) -> Result<Response, ApiError> {
     let entry = state.get(&caller, &id).await?;
     plan(&body.egress)?;
     let mut net = entry.network.lock().await;

@@ -97,7 +97,13 @@ fn json<T: serde::Serialize>(v: &T) -> Response {
     responses((status = 200, description = "The file's bytes (or, with `list`/`stat`, JSON: FileList / FileInfo)", content_type = "application/octet-stream"),
         (status = 206, description = "The requested byte range"), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
         (status = 409, body = protocol::ErrorBody), (status = 416, body = protocol::ErrorBody)))]
-pub async fn get(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, q: FileQueryResult, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn get(
+    State(state): State<AppState>,
+    caller: crate::keys::Caller,
+    Path(id): Path<String>,
+    q: FileQueryResult,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let entry = state.get(&caller, &id).await?;
     let q = query(q)?;
     let path = sandbox_path(&q.path)?;
@@ -201,7 +207,14 @@ async fn download(mut file: std::fs::File, size: u64, range: Option<&str>, sent:
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes, any size (streamed)"),
     responses((status = 200, body = Written), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
         (status = 409, body = protocol::ErrorBody), (status = 413, body = protocol::ErrorBody), (status = 507, body = protocol::ErrorBody)))]
-pub async fn put(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, q: FileQueryResult, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub async fn put(
+    State(state): State<AppState>,
+    caller: crate::keys::Caller,
+    Path(id): Path<String>,
+    q: FileQueryResult,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let entry = state.get(&caller, &id).await?;
     let q = query(q)?;
     let path = sandbox_path(&q.path)?;
@@ -287,7 +300,12 @@ pub async fn delete(State(state): State<AppState>, caller: crate::keys::Caller, 
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", params(("id" = String, Path)), request_body = MkdirRequest,
     responses((status = 200, body = FileInfo), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
-pub async fn mkdir(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, Json(req): Json<MkdirRequest>) -> Result<Response, ApiError> {
+pub async fn mkdir(
+    State(state): State<AppState>,
+    caller: crate::keys::Caller,
+    Path(id): Path<String>,
+    Json(req): Json<MkdirRequest>,
+) -> Result<Response, ApiError> {
     let entry = state.get(&caller, &id).await?;
     let path = sandbox_path(&req.path)?;
     let mode = req.mode.map(|m| m.bits()).transpose().map_err(ApiError::BadRequest)?;
@@ -301,7 +319,12 @@ pub async fn mkdir(State(state): State<AppState>, caller: crate::keys::Caller, P
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/rename", params(("id" = String, Path)), request_body = RenameRequest,
     responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
-pub async fn rename(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, Json(req): Json<RenameRequest>) -> Result<Response, ApiError> {
+pub async fn rename(
+    State(state): State<AppState>,
+    caller: crate::keys::Caller,
+    Path(id): Path<String>,
+    Json(req): Json<RenameRequest>,
+) -> Result<Response, ApiError> {
     let entry = state.get(&caller, &id).await?;
     let (from, to) = (sandbox_path(&req.from)?, sandbox_path(&req.to)?);
     with_fs(&entry, move |fs| fs.rename(&from, &to, req.overwrite)).await?;
@@ -310,7 +333,12 @@ pub async fn rename(State(state): State<AppState>, caller: crate::keys::Caller, 
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/chmod", params(("id" = String, Path)), request_body = ChmodRequest,
     responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
-pub async fn chmod(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, Json(req): Json<ChmodRequest>) -> Result<Response, ApiError> {
+pub async fn chmod(
+    State(state): State<AppState>,
+    caller: crate::keys::Caller,
+    Path(id): Path<String>,
+    Json(req): Json<ChmodRequest>,
+) -> Result<Response, ApiError> {
     let entry = state.get(&caller, &id).await?;
     let path = sandbox_path(&req.path)?;
     let mode = req.mode.bits().map_err(ApiError::BadRequest)?;

@@ -160,10 +160,8 @@ impl AppState {
         let children = self.fork_repl_into(session, &parent.engine, made, None).await?;
         let mut lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
         lineage.push(parent.id.clone());
-        let entries = children
-            .into_iter()
-            .map(|(sandbox, session)| new_entry(sandbox.id.clone(), parent.settings.clone(), sandbox, session, lineage.clone()))
-            .collect();
+        let entries =
+            children.into_iter().map(|(sandbox, session)| new_entry(sandbox.id.clone(), parent.settings.clone(), sandbox, session, lineage.clone())).collect();
         tracing::debug!(sandbox = %parent.id, n, snapshot_ms = snapshotted.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64, "fork timings");
         Ok(entries)

@@ -155,11 +155,7 @@ mod tests {
     fn holding(setup: &str) -> (std::process::Child, OwnedFd) {
         use std::io::BufRead;
         let code = format!("import os, sys, time\nfd = {setup}\nos.dup2(fd, 8)\nprint('ok', flush=True)\ntime.sleep(30)");
-        let mut child = std::process::Command::new("python3")
-            .args(["-c", &code])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = std::process::Command::new("python3").args(["-c", &code]).stdout(std::process::Stdio::piped()).spawn().unwrap();
         let mut line = String::new();
         std::io::BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
         assert_eq!(line, "ok\n");

@@ -106,8 +106,7 @@ pub struct KeyLimits {
 impl std::fmt::Display for KeyLimits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let show = |v: Option<u64>| v.map_or_else(|| "unlimited".to_string(), |n| n.to_string());
-        write!(f, "max_sandboxes={} forks_per_minute={} max_memory_mib={}",
-            show(self.max_sandboxes), show(self.forks_per_minute), show(self.max_memory_mib))
+        write!(f, "max_sandboxes={} forks_per_minute={} max_memory_mib={}", show(self.max_sandboxes), show(self.forks_per_minute), show(self.max_memory_mib))
     }
 }
 
@@ -134,9 +133,7 @@ pub fn key_file_path(state_dir: &Path) -> PathBuf {
 }
 
 fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && !name.starts_with(FLAG_KEY_PREFIX)
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    (1..=64).contains(&name.len()) && !name.starts_with(FLAG_KEY_PREFIX) && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 impl KeyFile {
@@ -281,8 +278,7 @@ impl KeyRing {
     /// `flags`: hashes of the `--api-key` keys, with `defaults` as their
     /// limits; `path`: the keys file.
     pub fn new(flags: &[KeyHash], defaults: KeyLimits, path: PathBuf) -> KeyRing {
-        let flags: Known =
-            flags.iter().map(|h| (*h, Arc::new(Tenant { name: h.flag_name(), limits: defaults }))).collect();
+        let flags: Known = flags.iter().map(|h| (*h, Arc::new(Tenant { name: h.flag_name(), limits: defaults }))).collect();
         let ring = KeyRing { required: false, flags, path, file: Mutex::new((None, Vec::new())) };
         ring.refresh();
         let required = !ring.flags.is_empty() || !ring.file.lock().map(|f| f.1.is_empty()).unwrap_or(true);
@@ -435,15 +431,7 @@ impl Quotas {
 
     /// Reserve `n` sandboxes of `ram_mib` each for `owner`, made by a fork
     /// when `fork`, checking `limits` (`None`: only count). All or nothing.
-    pub fn reserve(
-        &self,
-        owner: Option<&str>,
-        limits: Option<KeyLimits>,
-        n: u64,
-        ram_mib: u64,
-        fork: bool,
-        now: Instant,
-    ) -> Result<Reservation<'_>, Refusal> {
+    pub fn reserve(&self, owner: Option<&str>, limits: Option<KeyLimits>, n: u64, ram_mib: u64, fork: bool, now: Instant) -> Result<Reservation<'_>, Refusal> {
         let Some(owner) = owner else { return Ok(Reservation { quotas: self, charge: None }) };
         let mut all = self.usage();
         let u = all.entry(owner.to_string()).or_default();
@@ -476,7 +464,9 @@ impl Quotas {
             if used + n > max {
                 return Err(Refusal {
                     limit: Limit::ForksPerMinute,
-                    message: format!("key `{owner}` may fork {max} children per minute (forks_per_minute); it forked {used} in the last minute, and this asks for {n}"),
+                    message: format!(
+                        "key `{owner}` may fork {max} children per minute (forks_per_minute); it forked {used} in the last minute, and this asks for {n}"
+                    ),
                     retry_after_s: u.fork_retry_after(max, n, now),
                 });
             }

@@ -232,7 +232,8 @@ pub async fn scrape(State(state): State<AppState>) -> Response {
     m.checkpoints.set(checkpoints);
     m.memory_bytes.set((state.memory_in_use_mib() << 20) as i64);
     let st = state.clone();
-    let (spaces, volume) = tokio::task::spawn_blocking(move || (st.inner.spaces.list_all().len(), st.inner.jail.volume_usage().ok())).await.unwrap_or((0, None));
+    let (spaces, volume) =
+        tokio::task::spawn_blocking(move || (st.inner.spaces.list_all().len(), st.inner.jail.volume_usage().ok())).await.unwrap_or((0, None));
     m.spaces.set(spaces as i64);
     if let Some(v) = volume {
         for (kind, bytes) in [("size", v.size_bytes), ("free", v.free_bytes), ("max", v.max_bytes)] {

@@ -3,7 +3,7 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use crate::{checkpoints, egress, spaces, files, pause, ports, pty, routes, templates, watch};
+use crate::{checkpoints, egress, files, pause, ports, pty, routes, spaces, templates, watch};
 
 #[derive(OpenApi)]
 #[openapi(

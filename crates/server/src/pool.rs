@@ -135,12 +135,7 @@ impl Pool {
             let spares = w.spares.lock().await.iter().map(|c| c.sandbox.id.clone()).collect();
             templates.insert(
                 w.key.template.clone(),
-                PoolTemplate {
-                    zygote: w.zygote.id.clone(),
-                    spares,
-                    served: w.served.load(Ordering::Relaxed),
-                    modules: known.preimport(&w.key.template),
-                },
+                PoolTemplate { zygote: w.zygote.id.clone(), spares, served: w.served.load(Ordering::Relaxed), modules: known.preimport(&w.key.template) },
             );
         }
         PoolInfo { templates, fork_spares }
@@ -259,12 +254,7 @@ impl AppState {
     }
 
     pub(crate) fn limits_for(&self, settings: &Settings) -> jail::Limits {
-        jail::Limits {
-            memory_bytes: settings.ram_mib << 20,
-            pids: self.inner.config.limits.pids,
-            cpu_weight: 100,
-            disk_bytes: settings.rootfs_gb << 30,
-        }
+        jail::Limits { memory_bytes: settings.ram_mib << 20, pids: self.inner.config.limits.pids, cpu_weight: 100, disk_bytes: settings.rootfs_gb << 30 }
     }
 
     /// Keep `SPARES` spare members ready.
@@ -603,7 +593,9 @@ impl AppState {
 pub(crate) async fn warm_session(session: &mut crate::repl::ReplSession, modules: &[String], thaw: bool) -> Result<(), String> {
     preload(session, modules).await?;
     if thaw {
-        run_quietly(session, &crate::spaces::space_code("thaw"), crate::spaces::REPL_SAVE_TIMEOUT).await.map_err(|e| format!("load the template's REPL state: {e}"))?;
+        run_quietly(session, &crate::spaces::space_code("thaw"), crate::spaces::REPL_SAVE_TIMEOUT)
+            .await
+            .map_err(|e| format!("load the template's REPL state: {e}"))?;
     }
     Ok(())
 }

@@ -68,7 +68,12 @@ pub fn service_path(uri: &Uri) -> String {
 /// Whether the request asks to switch protocols (`Connection: upgrade`).
 fn wants_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
-        && headers.get_all(header::CONNECTION).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(',')).any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
 /// Drop hop-by-hop headers, and those the `Connection` header names.
@@ -91,7 +96,14 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// The headers the service gets: the client's, without hop-by-hop ones and
 /// without `Authorization` (the forkbox key), with `Host` set to the
 /// address reached and the `X-Forwarded-*` set.
-pub fn forward_headers(mut headers: HeaderMap, upgrade: Option<HeaderValue>, host: &SocketAddr, client: Option<SocketAddr>, prefix: &str, authority: Option<&str>) -> HeaderMap {
+pub fn forward_headers(
+    mut headers: HeaderMap,
+    upgrade: Option<HeaderValue>,
+    host: &SocketAddr,
+    client: Option<SocketAddr>,
+    prefix: &str,
+    authority: Option<&str>,
+) -> HeaderMap {
     let original_host = headers.get(header::HOST).cloned().or_else(|| authority.and_then(|a| HeaderValue::from_str(a).ok()));
     strip_hop_by_hop(&mut headers);
     headers.remove(header::AUTHORIZATION);
@@ -229,7 +241,12 @@ fn bad_answer(e: hyper::Error, id: &str, port: u16) -> ApiError {
         (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 429, body = protocol::ErrorBody),
         (status = 502, body = protocol::ErrorBody, description = "Nothing listens on the port, or the service's answer was not HTTP"),
         (status = 504, body = protocol::ErrorBody, description = "The connect or the service's response headers timed out")))]
-pub async fn proxy(State(state): State<AppState>, caller: crate::keys::Caller, path: Result<Path<PortPath>, axum::extract::rejection::PathRejection>, mut req: Request) -> Result<Response, ApiError> {
+pub async fn proxy(
+    State(state): State<AppState>,
+    caller: crate::keys::Caller,
+    path: Result<Path<PortPath>, axum::extract::rejection::PathRejection>,
+    mut req: Request,
+) -> Result<Response, ApiError> {
     let Path(p) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let entry = state.get(&caller, &p.id).await?;
     let port = parse_port(&p.port)?;

@@ -262,7 +262,12 @@ fn environment(id: &str, setup: &crate::setup::SandboxSetup, extra: &[(String, S
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pty", params(("id" = String, Path)), request_body = PtyCreate,
     responses((status = 200, description = "NDJSON stream: pty_ready {session_id}, pty_data {data_b64, seq}, pty_exit {data: exit code}, pty_error {message}", content_type = "application/x-ndjson"),
         (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 429, body = protocol::ErrorBody)))]
-pub async fn create(State(state): State<AppState>, caller: crate::keys::Caller, Path(id): Path<String>, Json(req): Json<PtyCreate>) -> Result<Response, ApiError> {
+pub async fn create(
+    State(state): State<AppState>,
+    caller: crate::keys::Caller,
+    Path(id): Path<String>,
+    Json(req): Json<PtyCreate>,
+) -> Result<Response, ApiError> {
     let entry = state.get(&caller, &id).await?;
     let (argv, label) = command(&req)?;
     let size = size(req.cols, req.rows)?;
@@ -392,7 +397,12 @@ pub async fn attach(State(state): State<AppState>, caller: crate::keys::Caller, 
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pty/{pty}/input", params(("id" = String, Path), ("pty" = String, Path)), request_body = PtyInput,
     responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody), (status = 413, body = protocol::ErrorBody)))]
-pub async fn input(State(state): State<AppState>, caller: crate::keys::Caller, Path((id, pty)): Path<(String, String)>, Json(req): Json<PtyInput>) -> Result<Response, ApiError> {
+pub async fn input(
+    State(state): State<AppState>,
+    caller: crate::keys::Caller,
+    Path((id, pty)): Path<(String, String)>,
+    Json(req): Json<PtyInput>,
+) -> Result<Response, ApiError> {
     let entry = state.get(&caller, &id).await?;
     let session = entry.ptys.get(&pty)?;
     if req.data_b64.len() > MAX_INPUT_BYTES / 3 * 4 + 4 {
@@ -413,7 +423,12 @@ pub async fn input(State(state): State<AppState>, caller: crate::keys::Caller, P
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pty/{pty}/resize", params(("id" = String, Path), ("pty" = String, Path)), request_body = PtyResize,
     responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
-pub async fn resize(State(state): State<AppState>, caller: crate::keys::Caller, Path((id, pty)): Path<(String, String)>, Json(req): Json<PtyResize>) -> Result<Response, ApiError> {
+pub async fn resize(
+    State(state): State<AppState>,
+    caller: crate::keys::Caller,
+    Path((id, pty)): Path<(String, String)>,
+    Json(req): Json<PtyResize>,
+) -> Result<Response, ApiError> {
     let session = state.get(&caller, &id).await?.ptys.get(&pty)?;
     let size = size(Some(req.cols), Some(req.rows))?;
     if session.exit_code().is_some() {
@@ -443,7 +458,14 @@ pub async fn list(State(state): State<AppState>, caller: crate::keys::Caller, Pa
         .iter()
         .map(|s| {
             let size = *s.size.lock().unwrap_or_else(|e| e.into_inner());
-            PtyInfo { pty_id: s.id.clone(), cmd_label: s.label.clone(), created_at_ms: s.created_at_ms, exit_code: s.exit_code(), cols: size.cols, rows: size.rows }
+            PtyInfo {
+                pty_id: s.id.clone(),
+                cmd_label: s.label.clone(),
+                created_at_ms: s.created_at_ms,
+                exit_code: s.exit_code(),
+                cols: size.cols,
+                rows: size.rows,
+            }
         })
         .collect();
     Ok((StatusCode::OK, axum::Json(out)).into_response())
@@ -451,7 +473,12 @@ pub async fn list(State(state): State<AppState>, caller: crate::keys::Caller, Pa
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pty/{pty}/read", params(("id" = String, Path), ("pty" = String, Path)), request_body = PtyRead,
     responses((status = 200, body = PtyChunk), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
-pub async fn read(State(state): State<AppState>, caller: crate::keys::Caller, Path((id, pty)): Path<(String, String)>, Json(req): Json<PtyRead>) -> Result<Response, ApiError> {
+pub async fn read(
+    State(state): State<AppState>,
+    caller: crate::keys::Caller,
+    Path((id, pty)): Path<(String, String)>,
+    Json(req): Json<PtyRead>,
+) -> Result<Response, ApiError> {
     let session = state.get(&caller, &id).await?.ptys.get(&pty)?;
     let max = req.max_bytes.unwrap_or(64 * 1024);
     if max == 0 || max > MAX_READ_BYTES {

@@ -153,37 +153,40 @@ pub async fn exec(State(state): State<AppState>, caller: Caller, Path(id): Path<
     // cancel it halfway (the REPL stays consistent); it just stops listening.
     // It logs under the request's span.
     let span = tracing::Span::current();
-    tokio::spawn(tracing::Instrument::instrument(async move {
-        // A sandbox's network may still be coming up (src/egress.rs).
-        let network_failed = entry.network.lock().await.failed.take();
-        let mut slot = entry.slot.lock().await;
-        let mut sink = EventSink::new(tx, entry.replay.clone());
-        if let Some(why) = network_failed {
-            sink.warning(why).await;
-        }
-        if let Err(e) = crate::pause::ensure_running(&entry).await {
-            sink.error(e.to_string(), None, None, None).await;
-            sink.exit(1).await;
+    tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            // A sandbox's network may still be coming up (src/egress.rs).
+            let network_failed = entry.network.lock().await.failed.take();
+            let mut slot = entry.slot.lock().await;
+            let mut sink = EventSink::new(tx, entry.replay.clone());
+            if let Some(why) = network_failed {
+                sink.warning(why).await;
+            }
+            if let Err(e) = crate::pause::ensure_running(&entry).await {
+                sink.error(e.to_string(), None, None, None).await;
+                sink.exit(1).await;
+                entry.busy.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+            if entry.destroyed.load(Ordering::Relaxed) {
+                sink.error("the sandbox was destroyed".into(), None, None, None).await;
+                sink.exit(1).await;
+            } else if bounds.stop.is_cancelled() {
+                // Queued behind another exec until after the drain ran out: it
+                // never starts.
+                crate::sandbox::never_started_for_shutdown(&mut sink).await;
+            } else if is_python {
+                entry.run_python(&mut slot, &req.code, &bounds, &mut sink).await;
+            } else {
+                entry.run_bash(&mut slot, &req.code, &bounds, &mut sink).await;
+            }
+            entry.execs.fetch_add(1, Ordering::Relaxed);
+            entry.touch();
             entry.busy.fetch_sub(1, Ordering::SeqCst);
-            return;
-        }
-        if entry.destroyed.load(Ordering::Relaxed) {
-            sink.error("the sandbox was destroyed".into(), None, None, None).await;
-            sink.exit(1).await;
-        } else if bounds.stop.is_cancelled() {
-            // Queued behind another exec until after the drain ran out: it
-            // never starts.
-            crate::sandbox::never_started_for_shutdown(&mut sink).await;
-        } else if is_python {
-            entry.run_python(&mut slot, &req.code, &bounds, &mut sink).await;
-        } else {
-            entry.run_bash(&mut slot, &req.code, &bounds, &mut sink).await;
-        }
-        entry.execs.fetch_add(1, Ordering::Relaxed);
-        entry.touch();
-        entry.busy.fetch_sub(1, Ordering::SeqCst);
-        state.inner.metrics.observe_exec(if is_python { "python" } else { "bash" }, started);
-    }, span));
+            state.inner.metrics.observe_exec(if is_python { "python" } else { "bash" }, started);
+        },
+        span,
+    ));
     Ok(ndjson_stream(rx))
 }
 
@@ -296,11 +299,7 @@ pub async fn auth(State(state): State<AppState>, headers: HeaderMap, mut req: Re
     if req.uri().path() == "/v1/healthz" {
         return next.run(req).await;
     }
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+    let presented = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::trim);
     match state.inner.keys.resolve(presented) {
         Some(caller) => {
             req.extensions_mut().insert(caller);

@@ -136,10 +136,8 @@ pub const REPL_TIME_SLICE: Duration = Duration::from_micros(300);
 /// Spawn a REPL in `engine` and wait until it is ready.
 pub async fn start_repl(engine: &jail::Sandbox, setup: &crate::setup::SandboxSetup) -> Result<ReplSession, String> {
     let argv = vec!["/usr/bin/python3".to_string(), "-u".into(), "-c".into(), REPL_BOOTSTRAP.to_string()];
-    let process = engine
-        .start_repl(argv, sandbox_env(&engine.id, setup), "/root", REPL_SOURCE.as_bytes())
-        .await
-        .map_err(|e| format!("start the Python REPL: {e}"))?;
+    let process =
+        engine.start_repl(argv, sandbox_env(&engine.id, setup), "/root", REPL_SOURCE.as_bytes()).await.map_err(|e| format!("start the Python REPL: {e}"))?;
     let mut session = ReplSession::start(process).await?;
     // A short time slice: a REPL that wakes for an exec runs soon beside
     // CPU hogs in other sandboxes (bench/noisy.py). What it starts gets the
@@ -358,9 +356,7 @@ impl SandboxEntry {
                 "execution timed out after {} ms and did not stop when interrupted, so the Python process was killed; its state was lost",
                 timeout.as_millis()
             ),
-            Some(Interrupt::Shutdown) => {
-                "the server is shutting down; the execution did not stop when interrupted, so the Python process was killed".into()
-            }
+            Some(Interrupt::Shutdown) => "the server is shutting down; the execution did not stop when interrupted, so the Python process was killed".into(),
             None => format!("the Python process {reason}; its state was lost"),
         };
         sink.error(msg, Some(if oom { "MemoryError".into() } else { "ReplDied".into() }), None, None).await;
@@ -585,7 +581,10 @@ async fn tell_notice(slot: &mut ReplSlot, sink: &mut EventSink) {
 /// Tell a bash call, once, that the sandbox was rebuilt since the last one.
 async fn tell_rebuilt(slot: &mut ReplSlot, sink: &mut EventSink) {
     if std::mem::take(&mut slot.rebuilt) {
-        sink.warning("[forkbox] the sandbox's init process (or its supervisor) died, so the sandbox was restarted with its files kept; its processes are gone".into()).await;
+        sink.warning(
+            "[forkbox] the sandbox's init process (or its supervisor) died, so the sandbox was restarted with its files kept; its processes are gone".into(),
+        )
+        .await;
     }
 }
 

@@ -207,10 +207,7 @@ impl SpaceStore {
             owner: meta.owner.clone(),
         };
         std::fs::write(self.dir.join(format!("{RESUMED}{}.json", meta.info.space_id)), serde_json::to_vec(&note).map_err(std::io::Error::other)?)?;
-        let mut notes: Vec<(std::time::SystemTime, PathBuf)> = self
-            .notes()
-            .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-            .collect();
+        let mut notes: Vec<(std::time::SystemTime, PathBuf)> = self.notes().filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p))).collect();
         if notes.len() > RESUMED_REMEMBERED {
             notes.sort();
             for (_, p) in &notes[..notes.len() - RESUMED_REMEMBERED] {
@@ -221,12 +218,7 @@ impl SpaceStore {
     }
 
     fn notes(&self) -> impl Iterator<Item = PathBuf> {
-        std::fs::read_dir(&self.dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(RESUMED))
-            .map(|e| e.path())
+        std::fs::read_dir(&self.dir).into_iter().flatten().flatten().filter(|e| e.file_name().to_string_lossy().starts_with(RESUMED)).map(|e| e.path())
     }
 
     /// What the Space of frozen sandbox `sandbox_id` became, if it was
@@ -483,7 +475,9 @@ impl AppState {
 
 /// The warning the first exec after a resume carries.
 fn resume_notice(space_id: &str, lost: &[Unsaved]) -> String {
-    let mut msg = format!("[forkbox] resumed from space {space_id}: files, imports, cwd, environment and globals are back; processes other than the REPL did not survive");
+    let mut msg = format!(
+        "[forkbox] resumed from space {space_id}: files, imports, cwd, environment and globals are back; processes other than the REPL did not survive"
+    );
     if !lost.is_empty() {
         let names: Vec<String> = lost.iter().map(|u| format!("{} ({}: {})", u.name, u.kind, u.reason)).collect();
         msg.push_str(&format!("; not kept: {}", names.join(", ")));

@@ -101,25 +101,27 @@ impl AppState {
     /// it to check auth without a second engine).
     pub fn with_config(other: &AppState, config: ServerConfig) -> AppState {
         let inner = &other.inner;
-        AppState { inner: Arc::new(Inner {
-            jail: Arc::clone(&inner.jail),
-            templates: inner.templates.clone(),
-            sandboxes: RwLock::new(HashMap::new()),
-            creating: std::sync::atomic::AtomicUsize::new(0),
-            live: std::sync::atomic::AtomicUsize::new(0),
-            merged: Default::default(),
-            pool: Default::default(),
-            spaces: crate::spaces::SpaceStore::new(&config.state_dir),
-            metrics: Default::default(),
-            records: crate::records::Records::new(&config.state_dir),
-            lost: Default::default(),
-            drain: Default::default(),
-            keys: key_ring(&config),
-            quotas: Default::default(),
-            trust: trust_store(&config),
-            setup: Arc::new(setup(&config)),
-            config,
-        }) }
+        AppState {
+            inner: Arc::new(Inner {
+                jail: Arc::clone(&inner.jail),
+                templates: inner.templates.clone(),
+                sandboxes: RwLock::new(HashMap::new()),
+                creating: std::sync::atomic::AtomicUsize::new(0),
+                live: std::sync::atomic::AtomicUsize::new(0),
+                merged: Default::default(),
+                pool: Default::default(),
+                spaces: crate::spaces::SpaceStore::new(&config.state_dir),
+                metrics: Default::default(),
+                records: crate::records::Records::new(&config.state_dir),
+                lost: Default::default(),
+                drain: Default::default(),
+                keys: key_ring(&config),
+                quotas: Default::default(),
+                trust: trust_store(&config),
+                setup: Arc::new(setup(&config)),
+                config,
+            }),
+        }
     }
 
     /// The trust layer for a new sandbox on `root` (None: host CAs off).
@@ -159,10 +161,9 @@ impl AppState {
                 "sandbox `{id}` is frozen in space `{}`: resume it with POST /v1/spaces/{}/resume",
                 space.info.space_id, space.info.space_id
             ))),
-            Some(Frozen::Resumed(r)) => Err(ApiError::NotFound(format!(
-                "sandbox `{id}` was frozen into space `{}`, which was resumed as `{}`; use that id",
-                r.space_id, r.resumed_as
-            ))),
+            Some(Frozen::Resumed(r)) => {
+                Err(ApiError::NotFound(format!("sandbox `{id}` was frozen into space `{}`, which was resumed as `{}`; use that id", r.space_id, r.resumed_as)))
+            }
             None => Err(no_sandbox(id)),
         }
     }
@@ -181,10 +182,7 @@ impl AppState {
         let (state, id, caller) = (self.clone(), id.to_string(), caller.clone());
         tokio::task::spawn_blocking(move || {
             let spaces = &state.inner.spaces;
-            spaces
-                .frozen(&caller, &id)
-                .map(|m| Frozen::Space(Box::new(m)))
-                .or_else(|| spaces.resumed(&caller, &id).map(Frozen::Resumed))
+            spaces.frozen(&caller, &id).map(|m| Frozen::Space(Box::new(m))).or_else(|| spaces.resumed(&caller, &id).map(Frozen::Resumed))
         })
         .await
         .ok()
@@ -391,8 +389,7 @@ impl AppState {
     pub async fn destroy_all(&self) {
         self.destroy_pool().await;
         // Persistent sandboxes outlive the server as Spaces.
-        let persistent: Vec<String> =
-            self.inner.sandboxes.read().await.values().filter(|e| e.settings.persistent).map(|e| e.id.clone()).collect();
+        let persistent: Vec<String> = self.inner.sandboxes.read().await.values().filter(|e| e.settings.persistent).map(|e| e.id.clone()).collect();
         for id in persistent {
             if let Err(e) = self.freeze(&Caller::server(), &id).await {
                 tracing::error!(sandbox = %id, err = %e, "could not freeze a persistent sandbox at shutdown");

@@ -27,8 +27,11 @@ pub fn trace_id(traceparent: &str) -> Option<&str> {
     let parts: Vec<&str> = traceparent.trim().split('-').collect();
     let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
     match parts.as_slice() {
-        [version, trace, parent, flags] if hex(version, 2) && *version != "ff" && hex(trace, 32) && hex(parent, 16) && hex(flags, 2)
-            && trace.bytes().any(|b| b != b'0') => Some(trace),
+        [version, trace, parent, flags]
+            if hex(version, 2) && *version != "ff" && hex(trace, 32) && hex(parent, 16) && hex(flags, 2) && trace.bytes().any(|b| b != b'0') =>
+        {
+            Some(trace)
+        }
         _ => None,
     }
 }

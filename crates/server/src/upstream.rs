@@ -117,7 +117,8 @@ mod tests {
 
     #[tokio::test]
     async fn allow_lists_pass_their_names_and_networks_only() {
-        let list = policy(protocol::Egress::Allow(protocol::EgressAllow { allow: vec!["pypi.org".into(), "*.pythonhosted.org".into(), "127.0.0.1/32".into()] }));
+        let list =
+            policy(protocol::Egress::Allow(protocol::EgressAllow { allow: vec!["pypi.org".into(), "*.pythonhosted.org".into(), "127.0.0.1/32".into()] }));
         assert!(list.check(&target("files.pythonhosted.org:443")).await || tokio::net::lookup_host(("files.pythonhosted.org", 443)).await.is_err());
         assert!(!list.check(&target("crates.io:443")).await);
         assert!(!list.check(&target("203.0.113.9:443")).await);

@@ -73,7 +73,8 @@ impl Watcher {
         }
         let dir = self.fs.open_dir(path)?;
         let via = format!("/proc/self/fd/{}", dir.as_raw_fd());
-        let wd = inotify::add_watch(self.inotify.get_ref(), via.as_str(), MASK).map_err(|e| jail::fs::FsError::invalid(format!("{path}: cannot watch: {e}")))?;
+        let wd =
+            inotify::add_watch(self.inotify.get_ref(), via.as_str(), MASK).map_err(|e| jail::fs::FsError::invalid(format!("{path}: cannot watch: {e}")))?;
         self.dirs.insert(wd, path.clone());
         if !self.recursive {
             return Ok(());
@@ -109,9 +110,7 @@ pub async fn watch(
     let Query(q) = q.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let path = sandbox_path(&q.path)?;
     let recursive = flag(&q.recursive, "recursive", true)?;
-    let slot = CapSlot::take(&entry, |e| &e.watches, MAX_WATCHES_PER_SANDBOX, || {
-        format!("a sandbox may have at most {MAX_WATCHES_PER_SANDBOX} watches open")
-    })?;
+    let slot = CapSlot::take(&entry, |e| &e.watches, MAX_WATCHES_PER_SANDBOX, || format!("a sandbox may have at most {MAX_WATCHES_PER_SANDBOX} watches open"))?;
     let engine = Arc::clone(&entry.engine);
     let watcher = tokio::task::spawn_blocking(move || -> Result<Watcher, ApiError> {
         let fs = engine.fs().map_err(|e| ApiError::Conflict(format!("the sandbox's filesystem is not reachable right now ({e}); retry")))?;

@@ -32,11 +32,7 @@ pub(crate) fn parse(line: &str) -> Line<'_> {
         [_, "upgraded,", n, "newly", "installed,", ..] => n.parse().map_or(Line::Other, Line::Plan),
         // "Get:3 http://deb.debian.org/debian bookworm/main amd64 python3-scipy amd64 1.10.1-2 [15.0 MB]";
         // index downloads during `apt-get update` have other shapes.
-        [get, _url, _dist, _arch, package, _arch2, _version, size, _unit]
-            if get.starts_with("Get:") && size.starts_with('[') =>
-        {
-            Line::Fetch(package)
-        }
+        [get, _url, _dist, _arch, package, _arch2, _version, size, _unit] if get.starts_with("Get:") && size.starts_with('[') => Line::Fetch(package),
         ["Unpacking", package, ..] => Line::Unpack(strip_arch(package)),
         ["Setting", "up", package, ..] => Line::Setup(strip_arch(package)),
         _ => Line::Other,
@@ -58,12 +54,7 @@ pub(crate) struct Tracker {
 
 impl Tracker {
     pub(crate) fn new(requested: usize, later: u64) -> Tracker {
-        Tracker {
-            planned: None,
-            requested: requested as u64,
-            events: 0,
-            later,
-        }
+        Tracker { planned: None, requested: requested as u64, events: 0, later }
     }
 
     pub(crate) fn initial_steps(&self) -> u64 {
@@ -109,30 +100,12 @@ mod tests {
 
     #[test]
     fn parses_apt_lines() {
-        assert_eq!(
-            parse("0 upgraded, 57 newly installed, 0 to remove and 0 not upgraded."),
-            Line::Plan(57)
-        );
-        assert_eq!(
-            parse("Get:3 http://deb.debian.org/debian bookworm/main amd64 python3-scipy amd64 1.10.1-2 [15.0 MB]"),
-            Line::Fetch("python3-scipy")
-        );
-        assert_eq!(
-            parse("Get:1 http://deb.debian.org/debian bookworm InRelease [151 kB]"),
-            Line::Other
-        );
-        assert_eq!(
-            parse("Get:4 http://deb.debian.org/debian bookworm/main amd64 Packages [8792 kB]"),
-            Line::Other
-        );
-        assert_eq!(
-            parse("Unpacking python3-scipy (1.10.1-2) ..."),
-            Line::Unpack("python3-scipy")
-        );
-        assert_eq!(
-            parse("Setting up libblas3:amd64 (3.11.0-2) ..."),
-            Line::Setup("libblas3")
-        );
+        assert_eq!(parse("0 upgraded, 57 newly installed, 0 to remove and 0 not upgraded."), Line::Plan(57));
+        assert_eq!(parse("Get:3 http://deb.debian.org/debian bookworm/main amd64 python3-scipy amd64 1.10.1-2 [15.0 MB]"), Line::Fetch("python3-scipy"));
+        assert_eq!(parse("Get:1 http://deb.debian.org/debian bookworm InRelease [151 kB]"), Line::Other);
+        assert_eq!(parse("Get:4 http://deb.debian.org/debian bookworm/main amd64 Packages [8792 kB]"), Line::Other);
+        assert_eq!(parse("Unpacking python3-scipy (1.10.1-2) ..."), Line::Unpack("python3-scipy"));
+        assert_eq!(parse("Setting up libblas3:amd64 (3.11.0-2) ..."), Line::Setup("libblas3"));
         assert_eq!(parse("Reading package lists..."), Line::Other);
     }
 
@@ -142,23 +115,11 @@ mod tests {
         let mut tracker = Tracker::new(1, 2);
         assert_eq!(tracker.initial_steps(), 1 + 3 * PACKAGES_PER_REQUEST);
         let mut steps = Steps::begin(&NoProgress, "t", tracker.initial_steps() + 2);
-        tracker.line(
-            &mut steps,
-            "Get:4 http://deb.debian.org/debian bookworm/main amd64 jq amd64 1.6-2.1 [64.9 kB]",
-        );
-        assert_eq!(
-            tracker.events, 0,
-            "downloads before the plan are index files"
-        );
-        tracker.line(
-            &mut steps,
-            "0 upgraded, 2 newly installed, 0 to remove and 0 not upgraded.",
-        );
+        tracker.line(&mut steps, "Get:4 http://deb.debian.org/debian bookworm/main amd64 jq amd64 1.6-2.1 [64.9 kB]");
+        assert_eq!(tracker.events, 0, "downloads before the plan are index files");
+        tracker.line(&mut steps, "0 upgraded, 2 newly installed, 0 to remove and 0 not upgraded.");
         assert_eq!(tracker.remaining(), 6);
-        tracker.line(
-            &mut steps,
-            "Get:1 http://deb.debian.org/debian bookworm/main amd64 jq amd64 1.6-2.1 [64.9 kB]",
-        );
+        tracker.line(&mut steps, "Get:1 http://deb.debian.org/debian bookworm/main amd64 jq amd64 1.6-2.1 [64.9 kB]");
         tracker.line(&mut steps, "Unpacking jq (1.6-2.1) ...");
         tracker.line(&mut steps, "Setting up jq (1.6-2.1) ...");
         assert_eq!(tracker.remaining(), 3);

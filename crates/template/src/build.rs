@@ -23,13 +23,7 @@ pub(crate) struct Base {
 }
 
 /// Builds `recipe` into `rootfs`, which must not exist yet.
-pub(crate) fn run(
-    recipe: &Recipe,
-    tools: &Tools,
-    rootfs: &Path,
-    base: Option<&Base>,
-    progress: &dyn Progress,
-) -> Result<(), TemplateError> {
+pub(crate) fn run(recipe: &Recipe, tools: &Tools, rootfs: &Path, base: Option<&Base>, progress: &dyn Progress) -> Result<(), TemplateError> {
     let name = recipe.name.as_str();
     // Each run command, then the final cleanup.
     let later = recipe.run.len() as u64 + 1;
@@ -39,27 +33,18 @@ pub(crate) fn run(
             let mut steps = Steps::begin(progress, name, tracker.initial_steps() + later);
             steps.message("debootstrap: starting");
             let cmd = debootstrap::command(tools, recipe, rootfs);
-            exec::run_step(name, "debootstrap", cmd, |line| {
-                tracker.line(&mut steps, line)
-            })
-            .map_err(|e| with_debootstrap_log(e, rootfs))?;
+            exec::run_step(name, "debootstrap", cmd, |line| tracker.line(&mut steps, line)).map_err(|e| with_debootstrap_log(e, rootfs))?;
             steps
         }
         Some(base) => {
             let mut tracker = apt::Tracker::new(recipe.apt.len(), later);
-            let apt_steps = if recipe.apt.is_empty() {
-                0
-            } else {
-                tracker.initial_steps()
-            };
+            let apt_steps = if recipe.apt.is_empty() { 0 } else { tracker.initial_steps() };
             let mut steps = Steps::begin(progress, name, 1 + apt_steps + later);
             copy_base(name, tools, base, rootfs, &mut steps)?;
             if !recipe.apt.is_empty() {
                 in_chroot(name, tools, rootfs, |tools| {
                     let cmd = chroot::command(tools, rootfs, &apt::install_script(&recipe.apt));
-                    exec::run_step(name, "apt-get install", cmd, |line| {
-                        tracker.line(&mut steps, line)
-                    })
+                    exec::run_step(name, "apt-get install", cmd, |line| tracker.line(&mut steps, line))
                 })?;
             }
             steps
@@ -80,12 +65,7 @@ pub(crate) fn run(
 }
 
 /// Runs chroot steps with the rootfs prepared for them, and always undoes that.
-fn in_chroot(
-    name: &str,
-    tools: &Tools,
-    rootfs: &Path,
-    f: impl FnOnce(&Tools) -> Result<(), TemplateError>,
-) -> Result<(), TemplateError> {
+fn in_chroot(name: &str, tools: &Tools, rootfs: &Path, f: impl FnOnce(&Tools) -> Result<(), TemplateError>) -> Result<(), TemplateError> {
     chroot::prepare(rootfs)?;
     let result = f(tools);
     let finished = chroot::finish(rootfs);
@@ -93,26 +73,15 @@ fn in_chroot(
     result.and(finished)
 }
 
-fn copy_base(
-    name: &str,
-    tools: &Tools,
-    base: &Base,
-    rootfs: &Path,
-    steps: &mut Steps<'_>,
-) -> Result<(), TemplateError> {
+fn copy_base(name: &str, tools: &Tools, base: &Base, rootfs: &Path, steps: &mut Steps<'_>) -> Result<(), TemplateError> {
     steps.message("copying base template");
     let _lock = lock::shared(&base.lock)?;
     if !base.rootfs.is_dir() {
-        return Err(TemplateError::io(format!(
-            "copying base {}",
-            base.rootfs.display()
-        ))(std::io::ErrorKind::NotFound.into()));
+        return Err(TemplateError::io(format!("copying base {}", base.rootfs.display()))(std::io::ErrorKind::NotFound.into()));
     }
     // Reflinks make this near-free on btrfs/xfs; elsewhere it is a plain copy.
     let mut cmd = tools::command(&tools.cp);
-    cmd.args(["-a", "--reflink=auto", "--"])
-        .arg(&base.rootfs)
-        .arg(rootfs);
+    cmd.args(["-a", "--reflink=auto", "--"]).arg(&base.rootfs).arg(rootfs);
     exec::run_step(name, "copying base template", cmd, |_| {})?;
     steps.advance("copied base template");
     Ok(())
@@ -121,13 +90,7 @@ fn copy_base(
 /// Adds the end of `<rootfs>/debootstrap/debootstrap.log` to a debootstrap
 /// failure, since the partial rootfs holding it is removed.
 fn with_debootstrap_log(error: TemplateError, rootfs: &Path) -> TemplateError {
-    let TemplateError::StepFailed {
-        template,
-        step,
-        status,
-        mut tail,
-    } = error
-    else {
+    let TemplateError::StepFailed { template, step, status, mut tail } = error else {
         return error;
     };
     if let Ok(log) = std::fs::read(rootfs.join("debootstrap/debootstrap.log")) {
@@ -137,12 +100,7 @@ fn with_debootstrap_log(error: TemplateError, rootfs: &Path) -> TemplateError {
         tail.push_str("\n--- end of debootstrap.log ---\n");
         tail.push_str(&lines[start..].join("\n"));
     }
-    TemplateError::StepFailed {
-        template,
-        step,
-        status,
-        tail,
-    }
+    TemplateError::StepFailed { template, step, status, tail }
 }
 
 /// First line of a command, shortened, for step names.
@@ -163,9 +121,6 @@ mod tests {
     fn summary_shortens_long_and_multi_line_commands() {
         assert_eq!(summary("apt-get clean"), "apt-get clean");
         assert_eq!(summary("echo a\necho b"), "echo a...");
-        assert_eq!(
-            summary(&"x".repeat(100)),
-            format!("{}...", "x".repeat(STEP_COMMAND_CHARS))
-        );
+        assert_eq!(summary(&"x".repeat(100)), format!("{}...", "x".repeat(STEP_COMMAND_CHARS)));
     }
 }

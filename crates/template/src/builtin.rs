@@ -3,13 +3,8 @@
 use crate::recipe::Recipe;
 
 /// Name and TOML text of each built-in, bases before the templates derived from them.
-const BUILTINS: &[(&str, &str)] = &[
-    ("default", include_str!("../../../templates/default.toml")),
-    (
-        "python-datasci",
-        include_str!("../../../templates/python-datasci.toml"),
-    ),
-];
+const BUILTINS: &[(&str, &str)] =
+    &[("default", include_str!("../../../templates/default.toml")), ("python-datasci", include_str!("../../../templates/python-datasci.toml"))];
 
 const NAMES: &[&str] = &["default", "python-datasci"];
 
@@ -52,14 +47,7 @@ mod tests {
         assert_eq!(r.suite, crate::Debian::default().suite());
         assert_eq!(r.variant, "minbase");
         assert_eq!(r.mirror, "http://deb.debian.org/debian");
-        for pkg in [
-            "python3-pandas",
-            "python3-cloudpickle",
-            "python3-requests",
-            "python3-httpx",
-            "iproute2",
-            "ca-certificates",
-        ] {
+        for pkg in ["python3-pandas", "python3-cloudpickle", "python3-requests", "python3-httpx", "iproute2", "ca-certificates"] {
             assert!(r.apt.iter().any(|p| p == pkg), "{pkg} missing");
         }
         assert!(r.run.iter().any(|c| c.contains("EXTERNALLY-MANAGED")));
@@ -67,18 +55,7 @@ mod tests {
 
         let ds = builtin("python-datasci").unwrap();
         assert_eq!(ds.base.as_deref(), Some("default"));
-        assert_eq!(
-            ds.apt,
-            [
-                "python3-matplotlib",
-                "python3-scipy",
-                "python3-sklearn",
-                "python3-seaborn",
-                "python3-sympy",
-                "python3-openpyxl",
-                "python3-pil"
-            ]
-        );
+        assert_eq!(ds.apt, ["python3-matplotlib", "python3-scipy", "python3-sklearn", "python3-seaborn", "python3-sympy", "python3-openpyxl", "python3-pil"]);
         assert_eq!(ds.suite, "");
     }
 }

@@ -28,18 +28,7 @@ const POLICY_RC_D: &str = "#!/bin/sh\nexit 101\n";
 /// A command that runs `command` with `/bin/sh -c` chrooted into `rootfs`.
 pub(crate) fn command(tools: &Tools, rootfs: &Path, command: &str) -> Command {
     let mut cmd = tools::command(&tools.unshare);
-    cmd.args([
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        "/bin/sh",
-        "-c",
-        SCRIPT,
-        "forkbox-chroot",
-    ])
-    .arg(rootfs)
-    .arg(command);
+    cmd.args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c", SCRIPT, "forkbox-chroot"]).arg(rootfs).arg(command);
     cmd
 }
 
@@ -48,11 +37,7 @@ pub(crate) fn command(tools: &Tools, rootfs: &Path, command: &str) -> Command {
 pub(crate) fn prepare(rootfs: &Path) -> Result<(), TemplateError> {
     let resolv = fs::read("/etc/resolv.conf").unwrap_or_default();
     replace_file(&rootfs.join("etc/resolv.conf"), &resolv, 0o644)?;
-    replace_file(
-        &rootfs.join("usr/sbin/policy-rc.d"),
-        POLICY_RC_D.as_bytes(),
-        0o755,
-    )
+    replace_file(&rootfs.join("usr/sbin/policy-rc.d"), POLICY_RC_D.as_bytes(), 0o755)
 }
 
 /// Undoes `prepare`: sandboxes get their own DNS config, and must be able to start services.
@@ -60,10 +45,7 @@ pub(crate) fn finish(rootfs: &Path) -> Result<(), TemplateError> {
     replace_file(&rootfs.join("etc/resolv.conf"), b"", 0o644)?;
     let policy = rootfs.join("usr/sbin/policy-rc.d");
     match fs::remove_file(&policy) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(TemplateError::io(format!(
-            "removing {}",
-            policy.display()
-        ))(e)),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(TemplateError::io(format!("removing {}", policy.display()))(e)),
         _ => Ok(()),
     }
 }
@@ -73,14 +55,11 @@ pub(crate) fn finish(rootfs: &Path) -> Result<(), TemplateError> {
 fn replace_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), TemplateError> {
     let context = || format!("writing {}", path.display());
     match fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(TemplateError::io(context())(e))
-        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(TemplateError::io(context())(e)),
         _ => {}
     }
     fs::write(path, contents).map_err(TemplateError::io(context()))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-        .map_err(TemplateError::io(context()))
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(TemplateError::io(context()))
 }
 
 #[cfg(test)]
@@ -102,10 +81,7 @@ mod tests {
         assert!(!resolv.symlink_metadata().unwrap().is_symlink());
         assert_eq!(fs::read_to_string(&outside).unwrap(), "keep");
         let policy = root.join("usr/sbin/policy-rc.d");
-        assert_eq!(
-            policy.metadata().unwrap().permissions().mode() & 0o777,
-            0o755
-        );
+        assert_eq!(policy.metadata().unwrap().permissions().mode() & 0o777, 0o755);
 
         finish(root).unwrap();
         assert_eq!(fs::read(&resolv).unwrap(), b"");

@@ -65,11 +65,7 @@ impl FromStr for Debian {
         Debian::ALL
             .into_iter()
             .find(|d| s == d.suite() || s == d.version().to_string())
-            .ok_or_else(|| {
-                TemplateError::Invalid(format!(
-                    "unknown Debian release {s:?}: use 12 (bookworm) or 13 (trixie)"
-                ))
-            })
+            .ok_or_else(|| TemplateError::Invalid(format!("unknown Debian release {s:?}: use 12 (bookworm) or 13 (trixie)")))
     }
 }
 
@@ -90,12 +86,7 @@ mod tests {
 
     #[test]
     fn releases_parse_by_number_or_suite() {
-        for (text, want) in [
-            ("12", Debian::Bookworm),
-            ("bookworm", Debian::Bookworm),
-            ("13", Debian::Trixie),
-            (" trixie ", Debian::Trixie),
-        ] {
+        for (text, want) in [("12", Debian::Bookworm), ("bookworm", Debian::Bookworm), ("13", Debian::Trixie), (" trixie ", Debian::Trixie)] {
             assert_eq!(text.parse::<Debian>().unwrap(), want, "{text}");
         }
         for bad in ["", "11", "sid", "Debian 13", "14"] {

@@ -18,8 +18,7 @@ const REQUIRED_PACKAGES: u64 = 85;
 /// namespace those mounts die with it even if it is killed mid-way.
 pub(crate) fn command(tools: &Tools, recipe: &Recipe, target: &Path) -> Command {
     let mut cmd = tools::command(&tools.unshare);
-    cmd.args(["--mount", "--propagation", "private", "--"])
-        .arg(&tools.debootstrap);
+    cmd.args(["--mount", "--propagation", "private", "--"]).arg(&tools.debootstrap);
     if recipe.variant != "default" {
         cmd.arg(format!("--variant={}", recipe.variant));
     }
@@ -175,54 +174,21 @@ mod tests {
     #[test]
     fn parses_package_lines() {
         let pkg = |action, package| Line::Package { action, package };
-        assert_eq!(
-            parse("I: Retrieving libacl1 2.3.1-3"),
-            pkg(Action::Retrieve, "libacl1")
-        );
-        assert_eq!(
-            parse("I: Validating python3-pandas 1.5.3+dfsg-2"),
-            pkg(Action::Validate, "python3-pandas")
-        );
-        assert_eq!(
-            parse("I: Extracting adduser..."),
-            pkg(Action::Extract, "adduser")
-        );
-        assert_eq!(
-            parse("I: Unpacking python3-pandas:all..."),
-            pkg(Action::Unpack, "python3-pandas")
-        );
-        assert_eq!(
-            parse("I: Configuring libc-bin:amd64..."),
-            pkg(Action::Configure, "libc-bin")
-        );
+        assert_eq!(parse("I: Retrieving libacl1 2.3.1-3"), pkg(Action::Retrieve, "libacl1"));
+        assert_eq!(parse("I: Validating python3-pandas 1.5.3+dfsg-2"), pkg(Action::Validate, "python3-pandas"));
+        assert_eq!(parse("I: Extracting adduser..."), pkg(Action::Extract, "adduser"));
+        assert_eq!(parse("I: Unpacking python3-pandas:all..."), pkg(Action::Unpack, "python3-pandas"));
+        assert_eq!(parse("I: Configuring libc-bin:amd64..."), pkg(Action::Configure, "libc-bin"));
     }
 
     #[test]
     fn phase_and_index_lines_are_info() {
-        assert_eq!(
-            parse("I: Retrieving InRelease "),
-            Line::Info("Retrieving InRelease")
-        );
-        assert_eq!(
-            parse("I: Validating Packages "),
-            Line::Info("Validating Packages")
-        );
-        assert_eq!(
-            parse("I: Unpacking the base system..."),
-            Line::Info("Unpacking the base system...")
-        );
-        assert_eq!(
-            parse("I: Configuring required packages..."),
-            Line::Info("Configuring required packages...")
-        );
-        assert_eq!(
-            parse("I: Base system installed successfully."),
-            Line::Info("Base system installed successfully.")
-        );
-        assert_eq!(
-            parse("E: Couldn't find these debs: nope"),
-            Line::Info("E: Couldn't find these debs: nope")
-        );
+        assert_eq!(parse("I: Retrieving InRelease "), Line::Info("Retrieving InRelease"));
+        assert_eq!(parse("I: Validating Packages "), Line::Info("Validating Packages"));
+        assert_eq!(parse("I: Unpacking the base system..."), Line::Info("Unpacking the base system..."));
+        assert_eq!(parse("I: Configuring required packages..."), Line::Info("Configuring required packages..."));
+        assert_eq!(parse("I: Base system installed successfully."), Line::Info("Base system installed successfully."));
+        assert_eq!(parse("E: Couldn't find these debs: nope"), Line::Info("E: Couldn't find these debs: nope"));
         assert_eq!(parse("dpkg: warning: something"), Line::Other);
     }
 

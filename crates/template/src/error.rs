@@ -18,22 +18,14 @@ pub enum TemplateError {
     BaseCycle(String),
 
     #[error("{tool} not found: install it with `apt-get install {package}`")]
-    MissingTool {
-        tool: &'static str,
-        package: &'static str,
-    },
+    MissingTool { tool: &'static str, package: &'static str },
 
     #[error("building templates needs root (debootstrap, chroot and mount do)")]
     NotRoot,
 
     /// A build step exited unsuccessfully; `tail` holds its last output lines.
     #[error("template {template:?}: {step} failed ({status}); last output:\n{tail}")]
-    StepFailed {
-        template: String,
-        step: String,
-        status: String,
-        tail: String,
-    },
+    StepFailed { template: String, step: String, status: String, tail: String },
 
     #[error("{context}: {error}")]
     Io { context: String, error: io::Error },

@@ -23,17 +23,10 @@ enum Event {
 
 /// Runs `cmd` with stdout and stderr merged, calling `on_line` for each output
 /// line. A non-zero exit becomes `StepFailed` carrying the last lines.
-pub(crate) fn run_step(
-    template: &str,
-    step: &str,
-    mut cmd: Command,
-    mut on_line: impl FnMut(&str),
-) -> Result<(), TemplateError> {
+pub(crate) fn run_step(template: &str, step: &str, mut cmd: Command, mut on_line: impl FnMut(&str)) -> Result<(), TemplateError> {
     let spawn_context = || format!("template {template:?}: starting {step}");
     let (reader, writer) = std::io::pipe().map_err(TemplateError::io(spawn_context()))?;
-    let writer2 = writer
-        .try_clone()
-        .map_err(TemplateError::io(spawn_context()))?;
+    let writer2 = writer.try_clone().map_err(TemplateError::io(spawn_context()))?;
     cmd.stdin(Stdio::null()).stdout(writer2).stderr(writer);
     // SAFETY: the closure runs between fork and exec and only calls prctl,
     // which is async-signal-safe; it touches no memory of the parent.
@@ -93,18 +86,11 @@ pub(crate) fn run_step(
         keep(line, &mut on_line);
     }
 
-    let status = status.map_err(TemplateError::io(format!(
-        "template {template:?}: waiting for {step}"
-    )))?;
+    let status = status.map_err(TemplateError::io(format!("template {template:?}: waiting for {step}")))?;
     if status.success() {
         return Ok(());
     }
-    Err(TemplateError::StepFailed {
-        template: template.to_string(),
-        step: step.to_string(),
-        status: describe(status),
-        tail: Vec::from(tail).join("\n"),
-    })
+    Err(TemplateError::StepFailed { template: template.to_string(), step: step.to_string(), status: describe(status), tail: Vec::from(tail).join("\n") })
 }
 
 fn describe(status: ExitStatus) -> String {
@@ -130,32 +116,21 @@ mod tests {
     #[test]
     fn streams_stdout_and_stderr_lines() {
         let mut lines = Vec::new();
-        run_step(
-            "t",
-            "echo",
-            sh("echo one; echo two >&2; printf three"),
-            |l| lines.push(l.to_string()),
-        )
-        .unwrap();
+        run_step("t", "echo", sh("echo one; echo two >&2; printf three"), |l| lines.push(l.to_string())).unwrap();
         assert_eq!(lines, ["one", "two", "three"]);
     }
 
     #[test]
     fn failure_carries_the_last_fifty_lines() {
         let err = run_step("t", "count", sh("seq 1 80; exit 3"), |_| {}).unwrap_err();
-        let TemplateError::StepFailed {
-            step, status, tail, ..
-        } = &err
-        else {
+        let TemplateError::StepFailed { step, status, tail, .. } = &err else {
             panic!("unexpected error {err}");
         };
         assert_eq!(step, "count");
         assert_eq!(status, "exit status 3");
         let expected: Vec<String> = (31..=80).map(|n| n.to_string()).collect();
         assert_eq!(tail, &expected.join("\n"));
-        assert!(err
-            .to_string()
-            .starts_with("template \"t\": count failed (exit status 3); last output:\n31\n"));
+        assert!(err.to_string().starts_with("template \"t\": count failed (exit status 3); last output:\n31\n"));
     }
 
     #[test]

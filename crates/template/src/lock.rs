@@ -43,15 +43,7 @@ fn wait(path: &Path, mut file: File, arg: FlockArg) -> Result<Lock, TemplateErro
 }
 
 fn open(path: &Path) -> Result<File, TemplateError> {
-    OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(TemplateError::io(format!(
-            "opening lock {}",
-            path.display()
-        )))
+    OpenOptions::new().create(true).truncate(false).write(true).open(path).map_err(TemplateError::io(format!("opening lock {}", path.display())))
 }
 
 fn error(path: &Path, errno: Errno) -> TemplateError {

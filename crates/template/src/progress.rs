@@ -52,11 +52,9 @@ fn with_bar(f: impl FnOnce(&ProgressBar)) {
 impl Progress for BarProgress {
     fn begin(&self, template: &str, total_steps: u64) {
         let bar = ProgressBar::new(total_steps);
-        let style = ProgressStyle::with_template(
-            "{prefix:.bold} {elapsed:>4} [{bar:30.cyan/blue}] {pos:>4}/{len:4} {wide_msg}",
-        )
-        .expect("progress template is valid")
-        .progress_chars("=> ");
+        let style = ProgressStyle::with_template("{prefix:.bold} {elapsed:>4} [{bar:30.cyan/blue}] {pos:>4}/{len:4} {wide_msg}")
+            .expect("progress template is valid")
+            .progress_chars("=> ");
         bar.set_style(style);
         bar.set_prefix(template.to_string());
         bar.set_message("starting");

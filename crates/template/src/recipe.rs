@@ -71,10 +71,7 @@ impl Recipe {
         let inherited = |field: &str, value: Option<String>, default: &str| {
             match (derived, value) {
                 // Silently ignoring these would build something other than asked.
-                (true, Some(_)) => Err(TemplateError::Invalid(format!(
-                    "template {:?}: `{field}` comes from the base template and cannot be set",
-                    file.name
-                ))),
+                (true, Some(_)) => Err(TemplateError::Invalid(format!("template {:?}: `{field}` comes from the base template and cannot be set", file.name))),
                 (true, None) => Ok(String::new()),
                 (false, value) => Ok(value.unwrap_or_else(|| default.to_string())),
             }
@@ -100,17 +97,12 @@ impl Recipe {
             return invalid("name is empty".into());
         }
         if !is_valid_name(&self.name) {
-            return invalid(format!(
-                "name {:?} must be at most {MAX_NAME_LEN} lower-case letters, digits, '-' or '_'",
-                self.name
-            ));
+            return invalid(format!("name {:?} must be at most {MAX_NAME_LEN} lower-case letters, digits, '-' or '_'", self.name));
         }
         let name = &self.name;
         match &self.base {
             Some(base) if !is_valid_name(base) => {
-                return invalid(format!(
-                    "template {name:?}: base {base:?} is not a valid template name"
-                ));
+                return invalid(format!("template {name:?}: base {base:?} is not a valid template name"));
             }
             Some(base) if base == name => {
                 return invalid(format!("template {name:?} cannot be its own base"));
@@ -121,14 +113,10 @@ impl Recipe {
         let mut seen = std::collections::HashSet::new();
         for package in &self.apt {
             if !is_valid_package(package) {
-                return invalid(format!(
-                    "template {name:?}: {package:?} is not a valid Debian package name"
-                ));
+                return invalid(format!("template {name:?}: {package:?} is not a valid Debian package name"));
             }
             if !seen.insert(package) {
-                return invalid(format!(
-                    "template {name:?}: apt package {package:?} is listed twice"
-                ));
+                return invalid(format!("template {name:?}: apt package {package:?} is listed twice"));
             }
         }
         for command in &self.run {
@@ -136,9 +124,7 @@ impl Recipe {
                 return invalid(format!("template {name:?}: a run command is empty"));
             }
             if command.contains('\0') {
-                return invalid(format!(
-                    "template {name:?}: a run command contains a NUL byte"
-                ));
+                return invalid(format!("template {name:?}: a run command contains a NUL byte"));
             }
         }
         Ok(())
@@ -146,37 +132,18 @@ impl Recipe {
 
     fn validate_bootstrap(&self) -> Result<(), TemplateError> {
         let name = &self.name;
-        let suite_ok = !self.suite.is_empty()
-            && self
-                .suite
-                .bytes()
-                .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.'))
-            && !self.suite.starts_with(['-', '.']);
+        let suite_ok =
+            !self.suite.is_empty() && self.suite.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.')) && !self.suite.starts_with(['-', '.']);
         if !suite_ok {
-            return Err(TemplateError::Invalid(format!(
-                "template {name:?}: suite {:?} is not a valid Debian suite name",
-                self.suite
-            )));
+            return Err(TemplateError::Invalid(format!("template {name:?}: suite {:?} is not a valid Debian suite name", self.suite)));
         }
-        let mirror_ok = ["http://", "https://", "file:///"]
-            .iter()
-            .any(|p| self.mirror.starts_with(p))
-            && !self
-                .mirror
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control());
+        let mirror_ok =
+            ["http://", "https://", "file:///"].iter().any(|p| self.mirror.starts_with(p)) && !self.mirror.chars().any(|c| c.is_whitespace() || c.is_control());
         if !mirror_ok {
-            return Err(TemplateError::Invalid(format!(
-                "template {name:?}: mirror {:?} must be an http://, https:// or file:/// URL",
-                self.mirror
-            )));
+            return Err(TemplateError::Invalid(format!("template {name:?}: mirror {:?} must be an http://, https:// or file:/// URL", self.mirror)));
         }
         if !VARIANTS.contains(&self.variant.as_str()) {
-            return Err(TemplateError::Invalid(format!(
-                "template {name:?}: variant {:?} must be one of {}",
-                self.variant,
-                VARIANTS.join(", ")
-            )));
+            return Err(TemplateError::Invalid(format!("template {name:?}: variant {:?} must be one of {}", self.variant, VARIANTS.join(", "))));
         }
         Ok(())
     }
@@ -187,24 +154,11 @@ impl Recipe {
     pub(crate) fn canonical(&self) -> String {
         let (suite, mirror, variant) = match self.base {
             Some(_) => ("", "", ""),
-            None => (
-                self.suite.as_str(),
-                self.mirror.as_str(),
-                self.variant.as_str(),
-            ),
+            None => (self.suite.as_str(), self.mirror.as_str(), self.variant.as_str()),
         };
         let mut apt: Vec<&str> = self.apt.iter().map(String::as_str).collect();
         apt.sort_unstable();
-        let canonical = Canonical {
-            name: &self.name,
-            description: &self.description,
-            base: self.base.as_deref(),
-            suite,
-            mirror,
-            variant,
-            apt,
-            run: &self.run,
-        };
+        let canonical = Canonical { name: &self.name, description: &self.description, base: self.base.as_deref(), suite, mirror, variant, apt, run: &self.run };
         serde_json::to_string(&canonical).expect("serializing plain strings cannot fail")
     }
 }
@@ -216,9 +170,7 @@ pub fn is_valid_name(name: &str) -> bool {
     !bytes.is_empty()
         && bytes.len() <= MAX_NAME_LEN
         && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
-        && bytes
-            .iter()
-            .all(|&b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_'))
+        && bytes.iter().all(|&b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_'))
 }
 
 /// Debian policy package names; also keeps option-looking strings off command lines.
@@ -226,9 +178,7 @@ pub fn is_valid_package(name: &str) -> bool {
     let bytes = name.as_bytes();
     bytes.len() >= 2
         && (bytes[0].is_ascii_lowercase() || bytes[0].is_ascii_digit())
-        && bytes
-            .iter()
-            .all(|&b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'+' | b'-' | b'.'))
+        && bytes.iter().all(|&b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'+' | b'-' | b'.'))
 }
 
 #[cfg(test)]
@@ -274,10 +224,7 @@ mod tests {
     #[test]
     fn fills_defaults() {
         let r = Recipe::from_toml("name = \"x\"").unwrap();
-        assert_eq!(
-            (r.suite.as_str(), r.mirror.as_str(), r.variant.as_str()),
-            (DEFAULT_SUITE, DEFAULT_MIRROR, DEFAULT_VARIANT)
-        );
+        assert_eq!((r.suite.as_str(), r.mirror.as_str(), r.variant.as_str()), (DEFAULT_SUITE, DEFAULT_MIRROR, DEFAULT_VARIANT));
         assert_eq!((r.description.as_str(), r.base.as_deref()), ("", None));
         assert!(r.apt.is_empty() && r.run.is_empty());
     }
@@ -286,10 +233,7 @@ mod tests {
     fn derived_recipes_inherit_the_bootstrap_fields() {
         let r = Recipe::from_toml("name = \"d\"\nbase = \"default\"\napt = [\"jq\"]").unwrap();
         assert_eq!(r.base.as_deref(), Some("default"));
-        assert_eq!(
-            (r.suite.as_str(), r.mirror.as_str(), r.variant.as_str()),
-            ("", "", "")
-        );
+        assert_eq!((r.suite.as_str(), r.mirror.as_str(), r.variant.as_str()), ("", "", ""));
         let err = invalid("name = \"d\"\nbase = \"default\"\nsuite = \"trixie\"");
         assert!(err.contains("`suite` comes from the base"), "{err}");
     }
@@ -305,10 +249,7 @@ mod tests {
         assert_eq!(invalid("name = \"\""), "invalid recipe: name is empty");
         assert!(invalid("apt = []").contains("missing field `name`"));
         for bad in ["Default", "a.b", "a/b", "-x", "ü", &"n".repeat(65)] {
-            assert!(
-                invalid(&format!("name = {bad:?}")).contains("must be at most 64"),
-                "{bad}"
-            );
+            assert!(invalid(&format!("name = {bad:?}")).contains("must be at most 64"), "{bad}");
         }
         assert!(Recipe::from_toml(&format!("name = {:?}", "n".repeat(64))).is_ok());
     }
@@ -317,32 +258,14 @@ mod tests {
     fn rejects_bad_fields() {
         let cases = [
             ("name = \"x\"\nbase = \"x\"", "cannot be its own base"),
-            (
-                "name = \"x\"\nbase = \"../etc\"",
-                "is not a valid template name",
-            ),
+            ("name = \"x\"\nbase = \"../etc\"", "is not a valid template name"),
             ("name = \"x\"\nsuite = \"\"", "suite \"\" is not a valid"),
-            (
-                "name = \"x\"\nsuite = \"--foo\"",
-                "is not a valid Debian suite",
-            ),
+            ("name = \"x\"\nsuite = \"--foo\"", "is not a valid Debian suite"),
             ("name = \"x\"\nmirror = \"ftp://x\"", "must be an http://"),
-            (
-                "name = \"x\"\nmirror = \"http://a b\"",
-                "must be an http://",
-            ),
-            (
-                "name = \"x\"\nvariant = \"fat\"",
-                "variant \"fat\" must be one of",
-            ),
-            (
-                "name = \"x\"\napt = [\"--force-yes\"]",
-                "not a valid Debian package name",
-            ),
-            (
-                "name = \"x\"\napt = [\"jq; rm -rf /\"]",
-                "not a valid Debian package name",
-            ),
+            ("name = \"x\"\nmirror = \"http://a b\"", "must be an http://"),
+            ("name = \"x\"\nvariant = \"fat\"", "variant \"fat\" must be one of"),
+            ("name = \"x\"\napt = [\"--force-yes\"]", "not a valid Debian package name"),
+            ("name = \"x\"\napt = [\"jq; rm -rf /\"]", "not a valid Debian package name"),
             ("name = \"x\"\napt = [\"jq\", \"jq\"]", "listed twice"),
             ("name = \"x\"\nrun = [\"  \"]", "a run command is empty"),
             ("name = \"x\"\nrun = [\"a\\u0000b\"]", "NUL"),
@@ -356,12 +279,9 @@ mod tests {
 
     #[test]
     fn canonical_ignores_package_order_but_not_run_order() {
-        let a = Recipe::from_toml("name = \"x\"\napt = [\"a1\", \"b1\"]\nrun = [\"1\", \"2\"]")
-            .unwrap();
-        let b = Recipe::from_toml("name = \"x\"\napt = [\"b1\", \"a1\"]\nrun = [\"1\", \"2\"]")
-            .unwrap();
-        let c = Recipe::from_toml("name = \"x\"\napt = [\"a1\", \"b1\"]\nrun = [\"2\", \"1\"]")
-            .unwrap();
+        let a = Recipe::from_toml("name = \"x\"\napt = [\"a1\", \"b1\"]\nrun = [\"1\", \"2\"]").unwrap();
+        let b = Recipe::from_toml("name = \"x\"\napt = [\"b1\", \"a1\"]\nrun = [\"1\", \"2\"]").unwrap();
+        let c = Recipe::from_toml("name = \"x\"\napt = [\"a1\", \"b1\"]\nrun = [\"2\", \"1\"]").unwrap();
         assert_eq!(a.canonical(), b.canonical());
         assert_ne!(a.canonical(), c.canonical());
     }

@@ -15,12 +15,9 @@ pub(crate) fn remove_tree(path: &Path) -> Result<(), TemplateError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(TemplateError::io(context())(e)),
     };
-    let mountinfo =
-        fs::read_to_string("/proc/self/mountinfo").map_err(TemplateError::io(context()))?;
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").map_err(TemplateError::io(context()))?;
     if let Some(mount) = mounts_under(&mountinfo, &absolute).first() {
-        return Err(TemplateError::io(context())(std::io::Error::other(
-            format!("{} is still mounted; unmount it first", mount.display()),
-        )));
+        return Err(TemplateError::io(context())(std::io::Error::other(format!("{} is still mounted; unmount it first", mount.display()))));
     }
     match fs::remove_dir_all(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(TemplateError::io(context())(e)),
@@ -30,12 +27,7 @@ pub(crate) fn remove_tree(path: &Path) -> Result<(), TemplateError> {
 
 /// Mount points at or below `dir`, from /proc/self/mountinfo text.
 fn mounts_under(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
-    mountinfo
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|field| PathBuf::from(unescape(field)))
-        .filter(|mount| mount.starts_with(dir))
-        .collect()
+    mountinfo.lines().filter_map(|line| line.split(' ').nth(4)).map(|field| PathBuf::from(unescape(field))).filter(|mount| mount.starts_with(dir)).collect()
 }
 
 /// Undoes the kernel's octal escapes (`\040` for space and so on).
@@ -75,18 +67,9 @@ mod tests {
     #[test]
     fn finds_mounts_below_a_directory() {
         let under = |dir: &str| mounts_under(MOUNTINFO, Path::new(dir));
-        assert_eq!(
-            under("/var/lib/t/x.partial"),
-            [PathBuf::from("/var/lib/t/x.partial/rootfs/dev")]
-        );
-        assert_eq!(
-            under("/var/lib/t/my dir"),
-            [PathBuf::from("/var/lib/t/my dir/proc")]
-        );
-        assert!(
-            under("/var/lib/t/x.partia").is_empty(),
-            "prefix of a name is not a parent"
-        );
+        assert_eq!(under("/var/lib/t/x.partial"), [PathBuf::from("/var/lib/t/x.partial/rootfs/dev")]);
+        assert_eq!(under("/var/lib/t/my dir"), [PathBuf::from("/var/lib/t/my dir/proc")]);
+        assert!(under("/var/lib/t/x.partia").is_empty(), "prefix of a name is not a parent");
         assert!(under("/var/lib/u").is_empty());
     }
 

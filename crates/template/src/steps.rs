@@ -14,11 +14,7 @@ pub(crate) struct Steps<'a> {
 impl<'a> Steps<'a> {
     pub(crate) fn begin(progress: &'a dyn Progress, template: &str, total: u64) -> Steps<'a> {
         progress.begin(template, total);
-        Steps {
-            progress,
-            done: 0,
-            total,
-        }
+        Steps { progress, done: 0, total }
     }
 
     pub(crate) fn advance(&mut self, message: &str) {
@@ -68,16 +64,7 @@ mod tests {
         steps.remaining(3);
         steps.message(&"x".repeat(500));
         let log = rec.calls();
-        assert_eq!(
-            log[..5],
-            [
-                "begin t 1",
-                "advance 1 a",
-                "total 2",
-                "advance 1 b",
-                "total 5"
-            ]
-        );
+        assert_eq!(log[..5], ["begin t 1", "advance 1 a", "total 2", "advance 1 b", "total 5"]);
         assert_eq!(log.len(), 6, "unchanged total is not re-sent");
         assert_eq!(log[5].len(), "message ".len() + MAX_MESSAGE);
     }

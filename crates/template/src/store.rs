@@ -64,11 +64,7 @@ impl TemplateStore {
     /// A store rooted at `root`, normally `<state-dir>/templates`. Nothing is
     /// created until the first build.
     pub fn new(root: impl Into<PathBuf>) -> TemplateStore {
-        TemplateStore {
-            root: root.into(),
-            recipes: Vec::new(),
-            debian: Debian::default(),
-        }
+        TemplateStore { root: root.into(), recipes: Vec::new(), debian: Debian::default() }
     }
 
     /// The same store, its built-in recipes made from `debian`. Versions
@@ -99,11 +95,7 @@ impl TemplateStore {
     /// The recipe called `name`: a registered one, else a built-in (made
     /// from this store's Debian release).
     pub fn recipe(&self, name: &str) -> Option<Recipe> {
-        self.recipes
-            .iter()
-            .find(|r| r.name == name)
-            .cloned()
-            .or_else(|| builtin(name).map(|r| r.on_debian(self.debian)))
+        self.recipes.iter().find(|r| r.name == name).cloned().or_else(|| builtin(name).map(|r| r.on_debian(self.debian)))
     }
 
     /// Content hash of `recipe`, covering its base chain and the builder version.
@@ -115,17 +107,14 @@ impl TemplateStore {
         recipe.validate()?;
         let base_key = match &recipe.base {
             None => None,
-            Some(_) if depth >= MAX_BASE_DEPTH => {
-                return Err(TemplateError::BaseCycle(recipe.name.clone()))
-            }
+            Some(_) if depth >= MAX_BASE_DEPTH => return Err(TemplateError::BaseCycle(recipe.name.clone())),
             Some(base) => Some(self.key_at(&self.base_recipe(base)?, depth + 1)?),
         };
         Ok(key::compute(recipe, base_key.as_deref()))
     }
 
     fn base_recipe(&self, name: &str) -> Result<Recipe, TemplateError> {
-        self.recipe(name)
-            .ok_or_else(|| TemplateError::UnknownBase(name.to_string()))
+        self.recipe(name).ok_or_else(|| TemplateError::UnknownBase(name.to_string()))
     }
 
     /// The built version of `recipe` for its current key, if there is one.
@@ -136,20 +125,12 @@ impl TemplateStore {
 
     fn built(&self, name: &str, key: &str) -> Option<BuiltTemplate> {
         let rootfs = self.root.join(name).join(key).join("rootfs");
-        rootfs.is_dir().then(|| BuiltTemplate {
-            name: name.to_string(),
-            hash: key.to_string(),
-            rootfs,
-        })
+        rootfs.is_dir().then(|| BuiltTemplate { name: name.to_string(), hash: key.to_string(), rootfs })
     }
 
     /// Builds `recipe` unless it is already built for its key, building its
     /// base first if needed. Needs root.
-    pub fn build(
-        &self,
-        recipe: &Recipe,
-        progress: &dyn Progress,
-    ) -> Result<BuiltTemplate, TemplateError> {
+    pub fn build(&self, recipe: &Recipe, progress: &dyn Progress) -> Result<BuiltTemplate, TemplateError> {
         let key = self.key(recipe)?;
         if let Some(built) = self.built(&recipe.name, &key) {
             return Ok(built);
@@ -165,8 +146,7 @@ impl TemplateStore {
 
         let name = recipe.name.as_str();
         let dir = self.root.join(name);
-        fs::create_dir_all(&dir)
-            .map_err(TemplateError::io(format!("creating {}", dir.display())))?;
+        fs::create_dir_all(&dir).map_err(TemplateError::io(format!("creating {}", dir.display())))?;
         let _lock = lock::exclusive(&self.lock_path(name), || {
             progress.message(&format!("waiting for another build of {name}"));
         })?;
@@ -178,31 +158,10 @@ impl TemplateStore {
         remove_leftovers(&dir)?;
 
         let partial = dir.join(format!("{key}{PARTIAL}"));
-        fs::create_dir(&partial)
-            .map_err(TemplateError::io(format!("creating {}", partial.display())))?;
-        let base = base.map(|built| BaseBuild {
-            base: Base {
-                lock: self.lock_path(&built.name),
-                rootfs: built.rootfs.clone(),
-            },
-            built,
-        });
-        let result = build::run(
-            recipe,
-            &tools,
-            &partial.join("rootfs"),
-            base.as_ref().map(|b| &b.base),
-            progress,
-        )
-        .and_then(|()| {
-            commit(
-                recipe,
-                &key,
-                base.as_ref().map(|b| &b.built),
-                &partial,
-                &dir.join(&key),
-            )
-        });
+        fs::create_dir(&partial).map_err(TemplateError::io(format!("creating {}", partial.display())))?;
+        let base = base.map(|built| BaseBuild { base: Base { lock: self.lock_path(&built.name), rootfs: built.rootfs.clone() }, built });
+        let result = build::run(recipe, &tools, &partial.join("rootfs"), base.as_ref().map(|b| &b.base), progress)
+            .and_then(|()| commit(recipe, &key, base.as_ref().map(|b| &b.built), &partial, &dir.join(&key)));
         if let Err(e) = result {
             // Failed builds are useless; free the space now rather than at the next build.
             if let Err(cleanup) = remove_tree(&partial) {
@@ -231,10 +190,7 @@ impl TemplateStore {
                     return None;
                 }
                 let built = self.built(name, &hash)?;
-                let modified = entry
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .unwrap_or(UNIX_EPOCH);
+                let modified = entry.metadata().and_then(|m| m.modified()).unwrap_or(UNIX_EPOCH);
                 Some((modified, built))
             })
             .collect();
@@ -247,10 +203,7 @@ impl TemplateStore {
     pub fn remove_version(&self, t: &BuiltTemplate) -> Result<(), TemplateError> {
         // Paths come from name and hash only, never from the caller's `rootfs`.
         if !is_valid_name(&t.name) || !key::is_valid(&t.hash) {
-            return Err(TemplateError::Invalid(format!(
-                "no such template version {}/{}",
-                t.name, t.hash
-            )));
+            return Err(TemplateError::Invalid(format!("no such template version {}/{}", t.name, t.hash)));
         }
         let dir = self.root.join(&t.name);
         let version = dir.join(&t.hash);
@@ -263,9 +216,7 @@ impl TemplateStore {
         remove_tree(&doomed)?;
         match fs::rename(&version, &doomed) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            result => {
-                result.map_err(TemplateError::io(format!("removing {}", version.display())))?
-            }
+            result => result.map_err(TemplateError::io(format!("removing {}", version.display())))?,
         }
         remove_tree(&doomed)
     }
@@ -283,8 +234,7 @@ struct BaseBuild {
 
 /// Removes `.partial` and `.removing` directories left by killed processes.
 fn remove_leftovers(dir: &Path) -> Result<(), TemplateError> {
-    let entries =
-        fs::read_dir(dir).map_err(TemplateError::io(format!("reading {}", dir.display())))?;
+    let entries = fs::read_dir(dir).map_err(TemplateError::io(format!("reading {}", dir.display())))?;
     for entry in entries.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
@@ -298,21 +248,13 @@ fn remove_leftovers(dir: &Path) -> Result<(), TemplateError> {
 }
 
 /// Records metadata, flushes the new rootfs to disk, then renames it into place.
-fn commit(
-    recipe: &Recipe,
-    key: &str,
-    base: Option<&BuiltTemplate>,
-    partial: &Path,
-    done: &Path,
-) -> Result<(), TemplateError> {
+fn commit(recipe: &Recipe, key: &str, base: Option<&BuiltTemplate>, partial: &Path, done: &Path) -> Result<(), TemplateError> {
     let metadata = Metadata {
         name: &recipe.name,
         key,
         builder_version: BUILDER_VERSION,
         base,
-        built_at_unix: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        built_at_unix: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         recipe,
     };
     let json = serde_json::to_vec_pretty(&metadata).expect("metadata serializes");
@@ -323,12 +265,7 @@ fn commit(
     let context = || format!("syncing {}", partial.display());
     let dir = File::open(partial).map_err(TemplateError::io(context()))?;
     nix::unistd::syncfs(&dir).map_err(|e| TemplateError::io(context())(e.into()))?;
-    fs::rename(partial, done).map_err(TemplateError::io(format!(
-        "renaming {} into place",
-        partial.display()
-    )))?;
+    fs::rename(partial, done).map_err(TemplateError::io(format!("renaming {} into place", partial.display())))?;
     let parent = done.parent().expect("version dir has a parent");
-    File::open(parent)
-        .and_then(|d| d.sync_all())
-        .map_err(TemplateError::io(format!("syncing {}", parent.display())))
+    File::open(parent).and_then(|d| d.sync_all()).map_err(TemplateError::io(format!("syncing {}", parent.display())))
 }

@@ -10,14 +10,7 @@ use crate::error::TemplateError;
 pub(crate) const BUILD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Proxy settings pass through so builds work behind one.
-const PASSTHROUGH_ENV: &[&str] = &[
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-];
+const PASSTHROUGH_ENV: &[&str] = &["http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"];
 
 /// debootstrap verifies the Release file against this keyring.
 const DEBIAN_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
@@ -32,20 +25,13 @@ pub(crate) struct Tools {
 
 impl Tools {
     pub(crate) fn find() -> Result<Tools, TemplateError> {
-        let tools = Tools {
-            debootstrap: find("debootstrap", "debootstrap")?,
-            unshare: find("unshare", "util-linux")?,
-            cp: find("cp", "coreutils")?,
-        };
+        let tools = Tools { debootstrap: find("debootstrap", "debootstrap")?, unshare: find("unshare", "util-linux")?, cp: find("cp", "coreutils")? };
         // Used by debootstrap or by the chroot script, found through BUILD_PATH.
         find("chroot", "coreutils")?;
         find("mount", "mount")?;
         find("gpgv", "gpgv")?;
         if !Path::new(DEBIAN_KEYRING).is_file() {
-            return Err(TemplateError::MissingTool {
-                tool: "debian-archive-keyring",
-                package: "debian-archive-keyring",
-            });
+            return Err(TemplateError::MissingTool { tool: "debian-archive-keyring", package: "debian-archive-keyring" });
         }
         Ok(tools)
     }
@@ -87,9 +73,7 @@ fn find(tool: &'static str, package: &'static str) -> Result<PathBuf, TemplateEr
 }
 
 fn is_executable(path: &Path) -> bool {
-    path.metadata()
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
+    path.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -99,10 +83,7 @@ mod tests {
     #[test]
     fn missing_tool_error_is_one_line_naming_the_package() {
         let err = find("forkbox-no-such-tool", "forkbox-pkg").unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "forkbox-no-such-tool not found: install it with `apt-get install forkbox-pkg`"
-        );
+        assert_eq!(err.to_string(), "forkbox-no-such-tool not found: install it with `apt-get install forkbox-pkg`");
     }
 
     #[test]

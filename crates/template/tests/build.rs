@@ -8,7 +8,7 @@ use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use forkbox_template::{RecordedProgress, Recipe, TemplateError, TemplateStore};
+use forkbox_template::{Recipe, RecordedProgress, TemplateError, TemplateStore};
 
 const BASE: &str = r#"
 name = "forkbox-test-base"
@@ -24,9 +24,7 @@ run = [
 "#;
 
 fn store() -> TemplateStore {
-    let root = std::env::var_os("FORKBOX_TEST_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/forkbox-test"));
+    let root = std::env::var_os("FORKBOX_TEST_CACHE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/cache/forkbox-test"));
     let mut store = TemplateStore::new(root);
     store.register(Recipe::from_toml(BASE).unwrap()).unwrap();
     store
@@ -34,10 +32,7 @@ fn store() -> TemplateStore {
 
 /// A derived recipe named `name` running `run`.
 fn derived(name: &str, run: &str) -> Recipe {
-    Recipe::from_toml(&format!(
-        "name = {name:?}\nbase = \"forkbox-test-base\"\nrun = [{run:?}]"
-    ))
-    .unwrap()
+    Recipe::from_toml(&format!("name = {name:?}\nbase = \"forkbox-test-base\"\nrun = [{run:?}]")).unwrap()
 }
 
 /// Removes every version of `name`, so the test starts from a known state.
@@ -81,10 +76,7 @@ impl Recorder {
 fn nothing_mounted_under(store: &TemplateStore) {
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
     let root = store.root().to_string_lossy().into_owned();
-    assert!(
-        !mounts.contains(&root),
-        "build left mounts under {root}:\n{mounts}"
-    );
+    assert!(!mounts.contains(&root), "build left mounts under {root}:\n{mounts}");
 }
 
 #[test]
@@ -104,48 +96,25 @@ fn derived_template_builds_caches_and_rebuilds_on_change() {
     let built = store.build(&first, &progress.0).unwrap();
     assert_eq!(built.name, name);
     assert_eq!(built.hash, store.key(&first).unwrap());
-    assert_eq!(
-        built.rootfs,
-        store.root().join(name).join(&built.hash).join("rootfs")
-    );
-    assert_eq!(
-        fs::read_to_string(built.rootfs.join("etc/forkbox-test")).unwrap(),
-        "first\n"
-    );
+    assert_eq!(built.rootfs, store.root().join(name).join(&built.hash).join("rootfs"));
+    assert_eq!(fs::read_to_string(built.rootfs.join("etc/forkbox-test")).unwrap(), "first\n");
     // Build-time tweaks are undone.
     assert_eq!(fs::read(built.rootfs.join("etc/resolv.conf")).unwrap(), b"");
     assert!(!built.rootfs.join("usr/sbin/policy-rc.d").exists());
-    assert!(
-        built.rootfs.join("usr/bin/apt-get").exists(),
-        "base rootfs was copied"
-    );
+    assert!(built.rootfs.join("usr/bin/apt-get").exists(), "base rootfs was copied");
     assert!(!stale.exists(), "stale .partial dir was not removed");
     nothing_mounted_under(&store);
     // Copy, one run step, finishing.
-    assert_eq!(
-        progress.calls_for(name, "begin"),
-        [format!("begin {name} 3")]
-    );
+    assert_eq!(progress.calls_for(name, "begin"), [format!("begin {name} 3")]);
     assert_eq!(progress.calls_for(name, "advance").len(), 3);
-    assert_eq!(
-        progress.calls_for(name, "finish"),
-        [format!("finish {name}")]
-    );
+    assert_eq!(progress.calls_for(name, "finish"), [format!("finish {name}")]);
 
     // Same recipe again: a cache hit, no build at all.
     let again = Recorder::default();
     let started = Instant::now();
     assert_eq!(store.build(&first, &again.0).unwrap(), built);
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "cache hit took {:?}",
-        started.elapsed()
-    );
-    assert!(
-        again.calls("").is_empty(),
-        "cache hit reported progress: {:?}",
-        again.calls("")
-    );
+    assert!(started.elapsed() < Duration::from_secs(2), "cache hit took {:?}", started.elapsed());
+    assert!(again.calls("").is_empty(), "cache hit reported progress: {:?}", again.calls(""));
     assert_eq!(store.lookup(&first).unwrap(), Some(built.clone()));
 
     // A changed run step is a new version; the old one stays until removed.
@@ -153,19 +122,9 @@ fn derived_template_builds_caches_and_rebuilds_on_change() {
     assert_eq!(store.lookup(&second).unwrap(), None);
     let rebuilt = store.build(&second, &RecordedProgress::default()).unwrap();
     assert_ne!(rebuilt.hash, built.hash);
-    assert_eq!(
-        fs::read_to_string(rebuilt.rootfs.join("etc/forkbox-test")).unwrap(),
-        "second\n"
-    );
-    assert_eq!(
-        fs::read_to_string(built.rootfs.join("etc/forkbox-test")).unwrap(),
-        "first\n"
-    );
-    assert_eq!(
-        store.versions(name),
-        [rebuilt.clone(), built.clone()],
-        "newest first"
-    );
+    assert_eq!(fs::read_to_string(rebuilt.rootfs.join("etc/forkbox-test")).unwrap(), "second\n");
+    assert_eq!(fs::read_to_string(built.rootfs.join("etc/forkbox-test")).unwrap(), "first\n");
+    assert_eq!(store.versions(name), [rebuilt.clone(), built.clone()], "newest first");
 
     store.remove_version(&built).unwrap();
     assert!(!built.rootfs.exists());
@@ -182,28 +141,16 @@ fn failing_step_reports_its_output_and_leaves_nothing_behind() {
     clear(&store, name);
     let recipe = derived(name, "for i in $(seq 1 70); do echo line-$i; done; exit 7");
     let err = store.build(&recipe, &RecordedProgress::default()).unwrap_err();
-    let TemplateError::StepFailed {
-        template,
-        step,
-        status,
-        tail,
-    } = &err
-    else {
+    let TemplateError::StepFailed { template, step, status, tail } = &err else {
         panic!("expected a failed step, got {err}");
     };
     assert_eq!(template, name);
     assert!(step.starts_with("run step 1 (`for i in"), "{step}");
     assert_eq!(status, "exit status 7");
     assert_eq!(tail.lines().count(), 50);
-    assert!(
-        tail.starts_with("line-21\n") && tail.ends_with("line-70"),
-        "{tail}"
-    );
+    assert!(tail.starts_with("line-21\n") && tail.ends_with("line-70"), "{tail}");
     assert!(store.versions(name).is_empty());
-    let leftovers: Vec<_> = fs::read_dir(store.root().join(name))
-        .unwrap()
-        .flatten()
-        .collect();
+    let leftovers: Vec<_> = fs::read_dir(store.root().join(name)).unwrap().flatten().collect();
     assert!(leftovers.is_empty(), "failed build left {leftovers:?}");
     nothing_mounted_under(&store);
 }

@@ -25,15 +25,9 @@ fn key_is_stable_short_hex() {
     let store = store();
     let key = store.key(&recipe(ROOT)).unwrap();
     assert_eq!(key, store.key(&recipe(ROOT)).unwrap());
-    assert_eq!(
-        key,
-        TemplateStore::new("/elsewhere").key(&recipe(ROOT)).unwrap(),
-        "key depends on the root dir"
-    );
+    assert_eq!(key, TemplateStore::new("/elsewhere").key(&recipe(ROOT)).unwrap(), "key depends on the root dir");
     assert_eq!(key.len(), 16);
-    assert!(key
-        .bytes()
-        .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+    assert!(key.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
     // Pinned: a change here means every deployed template gets rebuilt, so
     // it should come with a BUILDER_VERSION bump, not by accident.
     assert_eq!(key, "42bd16b3f2d65a5f");
@@ -51,14 +45,8 @@ fn key_changes_with_every_field() {
         ("variant = \"minbase\"", "variant = \"buildd\""),
         ("[\"jq\", \"curl\"]", "[\"jq\"]"),
         ("[\"echo one\", \"echo two\"]", "[\"echo one\"]"),
-        (
-            "[\"echo one\", \"echo two\"]",
-            "[\"echo two\", \"echo one\"]",
-        ),
-        (
-            "[\"echo one\", \"echo two\"]",
-            "[\"echo one\", \"echo two \"]",
-        ),
+        ("[\"echo one\", \"echo two\"]", "[\"echo two\", \"echo one\"]"),
+        ("[\"echo one\", \"echo two\"]", "[\"echo one\", \"echo two \"]"),
     ];
     let mut seen = std::collections::HashSet::from([base.clone()]);
     for (from, to) in edits {
@@ -80,14 +68,10 @@ fn key_follows_the_base() {
         Err(TemplateError::UnknownBase(name)) => assert_eq!(name, "parent"),
         other => panic!("expected unknown base, got {other:?}"),
     }
-    store
-        .register(recipe("name = \"parent\"\napt = [\"jq\"]"))
-        .unwrap();
+    store.register(recipe("name = \"parent\"\napt = [\"jq\"]")).unwrap();
     let first = store.key(&derived).unwrap();
     assert_eq!(first, store.key(&derived).unwrap());
-    store
-        .register(recipe("name = \"parent\"\napt = [\"jq\", \"curl\"]"))
-        .unwrap();
+    store.register(recipe("name = \"parent\"\napt = [\"jq\", \"curl\"]")).unwrap();
     let second = store.key(&derived).unwrap();
     assert_ne!(first, second, "a changed base must change the derived key");
 
@@ -95,21 +79,15 @@ fn key_follows_the_base() {
     store.register(derived.clone()).unwrap();
     let grandchild = recipe("name = \"grandchild\"\nbase = \"child\"");
     let before = store.key(&grandchild).unwrap();
-    store
-        .register(recipe("name = \"parent\"\napt = [\"curl\"]"))
-        .unwrap();
+    store.register(recipe("name = \"parent\"\napt = [\"curl\"]")).unwrap();
     assert_ne!(before, store.key(&grandchild).unwrap());
 }
 
 #[test]
 fn base_cycles_are_reported() {
     let mut store = store();
-    store
-        .register(recipe("name = \"a\"\nbase = \"b\""))
-        .unwrap();
-    store
-        .register(recipe("name = \"b\"\nbase = \"a\""))
-        .unwrap();
+    store.register(recipe("name = \"a\"\nbase = \"b\"")).unwrap();
+    store.register(recipe("name = \"b\"\nbase = \"a\"")).unwrap();
     let err = store.key(&store.recipe("a").unwrap()).unwrap_err();
     assert!(matches!(err, TemplateError::BaseCycle(_)), "{err}");
 }
@@ -125,21 +103,14 @@ fn builtins_key_and_registered_recipes_shadow_them() {
     let mut custom = default.clone();
     custom.apt.push("jq".into());
     store.register(custom).unwrap();
-    assert_ne!(
-        store.key(&datasci).unwrap(),
-        before,
-        "derived built-in follows a replaced base"
-    );
+    assert_ne!(store.key(&datasci).unwrap(), before, "derived built-in follows a replaced base");
 }
 
 #[test]
 fn nothing_is_built_in_an_empty_store() {
     let dir = tempfile::tempdir().unwrap();
     let store = TemplateStore::new(dir.path());
-    assert!(store
-        .lookup(&builtin("default").unwrap())
-        .unwrap()
-        .is_none());
+    assert!(store.lookup(&builtin("default").unwrap()).unwrap().is_none());
     assert!(store.versions("default").is_empty());
     assert!(store.versions("../etc").is_empty());
 }

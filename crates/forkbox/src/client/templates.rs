@@ -125,15 +125,7 @@ fn table(list: &[TemplateInfo]) -> String {
         let state = if t.state == "building" { format!("building {:.0}%", t.progress * 100.0) } else { t.state.clone() };
         let used = t.in_use.sandboxes.len() + t.in_use.spaces.len() + t.in_use.templates.len();
         let kind = if t.kind.is_empty() { "-" } else { &t.kind };
-        out += &row([
-            &t.name,
-            kind,
-            &state,
-            t.base.as_deref().unwrap_or("-"),
-            &t.layers.to_string(),
-            &HumanBytes(t.size_bytes).to_string(),
-            &used.to_string(),
-        ]);
+        out += &row([&t.name, kind, &state, t.base.as_deref().unwrap_or("-"), &t.layers.to_string(), &HumanBytes(t.size_bytes).to_string(), &used.to_string()]);
     }
     out
 }

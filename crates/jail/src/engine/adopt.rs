@@ -189,7 +189,16 @@ impl Jail {
         let mut fds = fds.into_iter();
         let subvolume = self.volume.root().join(SANDBOXES_DIR).join(&record.member);
         family.members.fetch_add(1, Ordering::SeqCst);
-        let sandbox = Sandbox::new(record.member.clone(), Arc::clone(family), record.family.template_rootfs.clone(), record.limits, cgroup, subvolume, self.volume.clone(), fds.next());
+        let sandbox = Sandbox::new(
+            record.member.clone(),
+            Arc::clone(family),
+            record.family.template_rootfs.clone(),
+            record.limits,
+            cgroup,
+            subvolume,
+            self.volume.clone(),
+            fds.next(),
+        );
         sandbox.next_command.store(ADOPTED_COMMAND_IDS, Ordering::Relaxed);
         // Kept on the volume across restarts; set again for a sandbox that
         // lived before its volume had quotas.
@@ -213,7 +222,14 @@ impl Jail {
 }
 
 /// The server's ends of a REPL, registered with tokio again.
-fn repl_process(host_pid: i32, pidfd: OwnedFd, control: OwnedFd, stdout: OwnedFd, stderr: OwnedFd, exited: oneshot::Receiver<ExitStatus>) -> Result<ReplProcess> {
+fn repl_process(
+    host_pid: i32,
+    pidfd: OwnedFd,
+    control: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    exited: oneshot::Receiver<ExitStatus>,
+) -> Result<ReplProcess> {
     let io = |e: std::io::Error| Error::io("register an adopted REPL's descriptors", e);
     let control = std::os::unix::net::UnixStream::from(control);
     control.set_nonblocking(true).map_err(io)?;

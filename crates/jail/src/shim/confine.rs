@@ -51,22 +51,10 @@ impl Confinement {
     }
 
     fn exec_inner(&self, role: Role, argv: &[String], env: &[String]) -> Result<std::convert::Infallible, String> {
-        let keep = if role == Role::Repl {
-            &self.repl_capabilities
-        } else {
-            &self.capabilities
-        };
+        let keep = if role == Role::Repl { &self.repl_capabilities } else { &self.capabilities };
         reset_signals();
-        let argv_c: Vec<CString> = argv
-            .iter()
-            .map(|a| CString::new(a.as_bytes()))
-            .collect::<Result<_, _>>()
-            .map_err(|_| "NUL in argv")?;
-        let env_c: Vec<CString> = env
-            .iter()
-            .map(|a| CString::new(a.as_bytes()))
-            .collect::<Result<_, _>>()
-            .map_err(|_| "NUL in env")?;
+        let argv_c: Vec<CString> = argv.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().map_err(|_| "NUL in argv")?;
+        let env_c: Vec<CString> = env.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().map_err(|_| "NUL in env")?;
         let program = argv_c.first().ok_or("empty argv")?.clone();
         for cap in caps::all() {
             if !keep.contains(&cap) {

@@ -49,8 +49,7 @@ impl Family {
             Forked::Parent(pid) => {
                 drop(go_r);
                 let map = format!("0 {id_base} {id_count}\n");
-                let write_map =
-                    |file: &str, text: &str| fs::write(format!("/proc/{pid}/{file}"), text).map_err(|e| Error::io("write id map", e));
+                let write_map = |file: &str, text: &str| fs::write(format!("/proc/{pid}/{file}"), text).map_err(|e| Error::io("write id map", e));
                 write_map("uid_map", &map)?;
                 write_map("setgroups", "deny")?;
                 write_map("gid_map", &map)?;
@@ -69,12 +68,7 @@ impl Family {
                     sys::move_mount_to(tree.as_fd(), &lower).map_err(|e| Error::sys("mount template", e))?;
                     lowers.push(lower);
                 }
-                Ok(Family {
-                    reaper: pid,
-                    userns,
-                    pidns,
-                    lowers,
-                })
+                Ok(Family { reaper: pid, userns, pidns, lowers })
             }
         }
     }
@@ -113,9 +107,7 @@ impl Family {
 }
 
 pub fn open_ns(pid: Pid, kind: &str) -> Result<OwnedFd> {
-    fs::File::open(format!("/proc/{pid}/ns/{kind}"))
-        .map(OwnedFd::from)
-        .map_err(|e| Error::io("open namespace", e))
+    fs::File::open(format!("/proc/{pid}/ns/{kind}")).map(OwnedFd::from).map_err(|e| Error::io("open namespace", e))
 }
 
 /// PID 1 of the family's pid namespace: reap whatever is orphaned into it.

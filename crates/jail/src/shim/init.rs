@@ -23,13 +23,7 @@ use crate::sys::{self, Forked};
 /// Device nodes bound from the host (they are namespace-safe).
 const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 /// Host kernel interfaces hidden inside, as container runtimes do.
-const MASKED_FILES: [&str; 5] = [
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/timer_list",
-    "/proc/sysrq-trigger",
-    "/proc/latency_stats",
-];
+const MASKED_FILES: [&str; 5] = ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sysrq-trigger", "/proc/latency_stats"];
 const MASKED_DIRS: [&str; 4] = ["/proc/acpi", "/proc/scsi", "/sys/firmware", "/proc/driver"];
 
 /// `argv[0]` of an exec'd init; `main` dispatches on it.
@@ -63,16 +57,7 @@ pub fn run(sock: OwnedFd, root: Option<&Path>, hostname: &str) -> ! {
     let envp: [*const libc::c_char; 1] = [std::ptr::null()];
     // SAFETY: argv/envp are NUL-terminated arrays of valid C strings that
     // outlive the call; fd 4 is our own executable.
-    unsafe {
-        libc::syscall(
-            libc::SYS_execveat,
-            4,
-            c"".as_ptr(),
-            argv.as_ptr(),
-            envp.as_ptr(),
-            libc::AT_EMPTY_PATH,
-        )
-    };
+    unsafe { libc::syscall(libc::SYS_execveat, 4, c"".as_ptr(), argv.as_ptr(), envp.as_ptr(), libc::AT_EMPTY_PATH) };
     let err = format!("exec init: {}", std::io::Error::last_os_error());
     // SAFETY: fd 3 is the socket placed above.
     let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(3) };
@@ -129,40 +114,22 @@ fn enter_root(root: &Path) -> Result<(), String> {
     // /dev: a small tmpfs with the host's harmless device nodes bound in.
     let dev = at("dev");
     ensure_dir(&dev)?;
-    mount(
-        Some("tmpfs"),
-        &dev,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("mode=755,size=1024k"),
-    )
-    .map_err(|e| format!("mount /dev: {e}"))?;
+    mount(Some("tmpfs"), &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=1024k")).map_err(|e| format!("mount /dev: {e}"))?;
     for name in DEVICES {
         let target = dev.join(name);
         fs::write(&target, b"").map_err(|e| format!("create /dev/{name}: {e}"))?;
-        mount(Some(Path::new("/dev").join(name).as_path()), &target, none, MsFlags::MS_BIND, none)
-            .map_err(|e| format!("bind /dev/{name}: {e}"))?;
+        mount(Some(Path::new("/dev").join(name).as_path()), &target, none, MsFlags::MS_BIND, none).map_err(|e| format!("bind /dev/{name}: {e}"))?;
     }
     ensure_dir(&dev.join("pts"))?;
-    mount(
-        Some("devpts"),
-        &dev.join("pts"),
-        Some("devpts"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
-    )
-    .map_err(|e| format!("mount devpts: {e}"))?;
+    mount(Some("devpts"), &dev.join("pts"), Some("devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("newinstance,ptmxmode=0666,mode=0620,gid=5"))
+        .map_err(|e| format!("mount devpts: {e}"))?;
     ensure_dir(&dev.join("shm"))?;
     mount(Some("shm"), &dev.join("shm"), Some("tmpfs"), nosuid, Some("mode=1777")).map_err(|e| format!("mount /dev/shm: {e}"))?;
     ensure_dir(&dev.join("mqueue"))?;
     let _ = mount(Some("mqueue"), &dev.join("mqueue"), Some("mqueue"), nosuid, none);
-    for (link, to) in [
-        ("ptmx", "pts/ptmx"),
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ] {
+    for (link, to) in
+        [("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")]
+    {
         symlink(to, dev.join(link)).map_err(|e| format!("symlink /dev/{link}: {e}"))?;
     }
     ensure_dir(&at("sys"))?;
@@ -209,10 +176,7 @@ fn serve(sock: OwnedFd, confinement: &Confinement) -> ! {
     let mut running: HashMap<i32, u64> = HashMap::new();
     loop {
         let (sock_ready, sig_ready) = {
-            let mut fds = [
-                PollFd::new(sock.as_fd(), PollFlags::POLLIN),
-                PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
-            ];
+            let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
             match poll(&mut fds, PollTimeout::NONE) {
                 Ok(_) => (fds[0].any().unwrap_or(false), fds[1].any().unwrap_or(false)),
                 Err(nix::errno::Errno::EINTR) => (false, false),
@@ -266,14 +230,7 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
         }
     };
     if fds.len() != 3 {
-        let _ = channel::send(
-            sock.as_fd(),
-            &InitMessage::SpawnFailed {
-                id,
-                error: "spawn needs 3 descriptors".into(),
-            },
-            &[],
-        );
+        let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: "spawn needs 3 descriptors".into() }, &[]);
         return;
     }
     // The child waits until the shim has heard "started": a command whose
@@ -281,14 +238,7 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
     let (go_r, go_w) = match nix::unistd::pipe() {
         Ok(p) => p,
         Err(e) => {
-            let _ = channel::send(
-                sock.as_fd(),
-                &InitMessage::SpawnFailed {
-                    id,
-                    error: format!("pipe: {e}"),
-                },
-                &[],
-            );
+            let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: format!("pipe: {e}") }, &[]);
             return;
         }
     };
@@ -334,14 +284,7 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
             }
         }
         Err(e) => {
-            let _ = channel::send(
-                sock.as_fd(),
-                &InitMessage::SpawnFailed {
-                    id,
-                    error: format!("fork: {e}"),
-                },
-                &[],
-            );
+            let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: format!("fork: {e}") }, &[]);
         }
     }
 }

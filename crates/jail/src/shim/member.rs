@@ -60,13 +60,7 @@ pub fn mount_root(family: &Family, run_dir: &Path, name: &str, upper: &Path, wor
     // to be released by the kernel (EBUSY: "upperdir in use").
     let mut tries = 0;
     let mounted = loop {
-        match mount(
-            Some("overlay"),
-            &root,
-            Some("overlay"),
-            MsFlags::empty(),
-            Some(options.as_str()),
-        ) {
+        match mount(Some("overlay"), &root, Some("overlay"), MsFlags::empty(), Some(options.as_str())) {
             Err(nix::errno::Errno::EBUSY) if tries < 200 => {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(10));
@@ -167,13 +161,7 @@ pub fn finish(pending: Pending) -> Result<Member> {
 /// In the forked helper: enter the family, then fork into the family's pid
 /// namespace (so the new leaf becomes its child), unshare the member's
 /// namespaces and fork init.
-fn build_in_child(
-    family: &Family,
-    hostname: &str,
-    root: Option<&Path>,
-    cgroup_procs: &[PathBuf],
-    sock: OwnedFd,
-) -> std::result::Result<(), (OwnedFd, String)> {
+fn build_in_child(family: &Family, hostname: &str, root: Option<&Path>, cgroup_procs: &[PathBuf], sock: OwnedFd) -> std::result::Result<(), (OwnedFd, String)> {
     if let Err(e) = enter_family(family, cgroup_procs) {
         return Err((sock, e));
     }
@@ -189,19 +177,9 @@ fn build_in_child(
             Ok(())
         }
         Ok(Forked::Child) => {
-            let flags = CloneFlags::CLONE_NEWNS
-                | CloneFlags::CLONE_NEWNET
-                | CloneFlags::CLONE_NEWUTS
-                | CloneFlags::CLONE_NEWIPC
-                | CloneFlags::CLONE_NEWPID;
+            let flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWUTS | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWPID;
             if let Err(e) = unshare(flags) {
-                let _ = channel::send(
-                    sock.as_fd(),
-                    &InitMessage::SetupFailed {
-                        error: format!("unshare: {e}"),
-                    },
-                    &[],
-                );
+                let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: format!("unshare: {e}") }, &[]);
                 // SAFETY: leaving a forked child.
                 unsafe { libc::_exit(1) }
             }
@@ -213,13 +191,7 @@ fn build_in_child(
                     unsafe { libc::_exit(0) }
                 }
                 Err(e) => {
-                    let _ = channel::send(
-                        sock.as_fd(),
-                        &InitMessage::SetupFailed {
-                            error: format!("fork init: {e}"),
-                        },
-                        &[],
-                    );
+                    let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: format!("fork init: {e}") }, &[]);
                     // SAFETY: leaving a forked child.
                     unsafe { libc::_exit(1) }
                 }

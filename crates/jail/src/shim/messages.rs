@@ -71,35 +71,16 @@ pub enum Request {
     /// init, then its mnt, net, uts, ipc and leaf pid namespaces]. Without
     /// layers (`upper`/`work` None) the member is *hollow*: everything but
     /// its root, which `RootMember` attaches later (a fork's spare).
-    CreateMember {
-        member: String,
-        hostname: String,
-        upper: Option<PathBuf>,
-        work: Option<PathBuf>,
-        cgroup_procs: Vec<PathBuf>,
-    },
+    CreateMember { member: String, hostname: String, upper: Option<PathBuf>, work: Option<PathBuf>, cgroup_procs: Vec<PathBuf> },
     /// Give a hollow member its root over these layers (answered once its
     /// init has moved into it).
     RootMember { member: String, upper: PathBuf, work: PathBuf },
     /// Start the member's REPL. fds: [stdout write end, stderr write end,
     /// control socket, source memfd].
-    SpawnRepl {
-        member: String,
-        cgroup_procs: Vec<PathBuf>,
-        argv: Vec<String>,
-        env: Vec<String>,
-        cwd: String,
-    },
+    SpawnRepl { member: String, cgroup_procs: Vec<PathBuf>, argv: Vec<String>, env: Vec<String>, cwd: String },
     /// Run a command through the member's init. fds: [stdin, stdout, stderr]
     /// (with `tty`, all three are a terminal that becomes its controlling tty).
-    SpawnCommand {
-        member: String,
-        id: u64,
-        argv: Vec<String>,
-        env: Vec<String>,
-        cwd: String,
-        tty: bool,
-    },
+    SpawnCommand { member: String, id: u64, argv: Vec<String>, env: Vec<String>, cwd: String, tty: bool },
     /// Send a signal to every process of a command's session.
     SignalCommand { member: String, id: u64, signal: i32 },
     /// Kill every process of the member and release its mounts.
@@ -222,13 +203,7 @@ pub struct Envelope {
 pub enum InitRequest {
     /// fds: [stdin, stdout, stderr]; with `tty` they are a terminal, made
     /// the command's controlling terminal.
-    Spawn {
-        id: u64,
-        argv: Vec<String>,
-        env: Vec<String>,
-        cwd: String,
-        tty: bool,
-    },
+    Spawn { id: u64, argv: Vec<String>, env: Vec<String>, cwd: String, tty: bool },
     /// Signal every process of a running command's session.
     Signal { id: u64, signal: i32 },
     /// A hollow member gets its root: an overlay the shim mounted at `root`

@@ -118,11 +118,8 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
     let mut mask = nix::sys::signal::SigSet::empty();
     mask.add(nix::sys::signal::Signal::SIGCHLD);
     mask.thread_block().map_err(|e| Error::sys("block SIGCHLD", e))?;
-    let sigchld = nix::sys::signalfd::SignalFd::with_flags(
-        &mask,
-        nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
-    )
-    .map_err(|e| Error::sys("signalfd", e))?;
+    let sigchld = nix::sys::signalfd::SignalFd::with_flags(&mask, nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| Error::sys("signalfd", e))?;
     let started = Family::create(config.id_base, config.id_count, &config.lower_layers(), &config.run_dir).and_then(|family| {
         match family_view(&family, &config.run_dir) {
             Ok(view) => Ok((family, view)),
@@ -217,9 +214,7 @@ fn family_view(family: &Family, run_dir: &std::path::Path) -> Result<crate::noti
 fn listener_hung_up(l: &crate::notify::Listener) -> bool {
     let mut fds = [PollFd::new(l.as_fd(), PollFlags::POLLIN)];
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
-        && fds[0]
-            .revents()
-            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL))
+        && fds[0].revents().is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL))
 }
 
 fn fcntl_cloexec(fd: i32) -> nix::Result<()> {
@@ -429,14 +424,7 @@ impl Shim {
             }
             if let Some(member) = self.repls.remove(&pid.as_raw()) {
                 self.forget_deposit(&member, pid.as_raw());
-                self.send(
-                    ShimMessage::Event(ShimEvent::ReplExited {
-                        member,
-                        host_pid: pid.as_raw(),
-                        status: Some(status),
-                    }),
-                    &[],
-                )?;
+                self.send(ShimMessage::Event(ShimEvent::ReplExited { member, host_pid: pid.as_raw(), status: Some(status) }), &[])?;
             }
         }
     }
@@ -448,14 +436,7 @@ impl Shim {
         };
         let status = zombie_status(pid);
         self.forget_deposit(&member, pid);
-        self.send(
-            ShimMessage::Event(ShimEvent::ReplExited {
-                member,
-                host_pid: pid,
-                status,
-            }),
-            &[],
-        )
+        self.send(ShimMessage::Event(ShimEvent::ReplExited { member, host_pid: pid, status }), &[])
     }
 
     /// Find the children a REPL just forked (docs/architecture.md#processes-and-namespaces): each entered
@@ -466,10 +447,7 @@ impl Shim {
         let mut host_pids = Vec::with_capacity(children.len());
         let mut pidfds = Vec::with_capacity(children.len());
         for child in children {
-            let m = self
-                .members
-                .get(&child.member)
-                .ok_or_else(|| Error::Invalid(format!("no member {}", child.member)))?;
+            let m = self.members.get(&child.member).ok_or_else(|| Error::Invalid(format!("no member {}", child.member)))?;
             let want = ns_inode(m.ns.mnt.as_fd())?;
             let pid = candidates
                 .iter()
@@ -511,14 +489,7 @@ impl Shim {
             InitMessage::Exited { id, status } => self.send(ShimMessage::Event(ShimEvent::CommandExited { member, id, status }), &[]),
             InitMessage::SpawnFailed { id, error } => {
                 tracing::debug!(%error, "spawn failed");
-                self.send(
-                    ShimMessage::Event(ShimEvent::CommandExited {
-                        member,
-                        id,
-                        status: ExitStatus::Code(127),
-                    }),
-                    &[],
-                )
+                self.send(ShimMessage::Event(ShimEvent::CommandExited { member, id, status: ExitStatus::Code(127) }), &[])
             }
             InitMessage::Rooted => match self.rooting.remove(&member) {
                 Some(req) => self.reply(req, Ok((Reply::Done, vec![]))),
@@ -661,24 +632,11 @@ impl Shim {
     fn handle(&mut self, request: Request, fds: Vec<OwnedFd>) -> Result<(Reply, Vec<OwnedFd>)> {
         match request {
             Request::CreateMember { .. } | Request::RootMember { .. } => Err(Error::Invalid("answered in on_request".into())),
-            Request::SpawnRepl {
-                member: name,
-                cgroup_procs,
-                argv,
-                env,
-                cwd,
-            } => {
+            Request::SpawnRepl { member: name, cgroup_procs, argv, env, cwd } => {
                 let pidfd = self.spawn_repl(&name, &cgroup_procs, &argv, &env, &cwd, fds)?;
                 Ok((Reply::ReplSpawned { host_pid: pidfd.0 }, vec![pidfd.1]))
             }
-            Request::SpawnCommand {
-                member: name,
-                id,
-                argv,
-                env,
-                cwd,
-                tty,
-            } => {
+            Request::SpawnCommand { member: name, id, argv, env, cwd, tty } => {
                 let m = self.members.get(&name).ok_or_else(|| Error::Invalid(format!("no member {name}")))?;
                 let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
                 channel::send(m.init.as_fd(), &InitRequest::Spawn { id, argv, env, cwd, tty }, &raw)?;
@@ -765,16 +723,7 @@ impl Shim {
             Forked::Child => {
                 drop(report_r);
                 drop(listener_r);
-                let helper = ReplHelper {
-                    family: &self.family,
-                    member: m,
-                    cgroup_procs,
-                    argv,
-                    env,
-                    cwd,
-                    fds: &fds,
-                    listener_to: listener_w,
-                };
+                let helper = ReplHelper { family: &self.family, member: m, cgroup_procs, argv, env, cwd, fds: &fds, listener_to: listener_w };
                 let code = helper.run(report_w, &self.confinement);
                 // SAFETY: leaving a forked child.
                 unsafe { libc::_exit(code) }
@@ -830,9 +779,7 @@ fn in_cgroups(pid: i32, member: &str, count: usize) -> bool {
 
 /// The inode number that identifies a namespace.
 fn ns_inode(fd: std::os::fd::BorrowedFd<'_>) -> Result<u64> {
-    nix::sys::stat::fstat(fd)
-        .map(|st| st.st_ino)
-        .map_err(|e| Error::sys("stat namespace", e))
+    nix::sys::stat::fstat(fd).map(|st| st.st_ino).map_err(|e| Error::sys("stat namespace", e))
 }
 
 fn proc_ns_inode(pid: i32, kind: &str) -> Option<u64> {
@@ -850,11 +797,7 @@ fn zombie_status(pid: i32) -> Option<ExitStatus> {
         return None;
     }
     let raw: i32 = fields.get(52 - 3)?.parse().ok()?;
-    Some(if raw & 0x7f == 0 {
-        ExitStatus::Code((raw >> 8) & 0xff)
-    } else {
-        ExitStatus::Signal(raw & 0x7f)
-    })
+    Some(if raw & 0x7f == 0 { ExitStatus::Code((raw >> 8) & 0xff) } else { ExitStatus::Signal(raw & 0x7f) })
 }
 
 /// Fork the REPL with a family pid at or above LEAF_PID_MAX (falling back
@@ -888,16 +831,7 @@ struct ReplHelper<'a> {
 
 impl ReplHelper<'_> {
     fn run(self, report: OwnedFd, confinement: &Confinement) -> i32 {
-        let ReplHelper {
-            family,
-            member: m,
-            cgroup_procs,
-            argv,
-            env,
-            cwd,
-            fds,
-            listener_to,
-        } = self;
+        let ReplHelper { family, member: m, cgroup_procs, argv, env, cwd, fds, listener_to } = self;
         if let Err(e) = member::enter_family(family, cgroup_procs) {
             eprintln!("forkbox shim: {e}");
             return 1;
@@ -938,10 +872,7 @@ impl ReplHelper<'_> {
                 // Copy every source above the targets first, so no dup2 clobbers
                 // a source that happens to sit on a target number.
                 // SAFETY: fcntl duplicating descriptors we hold.
-                let high: Vec<i32> = sources
-                    .iter()
-                    .map(|fd| unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) })
-                    .collect();
+                let high: Vec<i32> = sources.iter().map(|fd| unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) }).collect();
                 for (target, fd) in high.iter().enumerate() {
                     let _ = sys::dup_to(*fd, target as i32);
                 }

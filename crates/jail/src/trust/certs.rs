@@ -85,10 +85,7 @@ impl CaSource {
     /// What changes when the source changes: each file's path, size,
     /// modification time and inode (a cheap check before every create).
     pub fn fingerprint(&self) -> Fingerprint {
-        self.files()
-            .into_iter()
-            .filter_map(|f| fs::metadata(&f).ok().map(|m| (f, m.len(), m.mtime(), m.mtime_nsec(), m.ino())))
-            .collect()
+        self.files().into_iter().filter_map(|f| fs::metadata(&f).ok().map(|m| (f, m.len(), m.mtime(), m.mtime_nsec(), m.ino()))).collect()
     }
 
     /// Read every CA (duplicates once); a file that cannot be read or holds

@@ -28,11 +28,7 @@ pub const HOST_CAS_IN_SANDBOX: &str = "/etc/ssl/certs/forkbox-host-cas.pem";
 /// that keep stores of their own: Node's, and a pip-installed `certifi`
 /// (in a venv) behind requests and httpx.
 pub fn env() -> Vec<String> {
-    vec![
-        format!("SSL_CERT_FILE={BUNDLE_IN_SANDBOX}"),
-        format!("REQUESTS_CA_BUNDLE={BUNDLE_IN_SANDBOX}"),
-        format!("NODE_EXTRA_CA_CERTS={HOST_CAS_IN_SANDBOX}"),
-    ]
+    vec![format!("SSL_CERT_FILE={BUNDLE_IN_SANDBOX}"), format!("REQUESTS_CA_BUNDLE={BUNDLE_IN_SANDBOX}"), format!("NODE_EXTRA_CA_CERTS={HOST_CAS_IN_SANDBOX}")]
 }
 
 /// What sandboxes trust, and the layers that say it.

@@ -165,7 +165,17 @@ pub(super) fn free_bytes(path: &Path) -> Result<(u64, u64)> {
 
 impl Grower {
     pub fn new(image: PathBuf, device: PathBuf, root: PathBuf, sysfs: Option<PathBuf>, policy: Policy) -> Arc<Grower> {
-        Arc::new(Grower { image, device, root, sysfs, policy, seen: Default::default(), step: Mutex::new(()), stuck: Mutex::new(None), stopped: AtomicBool::new(false) })
+        Arc::new(Grower {
+            image,
+            device,
+            root,
+            sysfs,
+            policy,
+            seen: Default::default(),
+            step: Mutex::new(()),
+            stuck: Mutex::new(None),
+            stopped: AtomicBool::new(false),
+        })
     }
 
     /// Data space btrfs has promised to writes not yet on disk.
@@ -199,7 +209,13 @@ impl Grower {
         let (size, free) = free_bytes(&self.root)?;
         let free = free.saturating_sub(self.promised());
         let (_, host_free) = free_bytes(self.host_dir())?;
-        Ok(Usage { size_bytes: size, free_bytes: free, max_bytes: self.policy.max.max(size), host_free_bytes: host_free, host_reserve_bytes: self.policy.reserve })
+        Ok(Usage {
+            size_bytes: size,
+            free_bytes: free,
+            max_bytes: self.policy.max.max(size),
+            host_free_bytes: host_free,
+            host_reserve_bytes: self.policy.reserve,
+        })
     }
 
     /// Take a step if the volume needs one (or, with `force`, if one fits).

@@ -28,8 +28,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use btrfs::*;
 pub(crate) use btrfs::fsid as btrfs_fsid;
+use btrfs::*;
 pub use growth::{default_reserve, Usage, VolumeSize, MIN_IMAGE_BYTES};
 
 /// The mounted volume.
@@ -102,7 +102,8 @@ impl Volume {
         }
         if !image.exists() {
             let (_, host_free) = growth::free_bytes(state_dir)?;
-            let bytes = policy(state_dir, size)?.initial(size.initial_bytes, host_free).map_err(|e| Error::io("make the volume image", std::io::Error::other(e)))?;
+            let bytes =
+                policy(state_dir, size)?.initial(size.initial_bytes, host_free).map_err(|e| Error::io("make the volume image", std::io::Error::other(e)))?;
             image::create(&image, bytes)?;
             tracing::info!(mib = bytes >> 20, max_mib = size.max_bytes >> 20, image = %image.display(), "made the sandbox volume; it grows with use");
         } else {
@@ -180,8 +181,7 @@ impl Volume {
             g.stop();
         }
         if self.image.is_some() {
-            nix::mount::umount2(&self.root, nix::mount::MntFlags::MNT_DETACH)
-                .map_err(|e| Error::sys("unmount volume", e))?;
+            nix::mount::umount2(&self.root, nix::mount::MntFlags::MNT_DETACH).map_err(|e| Error::sys("unmount volume", e))?;
         }
         Ok(())
     }
@@ -394,7 +394,12 @@ mod tests {
         // The cleaner would otherwise wait for the periodic commit (30 s).
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while data_used(volume.root()) >= 100 << 20 {
-            assert!(std::time::Instant::now() < deadline, "{} MiB still used 10 s after the mount (deletions pending: {:?})", data_used(volume.root()) >> 20, deletions_pending(volume.root()));
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} MiB still used 10 s after the mount (deletions pending: {:?})",
+                data_used(volume.root()) >> 20,
+                deletions_pending(volume.root())
+            );
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         volume.close().unwrap();
@@ -405,12 +410,7 @@ mod tests {
     fn data_used_offline(state: &Path) -> u64 {
         let probe = state.join("probe");
         fs::create_dir_all(&probe).unwrap();
-        let status = std::process::Command::new("mount")
-            .args(["-o", "loop,ro"])
-            .arg(state.join("volume.img"))
-            .arg(&probe)
-            .status()
-            .unwrap();
+        let status = std::process::Command::new("mount").args(["-o", "loop,ro"]).arg(state.join("volume.img")).arg(&probe).status().unwrap();
         assert!(status.success());
         let used = data_used(&probe);
         nix::mount::umount2(&probe, nix::mount::MntFlags::MNT_DETACH).unwrap();

@@ -17,7 +17,9 @@ pub fn template_rootfs() -> PathBuf {
     }
     let root = PathBuf::from("/var/lib/forkbox/templates/default");
     let mut built: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("no default template under {} ({e}); build it with `forkbox template build default` or set FORKBOX_TEST_ROOTFS", root.display()))
+        .unwrap_or_else(|e| {
+            panic!("no default template under {} ({e}); build it with `forkbox template build default` or set FORKBOX_TEST_ROOTFS", root.display())
+        })
         .flatten()
         .map(|e| e.path().join("rootfs"))
         .filter(|p| p.join("usr/bin/python3").exists())
@@ -35,8 +37,7 @@ pub fn jail() -> &'static Jail {
         let state = PathBuf::from(std::env::var("FORKBOX_TEST_STATE").unwrap_or_else(|_| "/var/lib/forkbox-test-jail".into()));
         // 4 GiB: the volume image is allocated in full, and stays between
         // runs beside the end-to-end servers' volumes on the same disk.
-        let jail = Jail::open_clean(JailConfig::new(state, PathBuf::from(env!("CARGO_BIN_EXE_forkbox-jail-shim")), 4))
-            .expect("open engine");
+        let jail = Jail::open_clean(JailConfig::new(state, PathBuf::from(env!("CARGO_BIN_EXE_forkbox-jail-shim")), 4)).expect("open engine");
         // SAFETY: registering a plain extern "C" function.
         unsafe { libc::atexit(close_jail) };
         jail
@@ -90,10 +91,7 @@ pub fn env() -> Vec<String> {
 
 /// Run `bash -c script` in the sandbox; returns (exit code, stdout, stderr).
 pub async fn bash(sb: &Sandbox, script: &str) -> (i32, String, String) {
-    let cmd = sb
-        .spawn_command(vec!["/bin/bash".into(), "-c".into(), script.into()], env(), "/root")
-        .await
-        .expect("spawn bash");
+    let cmd = sb.spawn_command(vec!["/bin/bash".into(), "-c".into(), script.into()], env(), "/root").await.expect("spawn bash");
     collect(cmd).await
 }
 

@@ -15,9 +15,33 @@ use crate::error::ApiError;
 
 /// Every field name of every request body, so random objects often hit real fields.
 const FIELDS: &[&str] = &[
-    "template", "timeout_seconds", "idle_timeout_seconds", "ram_mib", "rootfs_gb", "persistent", "egress", "allow",
-    "code", "language", "timeout_ms", "n", "checkpoint", "path", "mode", "from", "to", "overwrite", "shellCmd", "argv",
-    "cols", "rows", "env", "cwd", "data_b64", "since_seq", "max_bytes",
+    "template",
+    "timeout_seconds",
+    "idle_timeout_seconds",
+    "ram_mib",
+    "rootfs_gb",
+    "persistent",
+    "egress",
+    "allow",
+    "code",
+    "language",
+    "timeout_ms",
+    "n",
+    "checkpoint",
+    "path",
+    "mode",
+    "from",
+    "to",
+    "overwrite",
+    "shellCmd",
+    "argv",
+    "cols",
+    "rows",
+    "env",
+    "cwd",
+    "data_b64",
+    "since_seq",
+    "max_bytes",
 ];
 
 fn leaf() -> impl Strategy<Value = Value> {
@@ -29,8 +53,7 @@ fn leaf() -> impl Strategy<Value = Value> {
         (0u64..100).prop_map(Value::from),
         any::<f64>().prop_map(Value::from),
         ".{0,12}".prop_map(Value::from),
-        prop_oneof![Just("python"), Just("bash"), Just("default"), Just("644"), Just("0o755"), Just("/tmp/x"), Just("aGk=")]
-            .prop_map(Value::from),
+        prop_oneof![Just("python"), Just("bash"), Just("default"), Just("644"), Just("0o755"), Just("/tmp/x"), Just("aGk=")].prop_map(Value::from),
     ]
 }
 
@@ -116,11 +139,8 @@ fn check_all(body: &[u8], ct: Option<&str>) -> Result<(), TestCaseError> {
 
 /// A CreateSandbox-shaped object: the right fields, mostly the right types.
 fn create_object() -> impl Strategy<Value = Value> {
-    let egress = prop_oneof![
-        any::<bool>().prop_map(Value::from),
-        proptest::collection::vec(".{0,12}", 0..3).prop_map(|a| serde_json::json!({ "allow": a })),
-        leaf(),
-    ];
+    let egress =
+        prop_oneof![any::<bool>().prop_map(Value::from), proptest::collection::vec(".{0,12}", 0..3).prop_map(|a| serde_json::json!({ "allow": a })), leaf(),];
     let field = prop_oneof![
         ".{0,12}".prop_map(|t| ("template".to_string(), Value::from(t))),
         (proptest::sample::select(&["timeout_seconds", "idle_timeout_seconds", "ram_mib", "rootfs_gb"][..]), any::<u64>())

@@ -67,8 +67,7 @@ fn bad(msg: String) -> ApiError {
 /// `name` or `name=version`, Debian's way.
 fn valid_apt(spec: &str) -> bool {
     let (name, version) = spec.split_once('=').map_or((spec, None), |(n, v)| (n, Some(v)));
-    template::is_valid_package(name)
-        && version.is_none_or(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"+.~:-".contains(&b)))
+    template::is_valid_package(name) && version.is_none_or(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"+.~:-".contains(&b)))
 }
 
 /// A pip requirement: anything pip reads as one, but no option and no
@@ -121,7 +120,13 @@ impl AppState {
         if recipe.description.len() > MAX_TEXT {
             return Err(bad(format!("description is longer than {MAX_TEXT} bytes")));
         }
-        for (what, n) in [("apt", recipe.apt.len()), ("pip", recipe.pip.len()), ("files", recipe.files.len()), ("commands", recipe.commands.len()), ("preimport", recipe.preimport.len())] {
+        for (what, n) in [
+            ("apt", recipe.apt.len()),
+            ("pip", recipe.pip.len()),
+            ("files", recipe.files.len()),
+            ("commands", recipe.commands.len()),
+            ("preimport", recipe.preimport.len()),
+        ] {
             if n > MAX_ITEMS {
                 return Err(bad(format!("`{what}` has {n} entries; at most {MAX_ITEMS}")));
             }
@@ -280,7 +285,10 @@ impl AppState {
             let list: Vec<&str> = own_imports.iter().map(|s| s.as_str()).collect();
             let label = format!("import {}", list.join(", "));
             let _ = events.send(BuildEvent::Step { index: total, total, step: label.clone(), cached: false }).await;
-            let code = format!("python3 -c 'import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)' {}", list.iter().map(|m| quote(m)).collect::<Vec<_>>().join(" "));
+            let code = format!(
+                "python3 -c 'import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)' {}",
+                list.iter().map(|m| quote(m)).collect::<Vec<_>>().join(" ")
+            );
             let rootfs = self.stack_rootfs(&plan, below.as_deref()).await?;
             let entry = self.scratch_sandbox(&plan, rootfs).await?;
             let ran = run_logged(&entry, &code, events).await;
@@ -381,7 +389,8 @@ impl AppState {
                     std::io::Write::write_all(w.file(), data).map_err(|e| w.error(&e).message)?;
                     w.commit().map_err(|e| e.message)?;
                     fs.chmod(path, *mode).map_err(|e| e.message)?;
-                    let _ = events.send(BuildEvent::Log { stream: "stdout".into(), text: format!("wrote {} ({} bytes, mode {mode:o})\n", path, data.len()) }).await;
+                    let _ =
+                        events.send(BuildEvent::Log { stream: "stdout".into(), text: format!("wrote {} ({} bytes, mode {mode:o})\n", path, data.len()) }).await;
                 }
                 Ok(())
             }

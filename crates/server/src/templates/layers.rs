@@ -167,8 +167,7 @@ impl LayerStore {
                 return Err(io::Error::other("a layer path has a character overlayfs options cannot carry"));
             }
             let options = format!("lowerdir={}", lower.join(":"));
-            nix::mount::mount(Some("overlay"), &rootfs, Some("overlay"), nix::mount::MsFlags::MS_RDONLY, Some(options.as_str()))
-                .map_err(io::Error::from)?;
+            nix::mount::mount(Some("overlay"), &rootfs, Some("overlay"), nix::mount::MsFlags::MS_RDONLY, Some(options.as_str())).map_err(io::Error::from)?;
         }
         Ok(Root { rootfs, layers })
     }

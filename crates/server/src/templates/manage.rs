@@ -13,8 +13,7 @@ use crate::templates::user::UserTemplate;
 impl AppState {
     /// Live sandboxes and Spaces made from `name`, and templates built on it.
     pub async fn template_use(&self, name: &str) -> TemplateUse {
-        let mut sandboxes: Vec<String> =
-            self.inner.sandboxes.read().await.values().filter(|e| e.settings.template == name).map(|e| e.id.clone()).collect();
+        let mut sandboxes: Vec<String> = self.inner.sandboxes.read().await.values().filter(|e| e.settings.template == name).map(|e| e.id.clone()).collect();
         sandboxes.sort();
         let spaces = self.inner.spaces.list_all().into_iter().filter(|s| s.info.template == name).map(|s| s.info.space_id).collect();
         let mut templates: Vec<String> = self.inner.templates.customs().into_iter().filter(|t| t.base == name).map(|t| t.name).collect();

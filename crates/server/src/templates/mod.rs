@@ -22,8 +22,8 @@ use template::{Debian, Progress, Recipe, TemplateStore};
 
 use crate::error::ApiError;
 use crate::keys::Caller;
-pub use layers::Root;
 use layers::LayerStore;
+pub use layers::Root;
 use user::{UserTemplate, UserTemplates};
 
 #[derive(Debug, Clone)]
@@ -350,9 +350,8 @@ fn seal(rootfs: &Path) {
     if layers::is_mount_root(rootfs) {
         return;
     }
-    let done = mount(Some(rootfs), rootfs, None::<&str>, MsFlags::MS_BIND, None::<&str>).and_then(|()| {
-        mount(None::<&str>, rootfs, None::<&str>, MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY, None::<&str>)
-    });
+    let done = mount(Some(rootfs), rootfs, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .and_then(|()| mount(None::<&str>, rootfs, None::<&str>, MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY, None::<&str>));
     if let Err(e) = done {
         tracing::warn!(rootfs = %rootfs.display(), err = %e, "could not seal the template read-only");
     }
