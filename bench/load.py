@@ -91,7 +91,7 @@ class LoadServer(Server):
 
 def instance_name(state_dir: str) -> str:
     """The server's `forkbox-<instance>` cgroup name: FNV-1a of the canonical
-    state dir (crates/jail/src/engine.rs `instance_name`)."""
+    state dir (crates/jail/src/engine/mod.rs `instance_name`)."""
     h = 0x811C9DC5
     for b in os.fsencode(os.path.realpath(state_dir)):
         h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF

@@ -1,0 +1,223 @@
+//! Creating members: a new family (`Jail::create`), or new members of an existing one over fresh or no layers.
+
+use crate::cgroup::Cgroup;
+
+use super::*;
+
+impl Jail {
+    /// Create a sandbox: subvolume, cgroup, family shim, member.
+    pub async fn create(&self, spec: SandboxSpec) -> Result<Sandbox> {
+        let range = self.ids.lock().map_err(|_| Error::Shim("id allocator poisoned".into()))?.allocate()?;
+        let release = |ids: &StdMutex<IdAllocator>| {
+            if let Ok(mut ids) = ids.lock() {
+                ids.release(range);
+            }
+        };
+        let subvolume = self.volume.root().join(SANDBOXES_DIR).join(&spec.id);
+        if let Err(e) = self.make_layers(&subvolume, &spec.template_rootfs, range, spec.initial_upper.as_deref(), spec.limits.disk_bytes) {
+            let _ = self.volume.delete_subvolume(&subvolume);
+            release(&self.ids);
+            return Err(e);
+        }
+        let cgroup = match self.cgroups.create(&spec.id, &spec.limits) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = self.volume.delete_subvolume(&subvolume);
+                release(&self.ids);
+                return Err(e);
+            }
+        };
+        let made = self.create_member(&spec, &cgroup, &subvolume, range).await;
+        match made {
+            Ok((shim, init_pidfd, config)) => {
+                let family = Arc::new(FamilyHandle {
+                    shim: StdMutex::new(shim),
+                    shim_exe: self.config.shim_exe.clone(),
+                    config,
+                    members: std::sync::atomic::AtomicUsize::new(1),
+                    hollows: tokio::sync::Mutex::new(Vec::new()),
+                    restart: tokio::sync::Mutex::new(()),
+                });
+                Ok(Sandbox::new(spec.id, family, spec.template_rootfs, spec.limits, cgroup, subvolume, self.volume.clone(), init_pidfd))
+            }
+            Err(e) => {
+                let _ = cgroup.kill_all(DESTROY_DEADLINE);
+                let _ = cgroup.remove();
+                let _ = self.volume.delete_subvolume(&subvolume);
+                let _ = std::fs::remove_dir_all(self.run_dir(&spec.id));
+                release(&self.ids);
+                Err(e)
+            }
+        }
+    }
+
+    /// The sandbox's writable layers on a fresh subvolume that may hold
+    /// `disk_bytes` (0: no limit). The upper layer's root must belong to
+    /// the sandbox's root (and carry the template root's mode), or root
+    /// inside could not create anything in `/`.
+    fn make_layers(&self, subvolume: &Path, template_rootfs: &Path, range: crate::ids::IdRange, initial: Option<&Path>, disk_bytes: u64) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        // Saved files go in before the limit: a Space of a fork child may
+        // hold more than its own quota (what it inherited was its parent's).
+        self.volume.create_subvolume(subvolume, if initial.is_some() { 0 } else { disk_bytes })?;
+        for d in ["upper", "work"] {
+            std::fs::create_dir(subvolume.join(d)).map_err(|e| Error::io("create layer dir", e))?;
+        }
+        let upper = subvolume.join("upper");
+        let mode = std::fs::metadata(template_rootfs).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0o755);
+        std::fs::set_permissions(&upper, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io("chmod upper", e))?;
+        std::os::unix::fs::chown(&upper, Some(range.base), Some(range.base)).map_err(|e| Error::io("chown upper", e))?;
+        if let Some(saved) = initial {
+            let into_range = crate::layer_copy::Shift { from: 0, to: range.base, count: range.count };
+            crate::layer_copy::copy_tree(saved, &upper, &into_range)?;
+            self.volume.set_limit(subvolume, disk_bytes)?;
+        }
+        Ok(())
+    }
+
+    async fn create_member(
+        &self,
+        spec: &SandboxSpec,
+        cgroup: &Cgroup,
+        subvolume: &Path,
+        range: crate::ids::IdRange,
+    ) -> Result<(Arc<ShimHandle>, Option<OwnedFd>, ShimConfig)> {
+        let config = ShimConfig {
+            family: spec.id.clone(),
+            id_base: range.base,
+            id_count: range.count,
+            template_rootfs: spec.template_rootfs.clone(),
+            template_layers: spec.template_layers.clone(),
+            trust_layer: spec.trust_layer.clone(),
+            run_dir: self.run_dir(&spec.id),
+            orphan_grace_ms: self.config.orphan_grace.as_millis() as u64,
+        };
+        let shim = ShimHandle::start(&self.config.shim_exe, &config, range).await?;
+        match shim.call(create_member_request(&spec.id, cgroup, subvolume), &[]).await {
+            Ok((_, fds)) => Ok((shim, fds.into_iter().next(), config)),
+            Err(e) => {
+                shim.shutdown().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Keep every member that was made (so the caller can clean up) and
+    /// fail if any could not be.
+    #[allow(clippy::type_complexity)]
+    fn collect_members(
+        built: Vec<Result<(Sandbox, Result<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)>)>>,
+        made: &mut Vec<Sandbox>,
+    ) -> Result<Vec<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)>> {
+        let mut out = Vec::with_capacity(built.len());
+        let mut first_error = None;
+        for b in built {
+            match b {
+                Ok((sandbox, parts)) => {
+                    made.push(sandbox);
+                    match parts {
+                        Ok(p) => out.push(p),
+                        Err(e) => first_error = first_error.or(Some(e)),
+                    }
+                }
+                Err(e) => first_error = first_error.or(Some(e)),
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// New members of `sibling`'s family, built concurrently: over fresh
+    /// (template-only) layers, or `hollow` (no layers yet). All or none.
+    pub(super) async fn new_members(&self, sibling: &Sandbox, ids: &[String], limits: &Limits, hollow: bool) -> Result<Vec<ForkChild>> {
+        let range = crate::ids::IdRange { base: sibling.family.config.id_base, count: sibling.family.config.id_count };
+        let builds = ids.iter().map(|id| async move {
+            let subvolume = self.volume.root().join(SANDBOXES_DIR).join(id);
+            if !hollow {
+                if let Err(e) = self.make_layers(&subvolume, &sibling.template_rootfs, range, None, limits.disk_bytes) {
+                    let _ = self.volume.delete_subvolume(&subvolume);
+                    return Err(e);
+                }
+            }
+            self.add_member(sibling, id, subvolume, limits, hollow).await
+        });
+        let mut made: Vec<Sandbox> = Vec::with_capacity(ids.len());
+        match Self::collect_members(futures::future::join_all(builds).await, &mut made) {
+            Ok(parts) => Ok(made.into_iter().zip(parts).map(|(sandbox, (ns, exited))| ForkChild { sandbox, ns, exited }).collect()),
+            Err(e) => {
+                for child in &made {
+                    let _ = Box::pin(self.destroy(child)).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Build one member in `sibling`'s family over `subvolume`. The outer
+    /// error: nothing was made; otherwise the member exists (to destroy on
+    /// failure) and the inner result has its namespaces and REPL exit receiver.
+    #[allow(clippy::type_complexity)]
+    async fn add_member(
+        &self,
+        sibling: &Sandbox,
+        id: &str,
+        subvolume: PathBuf,
+        limits: &Limits,
+        hollow: bool,
+    ) -> Result<(Sandbox, Result<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)>)> {
+        let shim = sibling.shim();
+        let cgroup = match self.cgroups.create(id, limits) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = self.volume.delete_subvolume(&subvolume);
+                return Err(e);
+            }
+        };
+        let (exited_tx, exited_rx) = oneshot::channel();
+        shim.repl_exits.lock().await.insert(id.to_string(), exited_tx);
+        sibling.family.members.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let request = if hollow { hollow_member_request(id, &cgroup) } else { create_member_request(id, &cgroup, &subvolume) };
+        let (init_pidfd, ns) = match shim.call(request, &[]).await {
+            Ok((_, fds)) => {
+                let mut fds = fds.into_iter();
+                (fds.next(), fds.collect::<Vec<_>>())
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %id, err = %e, "creating a family member failed");
+                (None, Vec::new())
+            }
+        };
+        let ok = ns.len() == 5;
+        let sandbox = Sandbox::new(
+            id.to_string(),
+            Arc::clone(&sibling.family),
+            sibling.template_rootfs.clone(),
+            *limits,
+            cgroup,
+            subvolume,
+            self.volume.clone(),
+            init_pidfd,
+        );
+        if !ok {
+            return Ok((sandbox, Err(Error::Shim(format!("could not build the namespaces of sandbox {id}")))));
+        }
+        Ok((sandbox, Ok((ns, exited_rx))))
+    }
+}
+
+pub(super) fn create_member_request(id: &str, cgroup: &Cgroup, subvolume: &Path) -> Request {
+    Request::CreateMember {
+        member: id.to_string(),
+        hostname: id.to_string(),
+        upper: Some(subvolume.join("upper")),
+        work: Some(subvolume.join("work")),
+        cgroup_procs: cgroup.join_files(),
+    }
+}
+
+/// A member without a root yet (a fork's spare; see `Jail::fork_members`).
+fn hollow_member_request(id: &str, cgroup: &Cgroup) -> Request {
+    Request::CreateMember { member: id.to_string(), hostname: id.to_string(), upper: None, work: None, cgroup_procs: cgroup.join_files() }
+}
