@@ -655,12 +655,15 @@ def _close(fd):
 # names the child to the family's supervisor, and the child, still
 # single-threaded, asks for them; the supervisor copies them straight into
 # it (two ioctls its seccomp filter hands to the supervisor, crates/jail
-# notify.rs and shim/handover.rs).
+# notify/listener.rs and shim/handover.rs).
 _os_fork = os.fork
 _HANDOVER_TAKE = 0x00464201   # ioctl(slot, _, 0) in the child: a socket holding its descriptors
 _HANDOVER_GIVE = 0x00464202   # ioctl(slot, _, pid) in the parent: pid is fork child `slot`
 _ioctl = __import__('fcntl').ioctl
 _NS_TYPES = (0x00020000, 0x40000000, 0x04000000, 0x08000000)   # mnt, net, uts, ipc
+# Where each descriptor of a fork child is, as the supervisor sends them
+# (defined in crates/jail/src/fork_fds.rs; a test there checks this line).
+_FORK_FDS = {'mnt': 0, 'net': 1, 'uts': 2, 'ipc': 3, 'leaf': 4, 'control': 5, 'stdout': 6, 'stderr': 7, 'cgroup': 8}
 _forks = set()                # pids of our fork children, reaped between frames
 _forks_dead = {}              # fork child pid -> when we first saw it dead
 _REAP_AFTER = 1.0             # seconds a dead fork child stays a zombie
@@ -786,7 +789,7 @@ def _become_child(fds, plan, cwd):
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     old_host = os.uname().nodename
-    for fd, kind in zip(fds[:4], _NS_TYPES):
+    for fd, kind in zip(fds[_FORK_FDS['mnt']:_FORK_FDS['ipc'] + 1], _NS_TYPES):
         if libc.setns(fd, kind) != 0:
             _exit_now(121)
     if os.environ.get('HOSTNAME') == old_host:     # the child has its own name
@@ -794,13 +797,13 @@ def _become_child(fds, plan, cwd):
     # Join the new sandbox's cgroups: "0" moves the calling thread, and we
     # are single-threaded here, which spares the kernel's global
     # threadgroup lock (the server moves us if this fails).
-    for fd in fds[8:]:
+    for fd in fds[_FORK_FDS['cgroup']:]:
         try:
             os.write(fd, b'0')
         except OSError:
             pass
     _short_slice(libc)
-    ctl_fd, out_fd, err_fd, leaf = fds[5], fds[6], fds[7], fds[4]
+    ctl_fd, out_fd, err_fd, leaf = (fds[_FORK_FDS[name]] for name in ('control', 'stdout', 'stderr', 'leaf'))
     os.dup2(ctl_fd, _CTL, inheritable=False)
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)

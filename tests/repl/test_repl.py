@@ -524,7 +524,7 @@ def _journal(repl):
 
 def _read_journal(fd):
     """(stream offset, frames) as a server reads them: the open frame's
-    length worked out (crates/server/src/journal.rs)."""
+    length worked out (crates/repl-host/src/journal.rs)."""
     start, n, open_at, foreign = struct.unpack('<QIII', os.pread(fd, 20, 0))
     if foreign:
         return start, None
@@ -566,7 +566,7 @@ def test_output_held_when_the_process_is_killed_is_in_its_journal(fresh, stall):
         fresh.read_frame(timeout=5)
     start, data = _read_journal(j)
     os.close(j)
-    # What the socket did not bring, as a server reads it (crates/server/src/journal.rs).
+    # What the socket did not bring, as a server reads it (crates/repl-host/src/journal.rs).
     assert start <= fresh.received <= start + len(data)
     assert _frames(data[fresh.received - start:]) == [('O', b'last words\n'), ('E', b'err\n')]
 

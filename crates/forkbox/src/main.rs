@@ -355,13 +355,13 @@ struct McpArgs {
 
 fn main() {
     // A sandbox's init is this binary exec'd under another name.
-    if std::env::args_os().next().is_some_and(|a| a == jail::shim::init::INIT_ARGV0) {
-        jail::shim::init::main();
+    if std::env::args_os().next().is_some_and(|a| a == jail::entry::INIT_ARGV0) {
+        jail::entry::init_main();
     }
     let cli = Cli::parse();
     if let Command::Shim { config } = &cli.command {
         // Single-threaded on purpose: the shim forks.
-        jail::shim::main(config);
+        jail::entry::shim_main(config);
     }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))

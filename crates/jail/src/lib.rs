@@ -10,21 +10,22 @@
 pub mod cgroup;
 pub mod channel;
 pub mod diff;
-pub mod engine;
-pub mod error;
-pub mod forkplan;
+mod engine;
+mod error;
+pub mod fork_fds;
+mod forkplan;
 pub mod fs;
-pub mod ids;
-pub mod layer_copy;
+mod ids;
+mod layer_copy;
 pub mod net;
 pub mod notify;
-pub mod policy;
+mod policy;
 pub mod ports;
 pub mod pty;
-pub mod shim;
+mod shim;
 mod supervisor;
 pub mod sys;
-pub mod tools;
+mod tools;
 pub mod trust;
 pub mod volume;
 
@@ -33,4 +34,18 @@ pub use engine::{
     Adopted, CommandControl, CommandProcess, ForkChild, Jail, JailConfig, Kept, MemberRecord, ReplProcess, Sandbox, SandboxSpec, TerminalProcess,
 };
 pub use error::{Error, Result};
+/// What a REPL's fork must carry over, read from `/proc` (docs/fork.md).
+pub use forkplan::plan_for as fork_plan;
+/// How many families (sandboxes) one server's block of host ids holds.
+pub use ids::SLOT_BLOCKS;
 pub use shim::messages::ExitStatus;
+pub use tools::require_tool;
+
+/// The processes the engine runs as the server's own executable under
+/// other names: its `main` hands over to these first thing.
+pub mod entry {
+    /// A sandbox's init (argv[0] `INIT_ARGV0`).
+    pub use crate::shim::init::{main as init_main, INIT_ARGV0};
+    /// A family's supervisor (`forkbox __shim '<json>'`).
+    pub use crate::shim::main as shim_main;
+}

@@ -10,9 +10,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::records::SandboxRecord;
-use crate::repl::ReplSession;
 use crate::sandbox::{entry_with, ReplSlot, SandboxEntry};
 use crate::state::AppState;
+use repl_host::session::ReplSession;
 
 /// Most lost ids remembered (for their 404's message).
 const LOST_REMEMBERED: usize = 10_000;

@@ -14,11 +14,11 @@ use axum::response::{IntoResponse, Response};
 use protocol::{CheckpointInfo, CheckpointList, RestoreRequest};
 
 use crate::error::ApiError;
-use crate::events::now_ms;
 use crate::keys::Caller;
 use crate::routes::{json, Json};
 use crate::sandbox::SandboxEntry;
 use crate::state::{AppState, CreateSlot};
+use repl_host::events::now_ms;
 
 pub struct Checkpoint {
     pub id: String,

@@ -70,6 +70,6 @@ impl AppState {
 
     /// Execs running or queued behind another in their sandbox.
     async fn running_execs(&self) -> u64 {
-        self.inner.sandboxes.read().await.values().map(|e| e.busy.load(Ordering::SeqCst)).sum()
+        self.inner.sandboxes.read().await.values().map(|e| e.busy_count()).sum()
     }
 }

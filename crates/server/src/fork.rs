@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use crate::error::ApiError;
 use crate::keys::Caller;
-use crate::repl::ReplSession;
 use crate::sandbox::{new_entry, SandboxEntry};
 use crate::state::{new_id, AppState, CreateSlot};
+use repl_host::session::ReplSession;
 
 /// Children per fork (the podflare contract's limit).
 pub const MAX_FORK: usize = 32;
@@ -63,7 +63,8 @@ struct ChildChannels {
     stdout: OwnedFd,
     stderr: OwnedFd,
     /// The REPL's ends: control socket, stdout and stderr write ends.
-    theirs: [OwnedFd; 3],
+    /// Passed on in the order of `jail::fork_fds::CHANNELS`.
+    theirs: [OwnedFd; jail::fork_fds::CHANNELS.len()],
 }
 
 fn child_channels() -> Result<ChildChannels, ApiError> {
@@ -118,8 +119,7 @@ impl AppState {
     /// yet (the caller makes them sandboxes or checkpoints, and holds a
     /// `CreateSlot` for them until they are registered).
     pub(crate) async fn fork_entries(&self, parent: &Arc<SandboxEntry>, n: usize) -> Result<Vec<Arc<SandboxEntry>>, ApiError> {
-        parent.busy.fetch_add(1, Ordering::SeqCst);
-        parent.touch();
+        let busy = parent.hold_busy();
         // A paused parent runs for the moment its REPL forks itself, then
         // is paused again; the children run (docs/state.md).
         let was_paused = parent.engine.is_paused();
@@ -133,7 +133,7 @@ impl AppState {
                 tracing::warn!(sandbox = %parent.id, err = %e, "could not pause the parent again after a fork");
             }
         }
-        parent.busy.fetch_sub(1, Ordering::SeqCst);
+        drop(busy);
         parent.touch();
         let children = result?;
         // Build the family's next children ahead of time (docs/fork.md).
@@ -169,7 +169,7 @@ impl AppState {
 
     /// Have the REPL of `session` (in `parent`) fork itself into the new
     /// members `made`, and wait until every child REPL is ready and adopted.
-    /// `plan`: what the children must redo (jail::forkplan), read from the
+    /// `plan`: what the children must redo (jail::fork_plan), read from the
     /// REPL's /proc when None. On failure every member in `made` is destroyed.
     pub(crate) async fn fork_repl_into(
         &self,
@@ -194,7 +194,7 @@ impl AppState {
         }
         let plan = match plan {
             Some(p) => p.clone(),
-            None => serde_json::to_value(jail::forkplan::plan_for(session.host_pid)).unwrap_or_default(),
+            None => serde_json::to_value(jail::fork_plan(session.host_pid)).unwrap_or_default(),
         };
         let parent_repl = session.host_pid;
         // Each child's descriptors go to the shim, never to the forking
@@ -213,7 +213,7 @@ impl AppState {
                 }
                 return Err(ApiError::engine("could not fork the sandbox", e));
             }
-            made.iter().zip(&joins).map(|(c, join)| c.ns.len() + 3 + join.len()).collect()
+            joins.iter().map(|join| jail::fork_fds::count(join.len())).collect()
         };
         let answer = match session.send_fork(&plan, &counts).await {
             Ok(fid) => tokio::time::timeout(FORK_ANSWER_TIMEOUT, session.wait_forked(fid))

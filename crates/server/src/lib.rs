@@ -1,23 +1,21 @@
 //! The forkbox HTTP server: the podflare-compatible API over the jail engine.
 //!
 //! Data path: request → `routes` (parse, validate) → `state::AppState`
-//! (registry, lifecycle) → `sandbox::SandboxEntry` (exec queue) → `repl`
-//! (the REPL's frames) → `events::EventSink` → NDJSON response.
+//! (registry, lifecycle) → `sandbox::SandboxEntry` (exec queue) →
+//! `repl_host::ReplSession` (the REPL's frames) → `repl_host::EventSink` →
+//! NDJSON response.
 
 pub mod adopt;
 pub mod checkpoints;
 pub mod config;
-pub mod control;
 pub mod cpu_boost;
 pub mod disk;
 pub mod dns;
 pub mod drain;
 pub mod egress;
 pub mod error;
-pub mod events;
 pub mod files;
 pub mod fork;
-pub mod journal;
 pub mod keepalive;
 pub mod keys;
 pub mod metrics;
@@ -27,7 +25,6 @@ pub mod pool;
 pub mod ports;
 pub mod pty;
 pub mod records;
-pub mod repl;
 pub mod routes;
 pub mod sandbox;
 pub mod setup;
@@ -133,15 +130,15 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     // taken for no keys (src/keys.rs).
     let key_file = keys::KeyFile::load(&keys::key_file_path(&config.state_dir))?;
     check_exposure(&config.listen, !config.api_keys.is_empty() || !key_file.keys.is_empty()).map_err(anyhow::Error::msg)?;
-    if config.limits.max_sandboxes > jail::ids::SLOT_BLOCKS as usize {
-        anyhow::bail!("--max-sandboxes can be at most {} (the host ids one server owns)", jail::ids::SLOT_BLOCKS);
+    if config.limits.max_sandboxes > jail::SLOT_BLOCKS as usize {
+        anyhow::bail!("--max-sandboxes can be at most {} (the host ids one server owns)", jail::SLOT_BLOCKS);
     }
     if config.build_templates {
         template::check_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     if config.default_egress && config.egress_proxy.is_none() {
         for (tool, package) in [("pasta", "passt"), ("nft", "nftables")] {
-            jail::tools::require_tool(tool, package).map_err(|e| anyhow::anyhow!("{e} (or start with --default-egress false)"))?;
+            jail::require_tool(tool, package).map_err(|e| anyhow::anyhow!("{e} (or start with --default-egress false)"))?;
         }
     }
     let jail = jail::Jail::open(jail::JailConfig {

@@ -215,7 +215,7 @@ pub async fn scrape(State(state): State<AppState>) -> Response {
         for e in all.values() {
             let info_state = if e.engine.is_paused() {
                 "paused"
-            } else if e.busy.load(Ordering::Relaxed) > 0 {
+            } else if e.is_busy() {
                 "running"
             } else {
                 "ready"

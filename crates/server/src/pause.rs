@@ -4,7 +4,6 @@
 //! (exec, files, PTYs, ports, fork) resumes it first; an idle sandbox may be
 //! paused by the server (`--idle-pause-seconds`).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -37,7 +36,7 @@ pub async fn pause_idle(entry: &Arc<SandboxEntry>) -> Result<(), ApiError> {
     let Ok(_slot) = entry.slot.try_lock() else {
         return Err(ApiError::Conflict("an exec is running or queued; pause after it".into()));
     };
-    if entry.busy.load(Ordering::SeqCst) > 0 {
+    if entry.is_busy() {
         return Err(ApiError::Conflict("an exec is running or queued; pause after it".into()));
     }
     if !entry.engine.is_paused() {

@@ -26,9 +26,9 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 
-use crate::repl::ReplItem;
 use crate::sandbox::{new_entry, start_repl, SandboxEntry, Settings};
 use crate::state::{new_id, AppState};
+use repl_host::session::ReplItem;
 
 /// Spare members kept ready per template.
 const SPARES: usize = 2;
@@ -473,7 +473,7 @@ impl AppState {
             let _ = self.inner.jail.destroy(&engine).await;
             return Err(e);
         }
-        let plan = serde_json::to_value(jail::forkplan::plan_for(session.host_pid)).unwrap_or_default();
+        let plan = serde_json::to_value(jail::fork_plan(session.host_pid)).unwrap_or_default();
         let zygote = new_entry(id, settings, Arc::new(engine), session, Vec::new());
         let warm = Arc::new(Warm {
             key: key.clone(),
@@ -590,7 +590,7 @@ impl AppState {
 
 /// Bring a fresh REPL to its template's starting state: import `modules`,
 /// and load the saved REPL state when the template has one.
-pub(crate) async fn warm_session(session: &mut crate::repl::ReplSession, modules: &[String], thaw: bool) -> Result<(), String> {
+pub(crate) async fn warm_session(session: &mut repl_host::session::ReplSession, modules: &[String], thaw: bool) -> Result<(), String> {
     preload(session, modules).await?;
     if thaw {
         run_quietly(session, &crate::spaces::space_code("thaw"), crate::spaces::REPL_SAVE_TIMEOUT)
@@ -602,7 +602,7 @@ pub(crate) async fn warm_session(session: &mut crate::repl::ReplSession, modules
 
 /// Import `modules` in a fresh REPL, without writing bytecode into the
 /// sandbox's files (the zygote's files must stay the template's).
-async fn preload(session: &mut crate::repl::ReplSession, modules: &[String]) -> Result<(), String> {
+async fn preload(session: &mut repl_host::session::ReplSession, modules: &[String]) -> Result<(), String> {
     if modules.is_empty() {
         return Ok(());
     }
@@ -616,7 +616,7 @@ async fn preload(session: &mut crate::repl::ReplSession, modules: &[String]) -> 
 }
 
 /// Run `code` in a REPL no one watches; an exception is an error.
-async fn run_quietly(session: &mut crate::repl::ReplSession, code: &str, timeout: Duration) -> Result<(), String> {
+async fn run_quietly(session: &mut repl_host::session::ReplSession, code: &str, timeout: Duration) -> Result<(), String> {
     let id = session.send_exec(code).await.map_err(|e| e.to_string())?;
     let wait = async {
         loop {

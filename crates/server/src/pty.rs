@@ -24,10 +24,10 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, watch};
 
 use crate::error::ApiError;
-use crate::events::now_ms;
 use crate::routes::Json;
 use crate::sandbox::{sandbox_env, SandboxEntry};
 use crate::state::AppState;
+use repl_host::events::now_ms;
 
 /// Output kept per session for attach and read.
 pub const RING_BYTES: usize = 1 << 20;

@@ -16,9 +16,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::ApiError;
-use crate::events::EventSink;
 use crate::keys::Caller;
 use crate::state::AppState;
+use repl_host::events::EventSink;
 
 /// `Json<T>` whose rejections are JSON errors with the right status.
 pub struct Json<T>(pub T);
@@ -146,8 +146,7 @@ pub async fn exec(State(state): State<AppState>, caller: Caller, Path(id): Path<
     let bounds = crate::sandbox::ExecBounds { timeout, stop: state.inner.drain.stop_token() };
     let (tx, rx) = mpsc::channel(256);
     let is_python = language == "python";
-    entry.busy.fetch_add(1, Ordering::SeqCst);
-    entry.touch();
+    let busy = entry.hold_busy();
     let started = std::time::Instant::now();
     // The exec runs in its own task: a client that disconnects does not
     // cancel it halfway (the REPL stays consistent); it just stops listening.
@@ -155,6 +154,8 @@ pub async fn exec(State(state): State<AppState>, caller: Caller, Path(id): Path<
     let span = tracing::Span::current();
     tokio::spawn(tracing::Instrument::instrument(
         async move {
+            // Busy until the exec is over, however it ends.
+            let _busy = busy;
             // A sandbox's network may still be coming up (src/egress.rs).
             let network_failed = entry.network.lock().await.failed.take();
             let mut slot = entry.slot.lock().await;
@@ -165,7 +166,6 @@ pub async fn exec(State(state): State<AppState>, caller: Caller, Path(id): Path<
             if let Err(e) = crate::pause::ensure_running(&entry).await {
                 sink.error(e.to_string(), None, None, None).await;
                 sink.exit(1).await;
-                entry.busy.fetch_sub(1, Ordering::SeqCst);
                 return;
             }
             if entry.destroyed.load(Ordering::Relaxed) {
@@ -182,7 +182,6 @@ pub async fn exec(State(state): State<AppState>, caller: Caller, Path(id): Path<
             }
             entry.execs.fetch_add(1, Ordering::Relaxed);
             entry.touch();
-            entry.busy.fetch_sub(1, Ordering::SeqCst);
             state.inner.metrics.observe_exec(if is_python { "python" } else { "bash" }, started);
         },
         span,

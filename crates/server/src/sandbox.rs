@@ -12,8 +12,8 @@ use protocol::SandboxInfo;
 use tokio::io::AsyncReadExt;
 use tokio::sync::Mutex;
 
-use crate::events::{now_ms, EventSink, Replay};
-use crate::repl::{ReplItem, ReplSession, REPL_BOOTSTRAP, REPL_SOURCE};
+use repl_host::events::{now_ms, EventSink, Replay};
+use repl_host::session::{ReplItem, ReplSession, REPL_BOOTSTRAP, REPL_SOURCE};
 
 /// Exit code of an exec stopped by its timeout (as GNU `timeout` does).
 pub const TIMEOUT_EXIT: i32 = 124;
@@ -76,8 +76,9 @@ pub struct SandboxEntry {
     /// Held for the whole of an exec: `tokio::sync::Mutex` is fair, so
     /// concurrent execs run in arrival order.
     pub slot: Mutex<ReplSlot>,
-    /// Execs running or queued (the idle timer ignores busy sandboxes).
-    pub busy: AtomicU64,
+    /// Work running or queued on it (execs, a fork, a freeze or save): the
+    /// idle timer and pause leave a busy sandbox alone. Only `Busy` moves it.
+    busy: AtomicU64,
     /// Open connections of the port proxy (src/ports.rs).
     pub port_connections: std::sync::atomic::AtomicUsize,
     /// Open file watch streams (src/watch.rs).
@@ -163,7 +164,33 @@ pub async fn keep_repl_ends(engine: &jail::Sandbox, repl_host_pid: i32, ends: [s
     }
 }
 
+/// Holds its sandbox busy until dropped, so no path that returns early can
+/// leave the count raised (or lower it twice).
+pub struct Busy(Arc<SandboxEntry>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl SandboxEntry {
+    /// Mark it busy (and active now) for as long as the guard lives.
+    pub fn hold_busy(self: &Arc<Self>) -> Busy {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        self.touch();
+        Busy(Arc::clone(self))
+    }
+
+    pub fn is_busy(&self) -> bool {
+        self.busy_count() > 0
+    }
+
+    /// How much work runs or waits on it.
+    pub fn busy_count(&self) -> u64 {
+        self.busy.load(Ordering::SeqCst)
+    }
+
     pub fn touch(&self) {
         self.last_active.store(now_ms(), Ordering::Relaxed);
     }
@@ -177,7 +204,7 @@ impl SandboxEntry {
             id: self.id.clone(),
             state: if self.engine.is_paused() {
                 "paused".into()
-            } else if self.busy.load(Ordering::Relaxed) > 0 {
+            } else if self.is_busy() {
                 "running".into()
             } else {
                 "ready".into()
@@ -506,7 +533,7 @@ impl SandboxEntry {
         // background children write later is not part of this call.
         for (pipe, is_out) in [(&mut cmd.stdout, true), (&mut cmd.stderr, false)] {
             let buf = if is_out { &mut out } else { &mut err };
-            while let Some(n) = crate::repl::read_now(pipe, buf) {
+            while let Some(n) = repl_host::session::read_now(pipe, buf) {
                 if is_out {
                     sink.stdout(&buf[..n]).await
                 } else {

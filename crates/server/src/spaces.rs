@@ -26,11 +26,11 @@ use protocol::{ResumeSpace, SandboxInfo, SpaceInfo, SpaceList, Unsaved};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
-use crate::events::now_ms;
 use crate::keys::Caller;
 use crate::routes::json;
 use crate::sandbox::{ReplSlot, SandboxEntry, Settings};
 use crate::state::{valid_id, AppState};
+use repl_host::events::now_ms;
 
 /// The REPL side of a freeze and a thaw.
 const SPACE_PY: &str = include_str!("../../../repl/space.py");
@@ -281,9 +281,9 @@ impl AppState {
     pub async fn freeze(&self, caller: &Caller, id: &str) -> Result<SpaceMeta, ApiError> {
         let entry = self.get(caller, id).await?;
         crate::disk::ensure_room(&self.inner.config.state_dir)?;
-        entry.busy.fetch_add(1, Ordering::SeqCst);
+        let busy = entry.hold_busy();
         let result = self.freeze_entry(&entry).await;
-        entry.busy.fetch_sub(1, Ordering::SeqCst);
+        drop(busy);
         let meta = result?;
         // The sandbox lives on as the Space: free it.
         let removed = {

@@ -13,10 +13,10 @@ use tokio::sync::RwLock;
 
 use crate::config::ServerConfig;
 use crate::error::ApiError;
-use crate::events::now_ms;
 use crate::keys::{Caller, Reservation};
 use crate::sandbox::{new_entry, start_repl, SandboxEntry, Settings};
 use crate::templates::Templates;
+use repl_host::events::now_ms;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -435,8 +435,7 @@ impl AppState {
                 .values()
                 .filter_map(|e| {
                     let idle = now.saturating_sub(e.last_active.load(Ordering::Relaxed));
-                    let busy = e.busy.load(Ordering::Relaxed) > 0;
-                    let idle_out = !busy && idle >= e.settings.idle_timeout.as_millis() as u64;
+                    let idle_out = !e.is_busy() && idle >= e.settings.idle_timeout.as_millis() as u64;
                     // A persistent sandbox freezes at its idle timeout; its
                     // lifetime's end destroys it like any other.
                     if now >= e.expires_at() {
@@ -450,11 +449,11 @@ impl AppState {
                 if persistent {
                     // A big freeze takes a while: the timers go on meanwhile,
                     // and the sandbox counts as busy so it is not picked again.
-                    entry.busy.fetch_add(1, Ordering::SeqCst);
+                    let busy = entry.hold_busy();
                     let state = self.clone();
                     tokio::spawn(async move {
                         state.freeze_idle(&entry.id).await;
-                        entry.busy.fetch_sub(1, Ordering::SeqCst);
+                        drop(busy);
                     });
                 } else {
                     tracing::info!(sandbox = %entry.id, "timed out");

@@ -22,10 +22,10 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::events::now_ms;
 use crate::files::{flag, sandbox_path};
 use crate::sandbox::{CapSlot, SandboxEntry};
 use crate::state::AppState;
+use repl_host::events::now_ms;
 
 /// Most directories one watch follows; beyond it new directories are not
 /// watched and the stream says `overflow`.

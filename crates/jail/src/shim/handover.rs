@@ -195,6 +195,8 @@ impl HandOvers {
             return take.refuse(libc::EPERM);
         };
         let ns = &m.ns;
+        // In the order of crate::fork_fds::NAMESPACES; the slot's own
+        // (channels, then cgroup files) follow.
         let ours = [ns.mnt.as_fd(), ns.net.as_fd(), ns.uts.as_fd(), ns.ipc.as_fd(), ns.pid.as_fd()];
         let all: Vec<BorrowedFd<'_>> = ours.into_iter().chain(s.fds.iter().map(|f| f.as_fd())).collect();
         match bundle(&all) {

@@ -19,12 +19,12 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::events::EventSink;
 use crate::keys::Caller;
 use crate::sandbox::{new_entry, start_repl, ExecBounds, SandboxEntry, Settings};
 use crate::state::{new_id, AppState};
 use crate::templates::layers::{self, Root, MAX_LAYERS};
 use crate::templates::user::UserTemplate;
+use repl_host::events::EventSink;
 
 /// Longest a step may run.
 const STEP_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -314,7 +314,7 @@ impl AppState {
             recipe: Some(recipe),
             saved_from: None,
             unsaved: Vec::new(),
-            created_at: crate::events::now_ms(),
+            created_at: repl_host::events::now_ms(),
         };
         let mut info = self.register_template(t).await.map_err(|e| e.to_string())?;
         info.in_use = self.template_use(&info.name).await;

@@ -71,7 +71,7 @@ pub fn step_key(below: &str, step: &[u8]) -> String {
 
 /// A key nobody can build again: a saved sandbox is not a recipe.
 pub fn unique_key() -> String {
-    step_key(&crate::state::new_id(), &crate::events::now_ms().to_le_bytes())
+    step_key(&crate::state::new_id(), &repl_host::events::now_ms().to_le_bytes())
 }
 
 fn is_key(s: &str) -> bool {
@@ -208,7 +208,7 @@ impl LayerStore {
                 base_rootfs: base_rootfs.to_path_buf(),
                 step: step.chars().take(300).collect(),
                 bytes,
-                created_at: crate::events::now_ms(),
+                created_at: repl_host::events::now_ms(),
             };
             fs::write(partial.join(META), serde_json::to_vec_pretty(&meta)?)?;
             rustix::fs::sync();

@@ -28,9 +28,9 @@ impl AppState {
         self.check_new_name(caller, &req.name)?;
         let entry = self.get(caller, id).await?;
         crate::disk::ensure_room(&self.inner.config.state_dir)?;
-        entry.busy.fetch_add(1, Ordering::SeqCst);
+        let busy = entry.hold_busy();
         let saved = self.save_entry(&entry).await;
-        entry.busy.fetch_sub(1, Ordering::SeqCst);
+        drop(busy);
         let (layer, unsaved, _pinned) = saved?;
         let templates = &self.inner.templates;
         let base = entry.settings.template.clone();
@@ -49,7 +49,7 @@ impl AppState {
             recipe: None,
             saved_from: Some(entry.id.clone()),
             unsaved,
-            created_at: crate::events::now_ms(),
+            created_at: repl_host::events::now_ms(),
         };
         let info = self.register_template(t).await?;
         tracing::info!(sandbox = %id, template = %req.name, bytes = layer.bytes, "saved a sandbox as a template");
