@@ -73,7 +73,7 @@ impl AppState {
         let refused = {
             let mut list = lock(&entry.checkpoints);
             // Two checkpoints made at once may both have passed the check.
-            if list.len() >= max || entry.destroyed.load(Ordering::SeqCst) {
+            if list.len() >= max || entry.is_destroyed() {
                 Some(checkpoint)
             } else {
                 list.push(checkpoint);
@@ -82,7 +82,7 @@ impl AppState {
         };
         if let Some(c) = refused {
             self.teardown(&c.entry).await;
-            return Err(if entry.destroyed.load(Ordering::SeqCst) {
+            return Err(if entry.is_destroyed() {
                 ApiError::NotFound(format!("sandbox `{id}` was destroyed"))
             } else {
                 ApiError::TooMany(format!("sandbox `{id}` has {max} checkpoints, the most allowed (--max-checkpoints)"))

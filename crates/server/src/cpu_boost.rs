@@ -26,7 +26,6 @@
 //! the quiet sandbox's median exec beside hogs, so CPU time alone decides.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -167,7 +166,7 @@ impl Booster {
             if want > *base {
                 boosted += 1;
             }
-            if entry.destroyed.load(Ordering::Relaxed) {
+            if entry.is_destroyed() {
                 continue;
             }
             if let Err(e) = apply(cgroup, quiet, want) {

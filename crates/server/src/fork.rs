@@ -92,7 +92,7 @@ impl AppState {
         let ids: Vec<String> = children.iter().map(|c| c.id.clone()).collect();
         {
             let mut all = self.inner.sandboxes.write().await;
-            if parent.destroyed.load(Ordering::SeqCst) {
+            if parent.is_destroyed() {
                 drop(all);
                 for c in &children {
                     self.teardown(c).await;
@@ -149,7 +149,7 @@ impl AppState {
     async fn fork_locked(&self, parent: &Arc<SandboxEntry>, n: usize) -> Result<Vec<Arc<SandboxEntry>>, ApiError> {
         let started = std::time::Instant::now();
         let mut slot = parent.slot.lock().await;
-        if parent.destroyed.load(Ordering::SeqCst) {
+        if !parent.lifecycle().can_run() {
             return Err(ApiError::NotFound(format!("sandbox `{}` was destroyed", parent.id)));
         }
         parent.ensure_repl(&mut slot).await.map_err(ApiError::Conflict)?;
@@ -297,7 +297,7 @@ impl AppState {
         let merged = crate::sandbox::successor_entry(&parent, &winner, &mut winner_slot, lineage);
         // The winner's checkpoints are of the state the parent's id holds now.
         crate::checkpoints::adopt(&merged.checkpoints, &winner.checkpoints);
-        winner.destroyed.store(true, Ordering::SeqCst);
+        winner.mark_destroyed();
         all.remove(winner_id);
         self.unregistered(&winner);
         self.inner.records.remove(winner_id);

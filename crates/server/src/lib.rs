@@ -18,6 +18,7 @@ pub mod files;
 pub mod fork;
 pub mod keepalive;
 pub mod keys;
+pub mod lifecycle;
 pub mod metrics;
 pub mod openapi;
 pub mod pause;

@@ -213,14 +213,11 @@ pub async fn scrape(State(state): State<AppState>) -> Response {
     {
         let all = state.inner.sandboxes.read().await;
         for e in all.values() {
-            let info_state = if e.engine.is_paused() {
-                "paused"
-            } else if e.is_busy() {
-                "running"
-            } else {
-                "ready"
-            };
-            *by_state.entry(info_state).or_default() += 1;
+            let lifecycle = e.lifecycle();
+            // One on its way out is not counted (it leaves the registry next).
+            if lifecycle != crate::lifecycle::Lifecycle::Destroyed {
+                *by_state.entry(lifecycle.as_str()).or_default() += 1;
+            }
             checkpoints += e.checkpoints.lock().map(|c| c.len() as i64).unwrap_or(0);
             restarts += e.repl_restarts.load(Ordering::Relaxed);
             ooms += e.engine.cgroup().oom_kills();

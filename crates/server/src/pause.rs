@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
+use crate::lifecycle::Lifecycle;
 use crate::sandbox::SandboxEntry;
 use crate::state::AppState;
 
@@ -36,14 +37,17 @@ pub async fn pause_idle(entry: &Arc<SandboxEntry>) -> Result<(), ApiError> {
     let Ok(_slot) = entry.slot.try_lock() else {
         return Err(ApiError::Conflict("an exec is running or queued; pause after it".into()));
     };
-    if entry.is_busy() {
-        return Err(ApiError::Conflict("an exec is running or queued; pause after it".into()));
+    match entry.lifecycle() {
+        Lifecycle::Running => Err(ApiError::Conflict("an exec is running or queued; pause after it".into())),
+        Lifecycle::Destroyed => Err(ApiError::NotFound(format!("sandbox `{}` was destroyed", entry.id))),
+        // Idempotent.
+        Lifecycle::Paused => Ok(()),
+        Lifecycle::Ready => {
+            set_paused(entry, true).await?;
+            tracing::info!(sandbox = %entry.id, "paused");
+            Ok(())
+        }
     }
-    if !entry.engine.is_paused() {
-        set_paused(entry, true).await?;
-        tracing::info!(sandbox = %entry.id, "paused");
-    }
-    Ok(())
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", params(("id" = String, Path)),

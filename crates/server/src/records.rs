@@ -96,7 +96,7 @@ impl Records {
     /// crash leaves the old record or the new, never half of one). No
     /// fsync: a machine crash takes the sandboxes with it anyway.
     pub fn save(&self, entry: &SandboxEntry) {
-        if entry.destroyed.load(std::sync::atomic::Ordering::SeqCst) {
+        if entry.is_destroyed() {
             return;
         }
         let record = SandboxRecord::of(entry);

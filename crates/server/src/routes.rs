@@ -168,7 +168,7 @@ pub async fn exec(State(state): State<AppState>, caller: Caller, Path(id): Path<
                 sink.exit(1).await;
                 return;
             }
-            if entry.destroyed.load(Ordering::Relaxed) {
+            if !entry.lifecycle().can_run() {
                 sink.error("the sandbox was destroyed".into(), None, None, None).await;
                 sink.exit(1).await;
             } else if bounds.stop.is_cancelled() {

@@ -72,7 +72,9 @@ pub struct SandboxEntry {
     pub execs: AtomicU64,
     pub repl_restarts: AtomicU64,
     pub replay: Replay,
-    pub destroyed: AtomicBool,
+    /// Set once, when it is destroyed (or merged away, or frozen): read it
+    /// through `lifecycle` or `is_destroyed`.
+    destroyed: AtomicBool,
     /// Held for the whole of an exec: `tokio::sync::Mutex` is fair, so
     /// concurrent execs run in arrival order.
     pub slot: Mutex<ReplSlot>,
@@ -182,6 +184,20 @@ impl SandboxEntry {
         Busy(Arc::clone(self))
     }
 
+    /// Its state now, from the destroyed mark, the freezer and the busy count.
+    pub fn lifecycle(&self) -> crate::lifecycle::Lifecycle {
+        crate::lifecycle::Lifecycle::of(self.is_destroyed(), self.engine.is_paused(), self.is_busy())
+    }
+
+    pub fn is_destroyed(&self) -> bool {
+        self.destroyed.load(Ordering::SeqCst)
+    }
+
+    /// Mark it destroyed, for good: nothing new may start on it.
+    pub fn mark_destroyed(&self) {
+        self.destroyed.store(true, Ordering::SeqCst);
+    }
+
     pub fn is_busy(&self) -> bool {
         self.busy_count() > 0
     }
@@ -202,13 +218,7 @@ impl SandboxEntry {
     pub fn info(&self) -> SandboxInfo {
         SandboxInfo {
             id: self.id.clone(),
-            state: if self.engine.is_paused() {
-                "paused".into()
-            } else if self.is_busy() {
-                "running".into()
-            } else {
-                "ready".into()
-            },
+            state: self.lifecycle().as_str().into(),
             template: self.settings.template.clone(),
             ram_mib: self.settings.ram_mib,
             rootfs_gb: self.settings.rootfs_gb,
@@ -231,7 +241,7 @@ impl SandboxEntry {
     /// which reaches it), nothing can start in the sandbox any more: rebuild
     /// its namespaces over the same files. The REPL goes with them.
     pub async fn heal(&self, slot: &mut ReplSlot) -> Result<(), String> {
-        if self.engine.init_alive() || self.destroyed.load(Ordering::Relaxed) {
+        if self.engine.init_alive() || self.is_destroyed() {
             return Ok(());
         }
         tracing::warn!(sandbox = %self.id, "sandbox init or supervisor died: rebuilding its namespaces");
@@ -401,14 +411,14 @@ impl SandboxEntry {
     }
 
     async fn restart_repl(&self) -> Result<ReplSession, String> {
-        if self.destroyed.load(Ordering::Relaxed) {
+        if self.is_destroyed() {
             return Err("the sandbox was destroyed".into());
         }
         start_repl(&self.engine, &self.settings.setup).await
     }
 
     fn death_reason(&self, status: Option<ExitStatus>, oom: bool) -> String {
-        if self.destroyed.load(Ordering::Relaxed) {
+        if self.is_destroyed() {
             return "ended because the sandbox was destroyed".into();
         }
         if oom {

@@ -15,7 +15,6 @@
 //! start, partials are removed and claimed Spaces put back.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -321,7 +320,7 @@ impl AppState {
     async fn freeze_entry(&self, entry: &Arc<SandboxEntry>) -> Result<SpaceMeta, ApiError> {
         // Execs queued before the freeze run first; later ones find it gone.
         let mut slot = entry.slot.lock().await;
-        if entry.destroyed.load(Ordering::SeqCst) {
+        if !entry.lifecycle().can_run() {
             return Err(ApiError::NotFound(format!("sandbox `{}` was destroyed", entry.id)));
         }
         let was_paused = entry.engine.is_paused();
@@ -369,7 +368,7 @@ impl AppState {
         .map_err(|e| io_err("freeze task failed", e))?;
         match written {
             Ok(meta) => {
-                entry.destroyed.store(true, Ordering::SeqCst);
+                entry.mark_destroyed();
                 slot.session = None;
                 Ok(meta)
             }

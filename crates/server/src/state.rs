@@ -372,7 +372,7 @@ impl AppState {
     }
 
     pub(crate) async fn teardown(&self, entry: &SandboxEntry) {
-        entry.destroyed.store(true, Ordering::Relaxed);
+        entry.mark_destroyed();
         self.inner.metrics.forget(entry);
         crate::egress::teardown(entry).await;
         if let Err(e) = self.inner.jail.destroy(&entry.engine).await {
@@ -435,7 +435,7 @@ impl AppState {
                 .values()
                 .filter_map(|e| {
                     let idle = now.saturating_sub(e.last_active.load(Ordering::Relaxed));
-                    let idle_out = !e.is_busy() && idle >= e.settings.idle_timeout.as_millis() as u64;
+                    let idle_out = e.lifecycle().can_idle_out() && idle >= e.settings.idle_timeout.as_millis() as u64;
                     // A persistent sandbox freezes at its idle timeout; its
                     // lifetime's end destroys it like any other.
                     if now >= e.expires_at() {
@@ -467,7 +467,7 @@ impl AppState {
                     .read()
                     .await
                     .values()
-                    .filter(|e| !e.engine.is_paused() && now.saturating_sub(e.last_active.load(Ordering::Relaxed)) >= after.as_millis() as u64)
+                    .filter(|e| e.lifecycle().can_pause() && now.saturating_sub(e.last_active.load(Ordering::Relaxed)) >= after.as_millis() as u64)
                     .cloned()
                     .collect();
                 for e in idle {

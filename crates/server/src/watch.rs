@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -142,7 +141,7 @@ async fn run(mut w: Watcher, entry: Arc<SandboxEntry>, tx: mpsc::Sender<FileEven
         let ready = tokio::select! {
             r = w.inotify.readable() => r,
             _ = liveness.tick() => {
-                if entry.destroyed.load(Ordering::Relaxed) || tx.is_closed() {
+                if entry.is_destroyed() || tx.is_closed() {
                     return;
                 }
                 continue;

@@ -7,7 +7,6 @@
 //! is kept beside the layer, not in it: a template's zygote loads it once
 //! and every new sandbox forks from that zygote (src/pool.rs).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use protocol::{SaveTemplate, TemplateInfo, TemplateLimits};
@@ -60,7 +59,7 @@ impl AppState {
     /// sandbox goes on as it was (paused again if it was paused).
     async fn save_entry(&self, entry: &Arc<SandboxEntry>) -> Result<(LayerMeta, Vec<protocol::Unsaved>, layers::Pins), ApiError> {
         let mut slot = entry.slot.lock().await;
-        if entry.destroyed.load(Ordering::SeqCst) {
+        if !entry.lifecycle().can_run() {
             return Err(ApiError::NotFound(format!("sandbox `{}` was destroyed", entry.id)));
         }
         let was_paused = entry.engine.is_paused();
