@@ -79,12 +79,12 @@ pub fn send_with_credentials<T: Serialize>(sock: BorrowedFd<'_>, msg: &T) -> Res
 }
 
 fn send_inner<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, fds: &[RawFd], creds: bool) -> Result<()> {
-    let body = serde_json::to_vec(msg).map_err(|e| Error::Shim(format!("encode message: {e}")))?;
+    let body = serde_json::to_vec(msg).map_err(|e| Error::Protocol(format!("encode message: {e}")))?;
     if body.len() > MAX_MESSAGE {
-        return Err(Error::Shim(format!("message of {} bytes is too large", body.len())));
+        return Err(Error::Protocol(format!("message of {} bytes is too large", body.len())));
     }
     if fds.len() > MAX_FDS {
-        return Err(Error::Shim(format!("{} descriptors are more than a message carries", fds.len())));
+        return Err(Error::Protocol(format!("{} descriptors are more than a message carries", fds.len())));
     }
     let iov = [IoSlice::new(&body)];
     let ucred = UnixCredentials::new();
@@ -139,6 +139,6 @@ pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> Result<Option<Received
     if len == 0 {
         return Ok(None);
     }
-    let msg = serde_json::from_slice(&buf[..len]).map_err(|e| Error::Shim(format!("decode message: {e}")))?;
+    let msg = serde_json::from_slice(&buf[..len]).map_err(|e| Error::Protocol(format!("decode message: {e}")))?;
     Ok(Some(Received { msg, fds, sender_pid }))
 }

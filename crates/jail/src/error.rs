@@ -16,8 +16,31 @@ pub enum Error {
     Command { what: String, stderr: String },
     #[error("invalid: {0}")]
     Invalid(String),
+    /// The family's supervisor (the shim) closed its socket: it died.
+    #[error("sandbox supervisor: sandbox supervisor is gone")]
+    SupervisorGone,
+    /// The supervisor did the request and it failed there; its message.
     #[error("sandbox supervisor: {0}")]
-    Shim(String),
+    Failed(String),
+    /// A message on a supervisor's or init's socket could not be encoded,
+    /// decoded or was not the one expected.
+    #[error("sandbox supervisor: {0}")]
+    Protocol(String),
+    /// A sandbox's init could not set it up (its message).
+    #[error("sandbox supervisor: sandbox setup: {0}")]
+    Setup(String),
+    /// A process the engine started died or stopped before it was ready.
+    #[error("sandbox supervisor: {0}")]
+    Died(String),
+    /// A sandbox a predecessor left could not be taken over (why).
+    #[error("sandbox supervisor: {0}")]
+    NotAdopted(String),
+    /// The seccomp filters or capability sets could not be built.
+    #[error("sandbox supervisor: {0}")]
+    Policy(String),
+    /// A helper thread of the engine panicked or was cancelled.
+    #[error("sandbox supervisor: {0}")]
+    Thread(String),
     #[error("no free uid range for a new sandbox family")]
     NoUidRange,
     #[error("host does not support the jail engine: {0}")]

@@ -59,7 +59,7 @@ impl ShimHandle {
         use std::os::unix::process::CommandExt;
         let (ours, theirs) = channel::pair()?;
         let theirs_raw = theirs.as_raw_fd();
-        let json = serde_json::to_string(config).map_err(|e| Error::Shim(e.to_string()))?;
+        let json = serde_json::to_string(config).map_err(|e| Error::Protocol(e.to_string()))?;
         let mut cmd = std::process::Command::new(exe);
         cmd.arg("__shim").arg(json).stdin(std::process::Stdio::null());
         // SAFETY: only async-signal-safe calls (dup2/fcntl) in the child.
@@ -82,11 +82,11 @@ impl ShimHandle {
             Ok(Ok(Some((ShimMessage::Ready, _)))) => {}
             Ok(Ok(Some((ShimMessage::Reply { reply: Reply::Failed { error }, .. }, _)))) => {
                 handle.shutdown().await;
-                return Err(Error::Shim(error));
+                return Err(Error::Failed(error));
             }
             Ok(Ok(other)) => {
                 handle.shutdown().await;
-                return Err(Error::Shim(format!("supervisor did not start: {:?}", other.map(|m| m.0))));
+                return Err(Error::Died(format!("supervisor did not start: {:?}", other.map(|m| m.0))));
             }
             Ok(Err(e)) => {
                 handle.shutdown().await;
@@ -94,7 +94,7 @@ impl ShimHandle {
             }
             Err(_) => {
                 handle.shutdown().await;
-                return Err(Error::Shim("supervisor did not start within 30 s".into()));
+                return Err(Error::Died("supervisor did not start within 30 s".into()));
             }
         }
         tokio::spawn(Arc::clone(&handle).read_loop());
@@ -179,7 +179,7 @@ impl ShimHandle {
 
     pub(crate) async fn call(&self, request: Request, fds: &[i32]) -> Result<(Reply, Vec<OwnedFd>)> {
         if !self.alive() {
-            return Err(Error::Shim("sandbox supervisor is gone".into()));
+            return Err(Error::SupervisorGone);
         }
         let req = self.next_req.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -199,9 +199,9 @@ impl ShimHandle {
                 }
             }
         }
-        let (reply, fds) = rx.await.map_err(|_| Error::Shim("sandbox supervisor is gone".into()))?;
+        let (reply, fds) = rx.await.map_err(|_| Error::SupervisorGone)?;
         match reply {
-            Reply::Failed { error } => Err(Error::Shim(error)),
+            Reply::Failed { error } => Err(Error::Failed(error)),
             r => Ok((r, fds)),
         }
     }

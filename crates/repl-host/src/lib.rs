@@ -16,4 +16,4 @@ pub mod journal;
 pub mod session;
 
 pub use events::{now_ms, EventSink, Replay};
-pub use session::{ReplItem, ReplSession, REPL_BOOTSTRAP, REPL_SOURCE};
+pub use session::{ReplItem, ReplSession, SessionError, REPL_BOOTSTRAP, REPL_SOURCE};

@@ -105,16 +105,47 @@ pub struct Resumed {
     pub interrupted: bool,
 }
 
+/// Why a REPL could not be taken over or answer. Every message may reach a
+/// client: it names the REPL, never a host path.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// It died or went silent before its ready frame; what it printed.
+    #[error("the Python REPL did not start: {said}")]
+    NotStarted { said: String },
+    #[error("the forked Python REPL did not start: {said}")]
+    ForkedNotStarted { said: String },
+    #[error("the control socket: {0}")]
+    Control(#[source] std::io::Error),
+    #[error("the Python process cannot be reached: {0}")]
+    Unreachable(#[source] std::io::Error),
+    #[error("the Python process died")]
+    Died,
+    #[error("the Python process did not answer after the restart")]
+    Silent,
+    #[error("the Python process died while forking")]
+    DiedWhileForking,
+}
+
 /// How long an adopted REPL may take to answer the first call.
 const RESUME_TIMEOUT: Duration = Duration::from_secs(10);
 
+impl SessionError {
+    /// A failed start, said of a new REPL or of a fork child's.
+    fn started(self, forked: bool) -> SessionError {
+        match self {
+            SessionError::NotStarted { said } if forked => SessionError::ForkedNotStarted { said },
+            other => other,
+        }
+    }
+}
+
 impl ReplSession {
     /// Take over a freshly spawned REPL and wait until it is ready.
-    pub async fn start(process: ReplProcess) -> Result<ReplSession, String> {
+    pub async fn start(process: ReplProcess) -> Result<ReplSession, SessionError> {
         let (control, pidfd, host_pid) = (process.control, process.pidfd, process.host_pid);
-        let mut session = Self::begin(control, process.stdout, process.stderr, process.exited).await.map_err(|said| {
+        let mut session = Self::begin(control, process.stdout, process.stderr, process.exited).await.map_err(|e| {
             let _ = jail::sys::pidfd_send_signal(pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL);
-            format!("the Python REPL did not start: {said}")
+            e.started(false)
         })?;
         session.adopted(host_pid, pidfd);
         Ok(session)
@@ -127,8 +158,8 @@ impl ReplSession {
         stdout: pipe::Receiver,
         stderr: pipe::Receiver,
         exited: oneshot::Receiver<ExitStatus>,
-    ) -> Result<ReplSession, String> {
-        Self::begin(control, stdout, stderr, exited).await.map_err(|said| format!("the forked Python REPL did not start: {said}"))
+    ) -> Result<ReplSession, SessionError> {
+        Self::begin(control, stdout, stderr, exited).await.map_err(|e| e.started(true))
     }
 
     /// Take over a REPL a previous server left running (after a restart):
@@ -137,12 +168,12 @@ impl ReplSession {
     /// half-way through reading a frame, so the stream is scanned for the
     /// answer to a probe with an id nothing else can carry; everything
     /// before it was meant for the dead server and is dropped.
-    pub async fn resume(process: ReplProcess) -> Result<Resumed, String> {
+    pub async fn resume(process: ReplProcess) -> Result<Resumed, SessionError> {
         let probe = (1u64 << 52) + rand::random::<u32>() as u64;
         let marker = format!("D{{\"id\":{probe},").into_bytes();
         let (control, pidfd, host_pid) = (process.control, process.pidfd, process.host_pid);
         let _ = jail::sys::pidfd_send_signal(pidfd.as_fd(), nix::sys::signal::Signal::SIGINT);
-        let (read, write) = control::split(control).map_err(|e| format!("the control socket: {e}"))?;
+        let (read, write) = control::split(control).map_err(SessionError::Control)?;
         let (tx, rx) = mpsc::channel(256);
         let (ready_tx, _) = oneshot::channel();
         // No journal: this server does not know how much of the stream the
@@ -152,14 +183,14 @@ impl ReplSession {
         let ready = Ready { pid: 0, python: String::new(), pidns: true, forked: false };
         let mut session =
             ReplSession { control: write, items: rx, held: Default::default(), pidfd: Some(pidfd), journal, host_pid, next_id: probe, ready, ends: None };
-        let id = session.send_exec("pass").await.map_err(|e| format!("the Python process cannot be reached: {e}"))?;
+        let id = session.send_exec("pass").await.map_err(SessionError::Unreachable)?;
         let mut interrupted = false;
         let found = tokio::time::timeout(RESUME_TIMEOUT, async {
             loop {
                 match session.items.recv().await {
                     Some(ReplItem::Done(d)) if d.id == id => return Ok(()),
                     Some(ReplItem::Done(_)) => interrupted = true,
-                    Some(ReplItem::Died(_)) | None => return Err("the Python process died".to_string()),
+                    Some(ReplItem::Died(_)) | None => return Err(SessionError::Died),
                     Some(_) => {}
                 }
             }
@@ -170,7 +201,7 @@ impl ReplSession {
             Ok(Err(e)) => Err(e),
             Err(_) => {
                 session.signal(nix::sys::signal::Signal::SIGKILL);
-                Err("the Python process did not answer after the restart".into())
+                Err(SessionError::Silent)
             }
         }
     }
@@ -189,19 +220,20 @@ impl ReplSession {
         self.pidfd = Some(pidfd);
     }
 
-    /// Wait for the ready frame; on failure, what the process said.
+    /// Wait for the ready frame; on failure, what the process said
+    /// (`NotStarted`, which `start_forked` turns into `ForkedNotStarted`).
     async fn begin(
         control: tokio::net::UnixStream,
         stdout: pipe::Receiver,
         stderr: pipe::Receiver,
         exited: oneshot::Receiver<ExitStatus>,
-    ) -> Result<ReplSession, String> {
+    ) -> Result<ReplSession, SessionError> {
         let ends = [control.as_fd(), stdout.as_fd(), stderr.as_fd()].map(|fd| fd.try_clone_to_owned());
         let ends = match ends {
             [Ok(a), Ok(b), Ok(c)] => Some([a, b, c]),
             _ => None,
         };
-        let (read, write) = control::split(control).map_err(|e| format!("the control socket: {e}"))?;
+        let (read, write) = control::split(control).map_err(SessionError::Control)?;
         let (tx, mut rx) = mpsc::channel(256);
         let (ready_tx, ready_rx) = oneshot::channel();
         let journal = Arc::new(OnceLock::new());
@@ -221,7 +253,7 @@ impl ReplSession {
                         _ => {}
                     }
                 }
-                return Err(String::from_utf8_lossy(&said).trim().to_string());
+                return Err(SessionError::NotStarted { said: String::from_utf8_lossy(&said).trim().to_string() });
             }
         };
         Ok(ReplSession { control: write, items: rx, held: Default::default(), pidfd: None, journal, host_pid: 0, next_id: 1, ready, ends })
@@ -288,16 +320,16 @@ impl ReplSession {
 
     /// Wait for the answer to fork `id`, keeping anything else that arrives
     /// meanwhile for the next exec.
-    pub async fn wait_forked(&mut self, id: u64) -> Result<Forked, String> {
+    pub async fn wait_forked(&mut self, id: u64) -> Result<Forked, SessionError> {
         loop {
             match self.items.recv().await {
                 Some(ReplItem::Forked(f)) if f.id == id => return Ok(f),
                 Some(ReplItem::Died(status)) => {
                     self.held.push_back(ReplItem::Died(status));
-                    return Err("the Python process died while forking".into());
+                    return Err(SessionError::DiedWhileForking);
                 }
                 Some(other) => self.held.push_back(other),
-                None => return Err("the Python process died while forking".into()),
+                None => return Err(SessionError::DiedWhileForking),
             }
         }
     }

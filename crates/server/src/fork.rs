@@ -216,9 +216,10 @@ impl AppState {
             joins.iter().map(|join| jail::fork_fds::count(join.len())).collect()
         };
         let answer = match session.send_fork(&plan, &counts).await {
-            Ok(fid) => tokio::time::timeout(FORK_ANSWER_TIMEOUT, session.wait_forked(fid))
-                .await
-                .unwrap_or_else(|_| Err("the Python process did not answer the fork in time".into())),
+            Ok(fid) => match tokio::time::timeout(FORK_ANSWER_TIMEOUT, session.wait_forked(fid)).await {
+                Ok(answer) => answer.map_err(|e| e.to_string()),
+                Err(_) => Err("the Python process did not answer the fork in time".into()),
+            },
             Err(e) => Err(format!("could not reach the Python process: {e}")),
         };
         // The shim holds its copies now; ours would keep the children's
@@ -355,5 +356,5 @@ async fn start_child(
     let control = tokio::net::UnixStream::from_std(control).map_err(io)?;
     let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout).map_err(io)?;
     let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr).map_err(io)?;
-    ReplSession::start_forked(control, stdout, stderr, exited).await
+    ReplSession::start_forked(control, stdout, stderr, exited).await.map_err(|e| e.to_string())
 }

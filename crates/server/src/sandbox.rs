@@ -141,7 +141,7 @@ pub async fn start_repl(engine: &jail::Sandbox, setup: &crate::setup::SandboxSet
     let argv = vec!["/usr/bin/python3".to_string(), "-u".into(), "-c".into(), REPL_BOOTSTRAP.to_string()];
     let process =
         engine.start_repl(argv, sandbox_env(&engine.id, setup), "/root", REPL_SOURCE.as_bytes()).await.map_err(|e| format!("start the Python REPL: {e}"))?;
-    let mut session = ReplSession::start(process).await?;
+    let mut session = ReplSession::start(process).await.map_err(|e| e.to_string())?;
     // A short time slice: a REPL that wakes for an exec runs soon beside
     // CPU hogs in other sandboxes (bench/noisy.py). What it starts gets the
     // default slice; a REPL that computes itself goes to the idle

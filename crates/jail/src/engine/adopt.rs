@@ -92,12 +92,12 @@ impl Jail {
                 Err(e) => {
                     let why = e.to_string();
                     for i in indices {
-                        out[i] = Some(Err(Error::Shim(why.clone())));
+                        out[i] = Some(Err(Error::NotAdopted(why.clone())));
                     }
                 }
             }
         }
-        out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::Shim("not adopted".into())))).collect()
+        out.into_iter().map(|r| r.unwrap_or_else(|| Err(Error::NotAdopted("not adopted".into())))).collect()
     }
 
     /// What `clean_stale` must leave alone: the adopted members, and their
@@ -126,7 +126,7 @@ impl Jail {
             Ok(s) => s,
             Err(e) => {
                 release();
-                return Err(Error::Shim(format!("its supervisor is gone ({e})")));
+                return Err(Error::NotAdopted(format!("its supervisor is gone ({e})")));
             }
         };
         let present = match shim.call(Request::ListMembers, &[]).await {
@@ -134,7 +134,7 @@ impl Jail {
             other => {
                 shim.shutdown().await;
                 release();
-                return Err(Error::Shim(format!("its supervisor did not list its members: {:?}", other.map(|r| r.0))));
+                return Err(Error::NotAdopted(format!("its supervisor did not list its members: {:?}", other.map(|r| r.0))));
             }
         };
         let family = Arc::new(FamilyHandle {
@@ -168,13 +168,13 @@ impl Jail {
     }
 
     async fn adopt_member(&self, family: &Arc<FamilyHandle>, shim: &Arc<ShimHandle>, record: &MemberRecord, state: Option<&MemberState>) -> Result<Adopted> {
-        let state = state.ok_or_else(|| Error::Shim("its supervisor no longer has it".into()))?;
+        let state = state.ok_or_else(|| Error::NotAdopted("its supervisor no longer has it".into()))?;
         if !state.init_alive {
-            return Err(Error::Shim("its init died".into()));
+            return Err(Error::NotAdopted("its init died".into()));
         }
         let cgroup = self.cgroups.open(&record.member);
         if !cgroup.exists() {
-            return Err(Error::Shim("its cgroup is gone".into()));
+            return Err(Error::NotAdopted("its cgroup is gone".into()));
         }
         let (exited_tx, exited_rx) = oneshot::channel();
         shim.repl_exits.lock().await.insert(record.member.clone(), exited_tx);
@@ -183,7 +183,7 @@ impl Jail {
             Ok((Reply::Reattached { repl_host_pid }, fds)) => (repl_host_pid, fds),
             other => {
                 shim.repl_exits.lock().await.remove(&record.member);
-                return Err(Error::Shim(format!("its supervisor would not hand it back: {:?}", other.map(|r| r.0))));
+                return Err(Error::NotAdopted(format!("its supervisor would not hand it back: {:?}", other.map(|r| r.0))));
             }
         };
         let mut fds = fds.into_iter();

@@ -7,7 +7,7 @@ use super::*;
 impl Jail {
     /// Create a sandbox: subvolume, cgroup, family shim, member.
     pub async fn create(&self, spec: SandboxSpec) -> Result<Sandbox> {
-        let range = self.ids.lock().map_err(|_| Error::Shim("id allocator poisoned".into()))?.allocate()?;
+        let range = self.ids.lock().map_err(|_| Error::Thread("id allocator poisoned".into()))?.allocate()?;
         let release = |ids: &StdMutex<IdAllocator>| {
             if let Ok(mut ids) = ids.lock() {
                 ids.release(range);
@@ -201,7 +201,7 @@ impl Jail {
             init_pidfd,
         );
         if !ok {
-            return Ok((sandbox, Err(Error::Shim(format!("could not build the namespaces of sandbox {id}")))));
+            return Ok((sandbox, Err(Error::Died(format!("could not build the namespaces of sandbox {id}")))));
         }
         Ok((sandbox, Ok((ns, exited_rx))))
     }

@@ -9,7 +9,7 @@ impl Jail {
     /// (and its id range) goes with its last member.
     pub async fn destroy(&self, sandbox: &Sandbox) -> Result<()> {
         let cgroup = sandbox.cgroup.clone();
-        tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE)).await.map_err(|e| Error::Shim(format!("join: {e}")))??;
+        tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE)).await.map_err(|e| Error::Thread(format!("join: {e}")))??;
         let shim = sandbox.shim();
         let _ = shim.call(Request::DestroyMember { member: sandbox.id.clone() }, &[]).await;
         let family = &sandbox.family;

@@ -70,7 +70,7 @@ impl Jail {
             // In parallel: concurrent snapshots share btrfs transaction commits.
             let results: Vec<Result<()>> = std::thread::scope(|scope| {
                 let jobs: Vec<_> = dsts.iter().map(|dst| scope.spawn(|| volume.snapshot(&src, dst, limits.disk_bytes))).collect();
-                jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Error::Shim("snapshot thread panicked".into())))).collect()
+                jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Error::Thread("snapshot thread panicked".into())))).collect()
             });
             if !*paused {
                 frozen.thaw()?;
@@ -78,7 +78,7 @@ impl Jail {
             results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
         })
         .await
-        .map_err(|e| Error::Shim(format!("join: {e}")))??;
+        .map_err(|e| Error::Thread(format!("join: {e}")))??;
         let shim = parent.shim();
         let roots = children.iter().map(|c| {
             let sub = &c.sandbox.subvolume;
@@ -181,7 +181,7 @@ impl Jail {
         let (reply, fds) = parent.shim().call(Request::AdoptForks { parent_repl, children: list }, &[]).await?;
         match reply {
             Reply::Adopted { host_pids } if host_pids.len() == fds.len() => Ok(host_pids.into_iter().zip(fds).collect()),
-            other => Err(Error::Shim(format!("unexpected reply {other:?}"))),
+            other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
         }
     }
 }

@@ -137,9 +137,9 @@ impl Sandbox {
         drop((stdout_w, stderr_w, theirs_fd, memfd));
         let host_pid = match reply {
             Reply::ReplSpawned { host_pid } => host_pid,
-            other => return Err(Error::Shim(format!("unexpected reply {other:?}"))),
+            other => return Err(Error::Protocol(format!("unexpected reply {other:?}"))),
         };
-        let pidfd = reply_fds.pop().ok_or_else(|| Error::Shim("no pidfd for the REPL".into()))?;
+        let pidfd = reply_fds.pop().ok_or_else(|| Error::Protocol("no pidfd for the REPL".into()))?;
         ours.set_nonblocking(true).map_err(|e| Error::io("nonblocking", e))?;
         Ok(ReplProcess {
             control: tokio::net::UnixStream::from_std(ours).map_err(|e| Error::io("register control socket", e))?,
@@ -197,7 +197,7 @@ impl Sandbox {
     /// processes do not.
     pub async fn rebuild(&self) -> Result<()> {
         let cgroup = self.cgroup.clone();
-        tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE)).await.map_err(|e| Error::Shim(format!("join: {e}")))??;
+        tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE)).await.map_err(|e| Error::Thread(format!("join: {e}")))??;
         let shim = {
             let _one_at_a_time = self.family.restart.lock().await;
             let mut shim = self.shim();

@@ -99,6 +99,6 @@ pub fn mount_family_proc(pidns: BorrowedFd<'_>, target: &Path) -> Result<()> {
     }
     match status {
         nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
-        other => Err(Error::Shim(format!("family procfs mounter ended with {other:?}"))),
+        other => Err(Error::Died(format!("family procfs mounter ended with {other:?}"))),
     }
 }

@@ -138,10 +138,10 @@ pub fn finish(pending: Pending) -> Result<Member> {
     let Pending { root, sock: ours, helper } = pending;
     let first = channel::recv::<InitMessage>(ours.as_fd());
     let _ = waitpid(helper, None);
-    let got = first?.ok_or_else(|| Error::Shim("member init died during setup".into()))?;
+    let got = first?.ok_or_else(|| Error::Died("member init died during setup".into()))?;
     match got.msg {
         InitMessage::Ready => {
-            let pid = Pid::from_raw(got.sender_pid.ok_or_else(|| Error::Shim("init sent no credentials".into()))?);
+            let pid = Pid::from_raw(got.sender_pid.ok_or_else(|| Error::Protocol("init sent no credentials".into()))?);
             // The OOM killer must pick user processes, never init.
             let _ = fs::write(format!("/proc/{pid}/oom_score_adj"), "-1000");
             let ns = MemberNs {
@@ -153,8 +153,8 @@ pub fn finish(pending: Pending) -> Result<Member> {
             };
             Ok(Member { root, ns, init: ours, init_pid: pid })
         }
-        InitMessage::SetupFailed { error } => Err(Error::Shim(format!("sandbox setup: {error}"))),
-        other => Err(Error::Shim(format!("unexpected first message from init: {other:?}"))),
+        InitMessage::SetupFailed { error } => Err(Error::Setup(error)),
+        other => Err(Error::Protocol(format!("unexpected first message from init: {other:?}"))),
     }
 }
 

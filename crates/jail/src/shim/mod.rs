@@ -106,13 +106,13 @@ pub fn main(config_json: &str) -> ! {
 }
 
 fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
-    let config: ShimConfig = serde_json::from_str(config_json).map_err(|e| Error::Shim(format!("bad config: {e}")))?;
+    let config: ShimConfig = serde_json::from_str(config_json).map_err(|e| Error::Protocol(format!("bad config: {e}")))?;
     let _ = fcntl_cloexec(sock.as_raw_fd());
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| Error::sys("private mount namespace", e))?;
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).map_err(|e| Error::sys("make / private", e))?;
     fs::create_dir_all(&config.run_dir).map_err(|e| Error::io("create run dir", e))?;
-    let confinement = Confinement::load().map_err(|e| Error::Shim(e.to_string()))?;
+    let confinement = Confinement::load().map_err(|e| Error::Policy(e.to_string()))?;
     // SAFETY: plain prctl.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let mut mask = nix::sys::signal::SigSet::empty();
@@ -279,7 +279,7 @@ impl Shim {
             if ready[1] {
                 while let Ok(Some(_)) = self.sigchld.read_signal() {}
                 if !self.reap()? {
-                    return Err(Error::Shim("family reaper died".into()));
+                    return Err(Error::Died("family reaper died".into()));
                 }
             }
             for (i, name) in names.iter().enumerate() {
@@ -453,7 +453,7 @@ impl Shim {
                 .iter()
                 .copied()
                 .find(|pid| proc_ns_inode(*pid, "mnt") == Some(want))
-                .ok_or_else(|| Error::Shim(format!("the forked REPL of {} is gone", child.member)))?;
+                .ok_or_else(|| Error::Died(format!("the forked REPL of {} is gone", child.member)))?;
             let pidfd = sys::pidfd_open(Pid::from_raw(pid)).map_err(|e| Error::sys("pidfd_open forked REPL", e))?;
             // The child normally moved itself (the cheap way, see
             // Cgroup::join_files); move it if it could not.
@@ -496,7 +496,7 @@ impl Shim {
                 None => Ok(()),
             },
             InitMessage::SetupFailed { error } => match self.rooting.remove(&member) {
-                Some(req) => self.reply(req, Err(Error::Shim(format!("sandbox setup: {error}")))),
+                Some(req) => self.reply(req, Err(Error::Setup(error))),
                 None => Ok(()),
             },
             _ => Ok(()),
@@ -735,7 +735,7 @@ impl Shim {
                 let n = nix::unistd::read(report_r.as_fd(), &mut buf).unwrap_or(0);
                 let _ = waitpid(helper, None);
                 if n != 4 {
-                    return Err(Error::Shim("REPL helper failed before starting the REPL".into()));
+                    return Err(Error::Died("REPL helper failed before starting the REPL".into()));
                 }
                 let host_pid = i32::from_ne_bytes(buf);
                 let pidfd = sys::pidfd_open(Pid::from_raw(host_pid)).map_err(|e| Error::sys("pidfd_open", e))?;
@@ -749,7 +749,7 @@ impl Shim {
                     }
                     _ => {
                         let _ = sys::pidfd_send_signal(pidfd.as_fd(), nix::sys::signal::Signal::SIGKILL);
-                        return Err(Error::Shim("the REPL could not install its seccomp filter".into()));
+                        return Err(Error::Died("the REPL could not install its seccomp filter".into()));
                     }
                 }
                 Ok((host_pid, pidfd))
