@@ -10,6 +10,7 @@
 pub mod cgroup;
 pub mod channel;
 pub mod diff;
+pub mod egress;
 mod engine;
 mod error;
 pub mod fork_fds;

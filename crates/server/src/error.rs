@@ -81,6 +81,13 @@ impl From<jail::fs::FsError> for ApiError {
     }
 }
 
+/// A bad egress policy is the client's to fix.
+impl From<jail::egress::PolicyError> for ApiError {
+    fn from(e: jail::egress::PolicyError) -> ApiError {
+        ApiError::BadRequest(e.to_string())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let progress = match &self {

@@ -10,7 +10,6 @@ pub mod checkpoints;
 pub mod config;
 pub mod cpu_boost;
 pub mod disk;
-pub mod dns;
 pub mod drain;
 pub mod egress;
 pub mod error;
@@ -33,7 +32,6 @@ pub mod spaces;
 pub mod state;
 pub mod templates;
 pub mod trace;
-pub mod upstream;
 pub mod watch;
 
 use std::net::SocketAddr;

@@ -294,7 +294,7 @@ impl AppState {
                 break;
             }
             // A background task: blocking it ~30 ms is fine.
-            match tokio::task::block_in_place(|| crate::egress::prepare_spare(&s.sandbox)) {
+            match tokio::task::block_in_place(|| jail::egress::prepare_spare(&s.sandbox)) {
                 Ok(p) => {
                     ready.insert(s.sandbox.id.clone(), p);
                 }

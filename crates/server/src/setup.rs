@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 /// The address inside every sandbox where its egress proxy listens (when
 /// the server has `--egress-proxy`; docs/network.md#upstream-proxies).
-pub const PROXY_ADDR: (std::net::Ipv4Addr, u16) = (jail::net::DNS_ADDR, 3128);
+pub use jail::egress::PROXY_ADDR;
 
 #[derive(Debug, Default)]
 pub struct SandboxSetup {

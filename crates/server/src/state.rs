@@ -234,7 +234,7 @@ impl AppState {
             ..req.clone()
         };
         let egress = req.egress.clone().unwrap_or(protocol::Egress::On(self.inner.config.default_egress));
-        crate::egress::plan(&egress)?;
+        jail::egress::plan(&egress)?;
         let ram_mib = req.ram_mib.unwrap_or(l.default_ram_mib);
         if ram_mib < l.min_ram_mib || ram_mib > l.max_ram_mib {
             return Err(ApiError::BadRequest(format!("ram_mib must be between {} and {}, got {ram_mib}", l.min_ram_mib, l.max_ram_mib)));

@@ -162,7 +162,7 @@ impl AppState {
         }
         self.check_limits(&recipe.limits)?;
         let egress = recipe.egress.clone().unwrap_or(Egress::On(self.inner.config.default_egress));
-        crate::egress::plan(&egress)?;
+        jail::egress::plan(&egress)?;
 
         // The steps, keyed as a chain from the base.
         let mut actions: Vec<(Action, serde_json::Value, String)> = Vec::new();

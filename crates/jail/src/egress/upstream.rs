@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock};
 use egress_proxy::{Host, Limits, Target};
 use ipnet::IpNet;
 
-use crate::egress::Allowed;
+use super::Allowed;
 
 /// The proxy serving one sandbox; stops when dropped.
 pub struct ProxyTask {
@@ -32,7 +32,7 @@ struct SandboxPolicy {
 impl SandboxPolicy {
     fn explicit(&self) -> Vec<IpNet> {
         match self.allowed.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(|a| a.rules.clone()) {
-            Some(jail::net::Rules::AllowList(nets)) => nets,
+            Some(crate::net::Rules::AllowList(nets)) => nets,
             _ => Vec::new(),
         }
     }
@@ -42,7 +42,7 @@ impl SandboxPolicy {
         if explicit.iter().any(|n| n.contains(&ip)) {
             return true;
         }
-        matches!(allowed.rules, jail::net::Rules::Open) && !self.blocked.iter().any(|n| n.contains(&ip))
+        matches!(allowed.rules, crate::net::Rules::Open) && !self.blocked.iter().any(|n| n.contains(&ip))
     }
 
     async fn check(&self, target: &Target) -> bool {
@@ -72,17 +72,17 @@ impl egress_proxy::Policy for SandboxPolicy {
     }
 }
 
-/// Listen at `setup::PROXY_ADDR` in `netns` and serve sandbox `id`'s
+/// Listen at `PROXY_ADDR` in `netns` and serve sandbox `id`'s
 /// requests through `upstream` with the policy `allowed` says, until dropped.
-pub async fn start(netns: &OwnedFd, id: &str, allowed: Arc<RwLock<Option<Allowed>>>, upstream: Arc<egress_proxy::Upstream>) -> jail::Result<ProxyTask> {
-    let listener = jail::net::in_netns(netns, || {
-        let l = std::net::TcpListener::bind(crate::setup::PROXY_ADDR)?;
+pub async fn start(netns: &OwnedFd, id: &str, allowed: Arc<RwLock<Option<Allowed>>>, upstream: Arc<egress_proxy::Upstream>) -> crate::Result<ProxyTask> {
+    let listener = crate::net::in_netns(netns, || {
+        let l = std::net::TcpListener::bind(super::PROXY_ADDR)?;
         l.set_nonblocking(true)?;
         Ok(l)
     })
     .await?;
-    let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| jail::Error::io("register the egress proxy's socket", e))?;
-    let policy = SandboxPolicy { allowed, blocked: jail::net::always_blocked() };
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| crate::Error::io("register the egress proxy's socket", e))?;
+    let policy = SandboxPolicy { allowed, blocked: crate::net::always_blocked() };
     let task = tokio::spawn(egress_proxy::serve(listener, upstream, Arc::new(policy), Limits::default(), id.to_string()));
     Ok(ProxyTask { _task: tokio_util::task::AbortOnDropHandle::new(task) })
 }
@@ -94,7 +94,7 @@ mod tests {
 
     fn policy(egress: protocol::Egress) -> SandboxPolicy {
         let Plan::On { rules, names } = plan(&egress).unwrap() else { panic!("off") };
-        SandboxPolicy { allowed: Arc::new(RwLock::new(Some(Allowed { rules, names }))), blocked: jail::net::always_blocked() }
+        SandboxPolicy { allowed: Arc::new(RwLock::new(Some(Allowed { rules, names }))), blocked: crate::net::always_blocked() }
     }
 
     fn target(s: &str) -> Target {

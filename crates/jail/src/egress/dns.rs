@@ -18,7 +18,7 @@ use hickory_proto::rr::RData;
 use tokio::net::UdpSocket;
 use tokio::sync::Semaphore;
 
-use crate::egress::{Allowed, Names};
+use super::{Allowed, Names};
 
 /// Queries one sandbox may have in flight; more are dropped (the resolver retries).
 pub const MAX_INFLIGHT: usize = 64;
@@ -34,14 +34,14 @@ impl DnsProxy {
     /// Listen at 127.0.0.53:53 in `netns` and serve until dropped;
     /// `firewall`: open the sandbox's firewall to the addresses of allowed
     /// names (an allow-list's).
-    pub async fn start(netns: OwnedFd, allowed: Arc<RwLock<Option<Allowed>>>, upstream: SocketAddr, firewall: bool) -> jail::Result<DnsProxy> {
-        let sock = jail::net::in_netns(&netns, || {
-            let s = std::net::UdpSocket::bind((jail::net::DNS_ADDR, 53))?;
+    pub async fn start(netns: OwnedFd, allowed: Arc<RwLock<Option<Allowed>>>, upstream: SocketAddr, firewall: bool) -> crate::Result<DnsProxy> {
+        let sock = crate::net::in_netns(&netns, || {
+            let s = std::net::UdpSocket::bind((crate::net::DNS_ADDR, 53))?;
             s.set_nonblocking(true)?;
             Ok(s)
         })
         .await?;
-        let sock = UdpSocket::from_std(sock).map_err(|e| jail::Error::io("register the DNS socket", e))?;
+        let sock = UdpSocket::from_std(sock).map_err(|e| crate::Error::io("register the DNS socket", e))?;
         let task = tokio::spawn(serve(Arc::new(sock), Arc::new(netns), allowed, upstream, firewall));
         Ok(DnsProxy { _task: tokio_util::task::AbortOnDropHandle::new(task) })
     }
@@ -103,7 +103,7 @@ async fn answer(raw: &[u8], allowed: &RwLock<Option<Allowed>>, upstream: SocketA
             let netns = Arc::clone(netns);
             // The firewall opens before the answer arrives, so the connect
             // that follows it is let out.
-            let opened = tokio::task::spawn_blocking(move || jail::net::allow_learned(netns.as_fd(), &addrs)).await;
+            let opened = tokio::task::spawn_blocking(move || crate::net::allow_learned(netns.as_fd(), &addrs)).await;
             if !matches!(opened, Ok(Ok(()))) {
                 tracing::warn!(?opened, "could not open the firewall for an allowed name");
                 return refused(&query);
