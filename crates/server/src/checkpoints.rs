@@ -14,8 +14,8 @@ use axum::response::{IntoResponse, Response};
 use protocol::{CheckpointInfo, CheckpointList, RestoreRequest};
 
 use crate::error::ApiError;
+use crate::http::{json, Json};
 use crate::keys::Caller;
-use crate::routes::{json, Json};
 use crate::sandbox::SandboxEntry;
 use crate::state::{AppState, CreateSlot};
 use repl_host::events::now_ms;

@@ -14,7 +14,7 @@ use jail::net::Rules;
 use protocol::{Egress, EgressBody};
 
 use crate::error::ApiError;
-use crate::routes::Json;
+use crate::http::Json;
 use crate::sandbox::SandboxEntry;
 use crate::state::AppState;
 

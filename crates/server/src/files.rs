@@ -19,7 +19,7 @@ use serde::Deserialize;
 use tokio::io::AsyncReadExt;
 
 use crate::error::ApiError;
-use crate::routes::Json;
+use crate::http::Json;
 use crate::sandbox::SandboxEntry;
 use crate::state::AppState;
 

@@ -15,6 +15,7 @@ pub mod egress;
 pub mod error;
 pub mod files;
 pub mod fork;
+pub mod http;
 pub mod keepalive;
 pub mod keys;
 pub mod lifecycle;
@@ -103,12 +104,12 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .route_layer(axum::middleware::from_fn(trace::layer))
-        .route_layer(axum::middleware::from_fn(routes::detach))
-        .fallback(routes::not_found)
-        .method_not_allowed_fallback(routes::method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), routes::auth))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), routes::refuse_while_draining))
-        .layer(DefaultBodyLimit::max(routes::MAX_BODY))
+        .route_layer(axum::middleware::from_fn(http::detach))
+        .fallback(http::not_found)
+        .method_not_allowed_fallback(http::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), http::auth))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), http::refuse_while_draining))
+        .layer(DefaultBodyLimit::max(http::MAX_BODY))
         .layer(axum::middleware::from_fn(keepalive::close_if_body_unread))
         .with_state(state)
 }

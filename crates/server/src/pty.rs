@@ -24,7 +24,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, watch};
 
 use crate::error::ApiError;
-use crate::routes::Json;
+use crate::http::Json;
 use crate::sandbox::{sandbox_env, SandboxEntry};
 use crate::state::AppState;
 use repl_host::events::now_ms;
@@ -309,7 +309,7 @@ pub async fn create(
     let (tx, rx) = mpsc::channel(64);
     let _ = tx.send(json!({"type": "pty_ready", "session_id": session.id})).await;
     tokio::spawn(follow(session, 0, tx));
-    Ok(crate::routes::ndjson_stream(rx))
+    Ok(crate::http::ndjson_stream(rx))
 }
 
 /// Read the terminal into the ring until the command has exited and its
@@ -392,7 +392,7 @@ pub async fn attach(State(state): State<AppState>, caller: crate::keys::Caller, 
     let session = state.get(&caller, &id).await?.ptys.get(&pty)?;
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(follow(session, 0, tx));
-    Ok(crate::routes::ndjson_stream(rx))
+    Ok(crate::http::ndjson_stream(rx))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pty/{pty}/input", params(("id" = String, Path), ("pty" = String, Path)), request_body = PtyInput,

@@ -25,8 +25,8 @@ use protocol::{ResumeSpace, SandboxInfo, SpaceInfo, SpaceList, Unsaved};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
+use crate::http::json;
 use crate::keys::Caller;
-use crate::routes::json;
 use crate::sandbox::{ReplSlot, SandboxEntry, Settings};
 use crate::state::{valid_id, AppState};
 use repl_host::events::now_ms;
@@ -520,7 +520,7 @@ pub async fn resume(
     UrlPath(id): UrlPath<String>,
     body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req: ResumeSpace = crate::routes::optional_body(body)?;
+    let req: ResumeSpace = crate::http::optional_body(body)?;
     let entry = state.resume_space(&caller, &id, req).await?;
     Ok(json(StatusCode::OK, &entry.info()))
 }

@@ -125,7 +125,7 @@ pub async fn watch(
     .map_err(|e| ApiError::engine("watch setup failed", e))??;
     let (tx, rx) = mpsc::channel::<FileEvent>(256);
     tokio::spawn(run(watcher, entry, tx, slot));
-    Ok(crate::routes::ndjson_stream(rx))
+    Ok(crate::http::ndjson_stream(rx))
 }
 
 /// Forward inotify events until the client goes, the watched directory

@@ -9,8 +9,8 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::files::flag;
+use crate::http::{json, ndjson_stream, Json};
 use crate::keys::Caller;
-use crate::routes::{json, ndjson_stream, Json};
 use crate::state::AppState;
 
 /// Largest `POST /v1/templates` body: a recipe's files travel in it.
