@@ -24,16 +24,16 @@ pub fn count(cgroup_files: usize) -> usize {
     FIRST_CGROUP_FILE + cgroup_files
 }
 
-/// Position of each named descriptor (`cgroup` for the first cgroup file).
-pub fn positions() -> Vec<(&'static str, usize)> {
-    NAMESPACES.iter().chain(CHANNELS.iter()).copied().enumerate().map(|(i, name)| (name, i)).chain(std::iter::once(("cgroup", FIRST_CGROUP_FILE))).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const REPL: &str = include_str!("../../../repl/repl.py");
+
+    /// Position of each named descriptor (`cgroup` for the first cgroup file).
+    fn positions() -> Vec<(&'static str, usize)> {
+        NAMESPACES.iter().chain(CHANNELS.iter()).copied().enumerate().map(|(i, name)| (name, i)).chain(std::iter::once(("cgroup", FIRST_CGROUP_FILE))).collect()
+    }
 
     /// What lies between `open` and `close` on repl.py's line that starts
     /// with `name`.

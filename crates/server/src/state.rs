@@ -74,37 +74,21 @@ pub fn valid_id(id: &str) -> bool {
 
 impl AppState {
     pub fn new(config: ServerConfig, jail: jail::Jail, templates: Templates) -> AppState {
-        AppState {
-            inner: Arc::new(Inner {
-                jail: Arc::new(jail),
-                templates,
-                sandboxes: RwLock::new(HashMap::new()),
-                creating: std::sync::atomic::AtomicUsize::new(0),
-                live: std::sync::atomic::AtomicUsize::new(0),
-                merged: Default::default(),
-                pool: Default::default(),
-                spaces: crate::spaces::SpaceStore::new(&config.state_dir),
-                metrics: Default::default(),
-                records: crate::records::Records::new(&config.state_dir),
-                lost: Default::default(),
-                drain: Default::default(),
-                keys: key_ring(&config),
-                quotas: Default::default(),
-                trust: trust_store(&config),
-                setup: Arc::new(setup(&config)),
-                config,
-            }),
-        }
+        Self::assemble(config, Arc::new(jail), templates)
     }
 
     /// The same engine and sandboxes under another configuration (tests use
     /// it to check auth without a second engine).
     pub fn with_config(other: &AppState, config: ServerConfig) -> AppState {
-        let inner = &other.inner;
+        Self::assemble(config, Arc::clone(&other.inner.jail), other.inner.templates.clone())
+    }
+
+    /// A state over `jail` and `templates` with everything else fresh.
+    fn assemble(config: ServerConfig, jail: Arc<jail::Jail>, templates: Templates) -> AppState {
         AppState {
             inner: Arc::new(Inner {
-                jail: Arc::clone(&inner.jail),
-                templates: inner.templates.clone(),
+                jail,
+                templates,
                 sandboxes: RwLock::new(HashMap::new()),
                 creating: std::sync::atomic::AtomicUsize::new(0),
                 live: std::sync::atomic::AtomicUsize::new(0),
