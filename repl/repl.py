@@ -754,7 +754,7 @@ def _fork(fid, counts, plan):
     _frame(b'f', _json({'id': fid, 'pids': pids, 'error': error}))
 
 
-# The REPL's scheduler slice (crates/server/src/sandbox.rs, REPL_TIME_SLICE)
+# The REPL's scheduler slice (crates/service/src/sandbox.rs, REPL_TIME_SLICE)
 # and sched_setattr's number per machine. The slice is set with
 # SCHED_FLAG_RESET_ON_FORK, so what the REPL starts runs with the default
 # one, and a forked REPL asks for it anew.

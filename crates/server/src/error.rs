@@ -1,5 +1,7 @@
 //! `ApiError`: every failure a handler can answer, mapped to a status and a
-//! JSON body `{"error": "..."}`. Engine internals are logged, not leaked.
+//! JSON body `{"error": "..."}`: the service's errors (converted here, in
+//! one place) and the HTTP side's own (auth, bodies, the port proxy).
+//! Engine internals are logged, not leaked.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -33,9 +35,9 @@ pub enum ApiError {
     /// The port proxy's service did not connect or answer in time (504).
     #[error("{0}")]
     GatewayTimeout(String),
-    /// A key's quota (src/keys.rs): 429 with the refusal's `Retry-After`.
+    /// A key's quota (service::keys): 429 with the refusal's `Retry-After`.
     #[error("{}", .0.message)]
-    Quota(crate::keys::Refusal),
+    Quota(service::keys::Refusal),
     #[error("{message}")]
     Unavailable { message: String, progress: Option<f32> },
     #[error("internal error: {0}")]
@@ -68,23 +70,23 @@ impl ApiError {
     }
 }
 
-impl From<jail::fs::FsError> for ApiError {
-    fn from(e: jail::fs::FsError) -> ApiError {
-        use jail::fs::FsErrorKind as K;
-        match e.kind {
-            K::Invalid | K::OtherFilesystem => ApiError::BadRequest(e.message),
-            K::NotFound => ApiError::NotFound(e.message),
-            K::Exists | K::NotADirectory | K::IsADirectory | K::NotEmpty | K::Busy => ApiError::Conflict(e.message),
-            K::NoSpace => ApiError::NoSpace(e.message),
-            K::Other => ApiError::Internal(e.message),
+/// The one place the service's errors become HTTP statuses.
+impl From<service::Error> for ApiError {
+    fn from(e: service::Error) -> ApiError {
+        use service::Error as E;
+        match e {
+            E::Invalid(m) => ApiError::BadRequest(m),
+            E::NotFound(m) => ApiError::NotFound(m),
+            E::Conflict(m) => ApiError::Conflict(m),
+            E::TooLarge(m) => ApiError::TooLarge(m),
+            E::Capacity(m) => ApiError::TooMany(m),
+            E::Quota(r) => ApiError::Quota(r),
+            E::Unsupported(m) => ApiError::NotImplemented(m),
+            E::NoSpace(m) => ApiError::NoSpace(m),
+            E::Unavailable { message, progress } => ApiError::Unavailable { message, progress },
+            // Logged where it happened; the message is its context only.
+            E::Internal(m) => ApiError::Internal(m),
         }
-    }
-}
-
-/// A bad egress policy is the client's to fix.
-impl From<jail::egress::PolicyError> for ApiError {
-    fn from(e: jail::egress::PolicyError) -> ApiError {
-        ApiError::BadRequest(e.to_string())
     }
 }
 

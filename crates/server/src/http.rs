@@ -16,8 +16,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::ApiError;
-use crate::keys::Caller;
-use crate::state::AppState;
+
+use crate::AppState;
+use service::keys::Caller;
 
 /// `Json<T>` whose rejections are JSON errors with the right status.
 pub struct Json<T>(pub T);
@@ -137,13 +138,16 @@ pub async fn auth(State(state): State<AppState>, headers: HeaderMap, mut req: Re
     }
 }
 
-/// The caller the auth layer resolved. A request that did not pass through
-/// it has none and is refused: a missing layer fails closed.
-impl<S: Send + Sync> FromRequestParts<S> for Caller {
+/// The caller the auth layer resolved, as a handler's argument. A request
+/// that did not pass through the layer has none and is refused: a missing
+/// layer fails closed.
+pub struct Key(pub Caller);
+
+impl<S: Send + Sync> FromRequestParts<S> for Key {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
-        parts.extensions.get::<Caller>().cloned().ok_or(ApiError::Unauthorized)
+        parts.extensions.get::<Caller>().cloned().map(Key).ok_or(ApiError::Unauthorized)
     }
 }
 

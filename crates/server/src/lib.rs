@@ -1,49 +1,28 @@
-//! The forkbox HTTP server: the podflare-compatible API over the jail engine.
+//! The forkbox HTTP server: the podflare-compatible API over the sandbox
+//! service (crates/service). It only translates: extract, call the
+//! service, map its errors to status codes (`error`), stream events.
 //!
-//! Data path: request → `routes` (parse, validate) → `state::AppState`
-//! (registry, lifecycle) → `sandbox::SandboxEntry` (exec queue) →
-//! `repl_host::ReplSession` (the REPL's frames) → `repl_host::EventSink` →
-//! NDJSON response.
+//! Data path: request → `routes` (parse, validate) → `service::Service`
+//! (registry, lifecycle) → `SandboxEntry` (exec queue) → the REPL's frames
+//! → `repl_host::EventSink` → NDJSON response.
 
-pub mod adopt;
-pub mod checkpoints;
-pub mod config;
-pub mod cpu_boost;
-pub mod disk;
-pub mod drain;
-pub mod egress;
 pub mod error;
-pub mod files;
-pub mod fork;
 pub mod http;
 pub mod keepalive;
-pub mod keys;
-pub mod lifecycle;
-pub mod metrics;
 pub mod openapi;
-pub mod pause;
-pub mod pool;
-pub mod ports;
-pub mod pty;
-pub mod records;
 pub mod routes;
-pub mod sandbox;
-pub mod setup;
-pub mod spaces;
-pub mod state;
-pub mod templates;
 pub mod trace;
-pub mod watch;
 
 use std::net::SocketAddr;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{any, delete, get, post};
 use axum::Router;
+use service::start::Exit;
 
-pub use config::{SandboxLimits, ServerConfig};
-pub use state::AppState;
-pub use templates::Templates;
+/// The state every handler gets: the service.
+pub use service::Service as AppState;
+pub use service::{keys, SandboxLimits, ServerConfig, Templates};
 
 /// The runtime `serve` runs on. Its threads, this one included, get the
 /// REPLs' short scheduler slice (`sandbox::REPL_TIME_SLICE`): an exec wakes
@@ -53,7 +32,7 @@ pub use templates::Templates;
 /// starts (shims, pasta) gets the default slice back.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     fn short_slice() {
-        if let Err(e) = jail::sys::set_thread_time_slice(0, sandbox::REPL_TIME_SLICE) {
+        if let Err(e) = jail::sys::set_thread_time_slice(0, service::sandbox::REPL_TIME_SLICE) {
             tracing::debug!(err = %e, "could not shorten a server thread's time slice");
         }
     }
@@ -65,44 +44,44 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/v1/healthz", get(routes::healthz))
-        .route("/metrics", get(metrics::scrape))
+        .route("/metrics", get(routes::metrics::scrape))
         .route("/v1/openapi.json", get(openapi::openapi_json))
-        .route("/v1/templates", get(templates::routes::list).post(templates::routes::build).layer(DefaultBodyLimit::max(templates::routes::MAX_RECIPE_BODY)))
-        .route("/v1/templates/{name}", get(templates::routes::get).delete(templates::routes::delete))
-        .route("/v1/sandboxes/{id}/template", post(templates::routes::save))
+        .route("/v1/templates", get(routes::templates::list).post(routes::templates::build).layer(DefaultBodyLimit::max(routes::templates::MAX_RECIPE_BODY)))
+        .route("/v1/templates/{name}", get(routes::templates::get).delete(routes::templates::delete))
+        .route("/v1/sandboxes/{id}/template", post(routes::templates::save))
         .route("/v1/pool", get(routes::pool))
         .route("/v1/sandboxes", post(routes::create).get(routes::list))
         .route("/v1/sandboxes/{id}", get(routes::info).delete(routes::destroy))
         .route("/v1/sandboxes/{id}/exec", post(routes::exec))
         .route("/v1/sandboxes/{id}/replay", get(routes::replay))
         .route("/v1/sandboxes/{id}/fork", post(routes::fork))
-        .route("/v1/sandboxes/{id}/pause", post(pause::pause))
-        .route("/v1/sandboxes/{id}/resume", post(pause::resume))
-        .route("/v1/sandboxes/{id}/checkpoints", post(checkpoints::create).get(checkpoints::list))
-        .route("/v1/sandboxes/{id}/checkpoints/{checkpoint}", delete(checkpoints::delete))
-        .route("/v1/sandboxes/{id}/restore", post(checkpoints::restore))
-        .route("/v1/sandboxes/{id}/freeze", post(spaces::freeze))
-        .route("/v1/spaces", get(spaces::list))
-        .route("/v1/spaces/{id}", get(spaces::get).delete(spaces::delete))
-        .route("/v1/spaces/{id}/resume", post(spaces::resume))
+        .route("/v1/sandboxes/{id}/pause", post(routes::pause::pause))
+        .route("/v1/sandboxes/{id}/resume", post(routes::pause::resume))
+        .route("/v1/sandboxes/{id}/checkpoints", post(routes::checkpoints::create).get(routes::checkpoints::list))
+        .route("/v1/sandboxes/{id}/checkpoints/{checkpoint}", delete(routes::checkpoints::delete))
+        .route("/v1/sandboxes/{id}/restore", post(routes::checkpoints::restore))
+        .route("/v1/sandboxes/{id}/freeze", post(routes::spaces::freeze))
+        .route("/v1/spaces", get(routes::spaces::list))
+        .route("/v1/spaces/{id}", get(routes::spaces::get).delete(routes::spaces::delete))
+        .route("/v1/spaces/{id}/resume", post(routes::spaces::resume))
         .route("/v1/sandboxes/{id}/merge_into/{winner}", post(routes::merge_into))
         .route("/v1/sandboxes/{id}/diff/{other}", get(routes::diff))
-        .route("/v1/sandboxes/{id}/files", get(files::get).put(files::put).delete(files::delete))
-        .route("/v1/sandboxes/{id}/files/watch", get(watch::watch))
-        .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
-        .route("/v1/sandboxes/{id}/egress", get(egress::get).patch(egress::patch))
-        .route("/v1/sandboxes/{id}/pty", post(pty::create).get(pty::list))
-        .route("/v1/sandboxes/{id}/pty/{pty}/attach", get(pty::attach))
-        .route("/v1/sandboxes/{id}/pty/{pty}/input", post(pty::input))
-        .route("/v1/sandboxes/{id}/pty/{pty}/resize", post(pty::resize))
-        .route("/v1/sandboxes/{id}/pty/{pty}/kill", post(pty::kill))
-        .route("/v1/sandboxes/{id}/pty/{pty}/read", post(pty::read))
-        .route("/v1/sandboxes/{id}/files/rename", post(files::rename))
-        .route("/v1/sandboxes/{id}/files/chmod", post(files::chmod))
-        .route("/v1/sandboxes/{id}/ports/{port}", any(ports::proxy))
-        .route("/v1/sandboxes/{id}/ports/{port}/", any(ports::proxy))
-        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+        .route("/v1/sandboxes/{id}/files", get(routes::files::get).put(routes::files::put).delete(routes::files::delete))
+        .route("/v1/sandboxes/{id}/files/watch", get(routes::watch::watch))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(routes::files::mkdir))
+        .route("/v1/sandboxes/{id}/egress", get(routes::egress::get).patch(routes::egress::patch))
+        .route("/v1/sandboxes/{id}/pty", post(routes::pty::create).get(routes::pty::list))
+        .route("/v1/sandboxes/{id}/pty/{pty}/attach", get(routes::pty::attach))
+        .route("/v1/sandboxes/{id}/pty/{pty}/input", post(routes::pty::input))
+        .route("/v1/sandboxes/{id}/pty/{pty}/resize", post(routes::pty::resize))
+        .route("/v1/sandboxes/{id}/pty/{pty}/kill", post(routes::pty::kill))
+        .route("/v1/sandboxes/{id}/pty/{pty}/read", post(routes::pty::read))
+        .route("/v1/sandboxes/{id}/files/rename", post(routes::files::rename))
+        .route("/v1/sandboxes/{id}/files/chmod", post(routes::files::chmod))
+        .route("/v1/sandboxes/{id}/ports/{port}", any(routes::ports::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/", any(routes::ports::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(routes::ports::proxy))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), routes::metrics::track))
         .route_layer(axum::middleware::from_fn(trace::layer))
         .route_layer(axum::middleware::from_fn(http::detach))
         .fallback(http::not_found)
@@ -127,54 +106,10 @@ pub fn check_exposure(listen: &SocketAddr, has_keys: bool) -> Result<(), String>
 /// Run the server until SIGTERM/SIGINT, then destroy every sandbox.
 pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     // A keys file that cannot be read stops the start rather than being
-    // taken for no keys (src/keys.rs).
+    // taken for no keys (service::keys).
     let key_file = keys::KeyFile::load(&keys::key_file_path(&config.state_dir))?;
     check_exposure(&config.listen, !config.api_keys.is_empty() || !key_file.keys.is_empty()).map_err(anyhow::Error::msg)?;
-    if config.limits.max_sandboxes > jail::SLOT_BLOCKS as usize {
-        anyhow::bail!("--max-sandboxes can be at most {} (the host ids one server owns)", jail::SLOT_BLOCKS);
-    }
-    if config.build_templates {
-        template::check_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
-    }
-    if config.default_egress && config.egress_proxy.is_none() {
-        for (tool, package) in [("pasta", "passt"), ("nft", "nftables")] {
-            jail::require_tool(tool, package).map_err(|e| anyhow::anyhow!("{e} (or start with --default-egress false)"))?;
-        }
-    }
-    let jail = jail::Jail::open(jail::JailConfig {
-        orphan_grace: config.orphan_grace,
-        volume: config.volume,
-        ..jail::JailConfig::new(config.state_dir.clone(), config.shim_exe.clone(), 0)
-    })?;
-    let templates = Templates::new(config.templates_dir.clone(), &config.state_dir.join("custom-templates"), config.debian);
-    tracing::info!(debian = %config.debian, python = config.debian.python(), "built-in templates are made from this release");
-    templates.scan();
-    if !config.build_templates {
-        templates.mark_unbuilt();
-    }
-    let state = AppState::new(config.clone(), jail, templates.clone());
-    match &config.host_cas {
-        // Logs which CAs sandboxes trust.
-        Some(_) => drop(state.inner.trust.refresh()),
-        None => tracing::info!("sandboxes trust only their template's CAs (--no-host-cas)"),
-    }
-    if let Some(proxy) = &config.egress_proxy {
-        tracing::info!(proxy = %proxy, "sandboxes with egress reach the network only through the upstream proxy");
-    }
-    state.inner.spaces.recover().map_err(|e| anyhow::anyhow!("recover the spaces in {}: {e}", config.state_dir.display()))?;
-    let (adopted, lost) = state.adopt_survivors().await?;
-    if adopted + lost > 0 {
-        tracing::info!(adopted, lost, "took back the sandboxes a previous server left running");
-    }
-    state.mount_template_stacks().await;
-    state.sweep_trust_layers().await;
-    if config.build_templates {
-        std::thread::Builder::new().name("template-builder".into()).spawn(move || templates.build_all())?;
-    }
-    tokio::spawn(state.clone().expire_loop());
-    tokio::spawn(state.clone().pool_loop());
-    tokio::spawn(state.clone().quota_sweep_loop());
-    tokio::spawn(state.clone().cpu_boost_loop());
+    let state = AppState::start(config.clone()).await?;
     use axum::serve::ListenerExt;
     // Events are small writes: without TCP_NODELAY, Nagle and delayed ACKs
     // add ~40 ms to every exec.
@@ -185,37 +120,15 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let shutdown_state = state.clone();
     // Connect info: the port proxy's X-Forwarded-For.
     axum::serve(listener, app(state.clone()).into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(async move {
-            match shutdown_signal().await {
-                Exit::DestroyAll => {
-                    shutdown_state.drain(shutdown_state.inner.config.drain).await;
-                    tracing::info!("shutting down: destroying all sandboxes");
-                    shutdown_state.destroy_all().await;
-                }
-                Exit::LeaveRunning => {
-                    tracing::info!("exiting for an upgrade: the sandboxes keep running for the next server");
-                    shutdown_state.leave_running().await;
-                }
-            }
-        })
+        .with_graceful_shutdown(async move { shutdown_state.begin_exit(shutdown_signal().await).await })
         .await?;
-    if state.inner.jail.is_left_running() {
-        return Ok(());
-    }
-    state.destroy_all().await;
-    state.inner.jail.close()?;
+    state.finish().await?;
     Ok(())
 }
 
-/// How the server ends.
-enum Exit {
-    /// SIGTERM, SIGINT: every sandbox goes with the server.
-    DestroyAll,
-    /// SIGUSR2 (an upgrade): the sandboxes keep running, for the next
-    /// server on this state directory to adopt (docs/state.md#restarts).
-    LeaveRunning,
-}
-
+/// SIGTERM, SIGINT: every sandbox goes with the server. SIGUSR2 (an
+/// upgrade): the sandboxes keep running for the next server on this state
+/// directory (docs/state.md#restarts).
 async fn shutdown_signal() -> Exit {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut usr2)) = (signal(SignalKind::terminate()), signal(SignalKind::user_defined2())) else {

@@ -3,7 +3,7 @@
 use axum::response::IntoResponse;
 use utoipa::OpenApi;
 
-use crate::{checkpoints, egress, files, pause, ports, pty, routes, spaces, templates, watch};
+use crate::routes::{self, checkpoints, egress, files, pause, ports, pty, spaces, templates, watch};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -16,7 +16,7 @@ use crate::{checkpoints, egress, files, pause, ports, pty, routes, spaces, templ
         pty::create, pty::list, pty::attach, pty::input, pty::resize, pty::kill, pty::read,
         ports::proxy, checkpoints::create, checkpoints::list, checkpoints::delete, checkpoints::restore,
         spaces::freeze, spaces::list, spaces::get, spaces::delete, spaces::resume,
-        templates::routes::list, templates::routes::get, templates::routes::delete, templates::routes::build, templates::routes::save
+        templates::list, templates::get, templates::delete, templates::build, templates::save
     ),
     components(schemas(protocol::CreateSandbox, protocol::Created, protocol::ExecRequest, protocol::SandboxInfo,
         protocol::SandboxList, protocol::ErrorBody, protocol::Event, protocol::EventKind, protocol::TemplateInfo,
@@ -28,7 +28,7 @@ use crate::{checkpoints, egress, files, pause, ports, pty, routes, spaces, templ
         protocol::CheckpointInfo, protocol::CheckpointList, protocol::RestoreRequest,
         protocol::SpaceInfo, protocol::SpaceList, protocol::ResumeSpace, protocol::Unsaved,
         protocol::TemplateRecipe, protocol::TemplateFile, protocol::TemplateLimits, protocol::BuildEvent, protocol::SaveTemplate, protocol::TemplateUse,
-        crate::pool::PoolInfo, crate::pool::PoolTemplate)),
+        service::pool::PoolInfo, service::pool::PoolTemplate)),
     modifiers(&BearerAuth, &IdErrors),
     security(("bearer" = []))
 )]

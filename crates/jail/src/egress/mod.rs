@@ -17,6 +17,7 @@ mod dns;
 mod upstream;
 
 pub use dns::{DnsProxy, MAX_INFLIGHT};
+pub use egress_proxy::{Upstream, UpstreamError};
 pub use upstream::{start as start_proxy, ProxyTask};
 
 /// Where a sandbox's egress proxy listens inside its namespace

@@ -129,10 +129,10 @@ fn check_all(body: &[u8], ct: Option<&str>) -> Result<(), TestCaseError> {
         protocol::MkdirRequest,
         protocol::RenameRequest,
         protocol::ChmodRequest,
-        crate::pty::PtyCreate,
-        crate::pty::PtyInput,
-        crate::pty::PtyResize,
-        crate::pty::PtyRead
+        crate::routes::pty::PtyCreate,
+        crate::routes::pty::PtyInput,
+        crate::routes::pty::PtyResize,
+        crate::routes::pty::PtyRead
     );
     Ok(())
 }

@@ -5,14 +5,19 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
-use crate::http::{json, Json};
-use crate::keys::Caller;
-use crate::state::AppState;
+use crate::http::{json, Json, Key};
+
+use crate::AppState;
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", params(("id" = String, Path)), request_body = protocol::ForkRequest,
     responses((status = 200, body = protocol::Forked), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody),
         (status = 429, body = protocol::ErrorBody), (status = 500, body = protocol::ErrorBody), (status = 507, body = protocol::ErrorBody)))]
-pub async fn fork(State(state): State<AppState>, caller: Caller, Path(id): Path<String>, Json(req): Json<protocol::ForkRequest>) -> Result<Response, ApiError> {
+pub async fn fork(
+    State(state): State<AppState>,
+    Key(caller): Key,
+    Path(id): Path<String>,
+    Json(req): Json<protocol::ForkRequest>,
+) -> Result<Response, ApiError> {
     let n = usize::try_from(req.n).unwrap_or(0);
     let children = state.fork(&caller, &id, n).await?;
     Ok(json(StatusCode::OK, &protocol::Forked { children }))
@@ -20,7 +25,7 @@ pub async fn fork(State(state): State<AppState>, caller: Caller, Path(id): Path<
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/merge_into/{winner}", params(("id" = String, Path), ("winner" = String, Path)),
     responses((status = 204), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody)))]
-pub async fn merge_into(State(state): State<AppState>, caller: Caller, Path((id, winner)): Path<(String, String)>) -> Result<Response, ApiError> {
+pub async fn merge_into(State(state): State<AppState>, Key(caller): Key, Path((id, winner)): Path<(String, String)>) -> Result<Response, ApiError> {
     state.merge_into(&caller, &id, &winner).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -36,7 +41,7 @@ pub struct DiffQuery {
     responses((status = 200, body = protocol::DiffResult), (status = 400, body = protocol::ErrorBody), (status = 404, body = protocol::ErrorBody)))]
 pub async fn diff(
     State(state): State<AppState>,
-    caller: Caller,
+    Key(caller): Key,
     Path((id, other)): Path<(String, String)>,
     query: Result<axum::extract::Query<DiffQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {

@@ -7,17 +7,14 @@ use axum::response::{IntoResponse, Response};
 use protocol::{CreateSandbox, Created, SandboxInfo, SandboxList};
 
 use crate::error::ApiError;
-use crate::http::{json, optional_body};
-use crate::keys::Caller;
-use crate::state::AppState;
+use crate::http::{json, optional_body, Key};
+use crate::AppState;
 
 #[utoipa::path(get, path = "/v1/healthz", responses((status = 200, description = "`ok` once the default template is ready"), (status = 503, body = protocol::ErrorBody)))]
 pub async fn healthz(State(state): State<AppState>) -> Response {
-    if state.inner.templates.is_ready("default") {
-        (StatusCode::OK, "ok").into_response()
-    } else {
-        let err = state.inner.templates.rootfs("default").err().unwrap_or(ApiError::Unavailable { message: "starting".into(), progress: None });
-        err.into_response()
+    match state.health() {
+        Ok(()) => (StatusCode::OK, "ok").into_response(),
+        Err(e) => ApiError::from(e).into_response(),
     }
 }
 
@@ -27,7 +24,7 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
         (status = 507, body = protocol::ErrorBody)))]
 pub async fn create(
     State(state): State<AppState>,
-    caller: Caller,
+    Key(caller): Key,
     body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: CreateSandbox = optional_body(body)?;
@@ -36,34 +33,23 @@ pub async fn create(
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes", responses((status = 200, body = SandboxList)))]
-pub async fn list(State(state): State<AppState>, caller: Caller) -> Response {
+pub async fn list(State(state): State<AppState>, Key(caller): Key) -> Response {
     let sandboxes: Vec<SandboxInfo> = state.list(&caller).await.iter().map(|e| e.info()).collect();
     json(StatusCode::OK, &SandboxList { sandboxes })
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 200, body = SandboxInfo), (status = 404, body = protocol::ErrorBody)))]
-pub async fn info(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
-    match state.get(&caller, &id).await {
-        Ok(entry) => Ok(json(StatusCode::OK, &entry.info())),
-        // A frozen sandbox is shown as it was, with `state: "frozen"`.
-        Err(ApiError::Conflict(e)) => match state.frozen(&caller, &id).await {
-            Some(crate::state::Frozen::Space(space)) => Ok(json(StatusCode::OK, &space.sandbox)),
-            _ => Err(ApiError::Conflict(e)),
-        },
-        Err(e) => Err(e),
-    }
+pub async fn info(State(state): State<AppState>, Key(caller): Key, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &state.info(&caller, &id).await?))
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 204), (status = 404, body = protocol::ErrorBody)))]
-pub async fn destroy(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
-    if !crate::state::valid_id(&id) {
-        state.get(&caller, &id).await?;
-    }
+pub async fn destroy(State(state): State<AppState>, Key(caller): Key, Path(id): Path<String>) -> Result<Response, ApiError> {
     state.destroy(&caller, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-#[utoipa::path(get, path = "/v1/pool", responses((status = 200, body = crate::pool::PoolInfo, description = "The warm pool's hidden sandboxes by template")))]
-pub async fn pool(State(state): State<AppState>, caller: Caller) -> Response {
-    json(StatusCode::OK, &state.inner.pool.info(&caller, &state.inner.templates, state.inner.jail.spare_ids()).await)
+#[utoipa::path(get, path = "/v1/pool", responses((status = 200, body = service::pool::PoolInfo, description = "The warm pool's hidden sandboxes by template")))]
+pub async fn pool(State(state): State<AppState>, Key(caller): Key) -> Response {
+    json(StatusCode::OK, &state.pool_info(&caller).await)
 }

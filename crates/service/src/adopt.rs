@@ -1,0 +1,151 @@
+//! Sandboxes that outlive the server (docs/state.md#restarts). At start,
+//! before serving, the server reads the records its predecessor kept
+//! (src/records.rs), has the engine take back every member whose family
+//! still runs (jail's `Jail::adopt`), finds its place in each REPL's
+//! stream again (`ReplSession::resume`), and starts each network afresh.
+//! A sandbox that could not be taken back is *lost*: its id answers 404
+//! saying so, and what it used is freed.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::records::SandboxRecord;
+use crate::sandbox::{entry_with, ReplSlot, SandboxEntry};
+use crate::state::Service;
+use repl_host::session::ReplSession;
+
+/// Most lost ids remembered (for their 404's message).
+const LOST_REMEMBERED: usize = 10_000;
+
+impl Service {
+    /// Remove the trust layers no live sandbox stands on (made for CAs or
+    /// templates since changed); the adopted keep theirs.
+    pub async fn sweep_trust_layers(&self) {
+        let keep: Vec<std::path::PathBuf> = self.inner.sandboxes.read().await.values().filter_map(|e| e.engine.record().family.trust_layer).collect();
+        let state = self.clone();
+        let _ = tokio::task::spawn_blocking(move || state.inner.trust.sweep(&keep)).await;
+    }
+
+    /// Take back what a previous server on this state directory left
+    /// running, then clean up everything else it left. Returns how many
+    /// sandboxes were adopted and how many were lost.
+    pub async fn adopt_survivors(&self) -> jail::Result<(usize, usize)> {
+        let jail = &self.inner.jail;
+        let mut records = self.inner.records.load();
+        // A freeze that finished before the crash left its Space: the
+        // sandbox lives on as that, not twice.
+        let mut frozen = Vec::new();
+        for r in &records {
+            if matches!(self.frozen(&crate::keys::Caller::server(), &r.id).await, Some(crate::state::Frozen::Space(_))) {
+                frozen.push(r.id.clone());
+            }
+        }
+        records.retain(|r| !frozen.contains(&r.id));
+        for id in &frozen {
+            self.inner.records.remove(id);
+        }
+        // The pastas were the dead server's children: new ones are started.
+        jail.kill_stale_pastas();
+        let members: Vec<jail::MemberRecord> = records
+            .iter()
+            .map(|r| {
+                let mut engine = r.engine.clone();
+                // A record from a server before disk quotas has none.
+                if engine.limits.disk_bytes == 0 {
+                    engine.limits.disk_bytes = r.rootfs_gb << 30;
+                }
+                engine
+            })
+            .collect();
+        let results = jail.adopt(&members).await;
+        let mut kept = jail::Kept::default();
+        let mut taken = Vec::new();
+        let mut lost = 0;
+        for (record, result) in records.into_iter().zip(results) {
+            match result {
+                Ok(adopted) => {
+                    kept.extend(jail::Jail::adopted_names([&adopted.sandbox]));
+                    taken.push((record, adopted));
+                }
+                Err(e) => {
+                    lost += 1;
+                    self.lose(&record.id, &e.to_string(), record.owner.clone());
+                }
+            }
+        }
+        jail.clean_stale(&kept)?;
+        let entries = futures::future::join_all(taken.into_iter().map(|(record, adopted)| self.readopt(record, adopted))).await;
+        let count = entries.len();
+        for entry in entries {
+            self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(&entry));
+            self.inner.live.fetch_add(1, Ordering::SeqCst);
+            // It counts against its key's quotas again, even over them.
+            if let Some(owner) = &entry.settings.owner {
+                self.inner.quotas.charge(owner, entry.settings.ram_mib);
+            }
+            let egress = entry.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            crate::egress::apply_soon(&entry, egress).await;
+        }
+        self.inner.metrics.restart_sandboxes("adopted", count);
+        self.inner.metrics.restart_sandboxes("lost", lost);
+        Ok((count, lost))
+    }
+
+    /// Exit without ending the sandboxes (an upgrade): the warm pool goes
+    /// (it is not recorded), everything else waits for the next server.
+    pub async fn leave_running(&self) {
+        self.destroy_pool().await;
+        self.inner.jail.leave_running();
+    }
+
+    /// Remember that `id` (of `owner`) is gone for good, and why.
+    fn lose(&self, id: &str, why: &str, owner: Option<String>) {
+        tracing::warn!(sandbox = %id, reason = %why, "a sandbox did not survive the server restart");
+        self.inner.records.remove(id);
+        if let Ok(mut lost) = self.inner.lost.lock() {
+            if lost.len() >= LOST_REMEMBERED {
+                lost.clear();
+            }
+            lost.insert(id.to_string(), (why.to_string(), owner));
+        }
+    }
+
+    /// The entry of an adopted member: its settings, lifetime and lineage
+    /// from the record, its REPL resumed where it was.
+    async fn readopt(&self, record: SandboxRecord, adopted: jail::Adopted) -> Arc<SandboxEntry> {
+        let mut slot = ReplSlot { session: None, lost_state: None, rebuilt: false, notice: None, oom_seen: adopted.sandbox.cgroup().oom_kills() };
+        // A paused sandbox's REPL cannot answer: it runs just long enough.
+        let paused = adopted.sandbox.is_paused();
+        if paused {
+            let _ = adopted.sandbox.resume();
+        }
+        let resumed = match adopted.repl {
+            Some(process) => Some(ReplSession::resume(process).await),
+            None => None,
+        };
+        if paused {
+            if let Err(e) = adopted.sandbox.pause() {
+                tracing::warn!(sandbox = %record.id, error = %e, "could not pause an adopted sandbox again");
+            }
+        }
+        match resumed {
+            Some(resumed) => match resumed {
+                Ok(resumed) => {
+                    slot.session = Some(resumed.session);
+                    if resumed.interrupted {
+                        slot.notice = Some("[forkbox] the server restarted while code was running in this sandbox; that run was interrupted (its output is lost), the REPL's state is kept".into());
+                    }
+                }
+                Err(e) => slot.lost_state = Some(format!("did not survive the server restart ({e})")),
+            },
+            None => slot.lost_state = Some("ended while the server was restarting".into()),
+        }
+        let engine = Arc::new(adopted.sandbox);
+        let entry = entry_with(record.id.clone(), record.settings(&self.inner.setup), engine, record.lineage.clone(), record.created_at, slot);
+        entry.execs.store(record.execs, Ordering::Relaxed);
+        entry.repl_restarts.store(record.repl_restarts, Ordering::Relaxed);
+        *entry.egress.lock().unwrap_or_else(|e| e.into_inner()) = record.egress.clone();
+        tracing::info!(sandbox = %record.id, "adopted after a server restart");
+        Arc::new(entry)
+    }
+}

@@ -1,0 +1,360 @@
+//! fork and merge_into (docs/fork.md): the server's half of a family fork
+//! (docs/architecture.md#processes-and-namespaces).
+//!
+//! A fork takes the parent's exec slot (so it waits for a running exec, in
+//! arrival order), has the engine snapshot the parent's files and build one
+//! new member per child, gives the family's shim each child's channels (the
+//! shim copies them, with the child's namespaces, into the child the
+//! parent's REPL forks: the parent never holds them), asks the parent's
+//! REPL to fork, and waits until every child REPL said it is ready.
+//! Whatever fails on the way is destroyed again: a fork makes all its
+//! children or none.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::keys::Caller;
+use crate::sandbox::{new_entry, SandboxEntry};
+use crate::state::{new_id, CreateSlot, Service};
+use repl_host::session::ReplSession;
+
+/// Children per fork (the podflare contract's limit).
+pub const MAX_FORK: usize = 32;
+/// Longest wait for the parent REPL to answer a fork.
+const FORK_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most hollow spares a family keeps for its next fork (as many as its
+/// last fork made, up to this).
+const HOLLOW_SPARES: usize = 8;
+/// How many merged-away ids are remembered.
+const MERGED_REMEMBERED: usize = 10_000;
+
+/// Merged-away id → the id holding its state now and its owner, oldest
+/// first out.
+#[derive(Default)]
+pub struct MergedIds {
+    map: HashMap<String, (String, Option<String>)>,
+    order: VecDeque<String>,
+}
+
+impl MergedIds {
+    pub fn insert(&mut self, gone: String, into: String, owner: Option<String>) {
+        if self.order.len() >= MERGED_REMEMBERED {
+            if let Some(old) = self.order.pop_front() {
+                self.map.remove(&old);
+            }
+        }
+        self.order.push_back(gone.clone());
+        self.map.insert(gone, (into, owner));
+    }
+
+    pub fn get(&self, id: &str) -> Option<&(String, Option<String>)> {
+        self.map.get(id)
+    }
+}
+
+/// The server's ends of one child's REPL channels, and the child's ends
+/// that travel to the shim, which copies them into the forked child.
+struct ChildChannels {
+    control: std::os::unix::net::UnixStream,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    /// The REPL's ends: control socket, stdout and stderr write ends.
+    /// Passed on in the order of `jail::fork_fds::CHANNELS`.
+    theirs: [OwnedFd; jail::fork_fds::CHANNELS.len()],
+}
+
+fn child_channels() -> Result<ChildChannels, Error> {
+    let io = |e: std::io::Error| Error::internal("could not make a fork child's channels", e);
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(io)?;
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io(e.into()));
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    Ok(ChildChannels { control: ours, stdout: out_r, stderr: err_r, theirs: [OwnedFd::from(theirs), out_w, err_w] })
+}
+
+impl Service {
+    /// Fork sandbox `id` into `n` children (all within `caller`'s
+    /// quotas, or none); returns their ids.
+    pub async fn fork(&self, caller: &Caller, id: &str, n: usize) -> Result<Vec<String>, Error> {
+        if !(1..=MAX_FORK).contains(&n) {
+            return Err(Error::Invalid(format!("n must be between 1 and {MAX_FORK}, got {n}")));
+        }
+        let parent = self.get(caller, id).await?;
+        let quota = self.reserve_quota(caller, parent.settings.owner.as_deref(), n, parent.settings.ram_mib, true)?;
+        let _reserved = CreateSlot::take_n(self, n)?;
+        let started = std::time::Instant::now();
+        let children = self.fork_entries(&parent, n).await?;
+        self.inner.metrics.fork_seconds.observe(started.elapsed().as_secs_f64());
+        let ids: Vec<String> = children.iter().map(|c| c.id.clone()).collect();
+        {
+            let mut all = self.inner.sandboxes.write().await;
+            if parent.is_destroyed() {
+                drop(all);
+                for c in &children {
+                    self.teardown(c).await;
+                }
+                return Err(Error::NotFound(format!("sandbox `{id}` was destroyed during the fork")));
+            }
+            for c in &children {
+                all.insert(c.id.clone(), Arc::clone(c));
+            }
+            self.inner.live.fetch_add(n, Ordering::SeqCst);
+            quota.commit();
+        }
+        // Children inherit the parent's policy, each on a network of its own.
+        let egress = parent.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for c in &children {
+            crate::egress::apply_soon(c, egress.clone()).await;
+            self.inner.records.save(c);
+        }
+        tracing::info!(sandbox = %id, children = ?ids, "forked");
+        Ok(ids)
+    }
+
+    /// Fork `parent` into `n` children that are not registered anywhere
+    /// yet (the caller makes them sandboxes or checkpoints, and holds a
+    /// `CreateSlot` for them until they are registered).
+    pub(crate) async fn fork_entries(&self, parent: &Arc<SandboxEntry>, n: usize) -> Result<Vec<Arc<SandboxEntry>>, Error> {
+        let busy = parent.hold_busy();
+        // A paused parent runs for the moment its REPL forks itself, then
+        // is paused again; the children run (docs/state.md).
+        let was_paused = parent.engine.is_paused();
+        let result = match crate::pause::ensure_running(parent).await {
+            Ok(()) => self.fork_locked(parent, n).await,
+            Err(e) => Err(e),
+        };
+        if was_paused {
+            let engine = Arc::clone(&parent.engine);
+            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || engine.pause()).await {
+                tracing::warn!(sandbox = %parent.id, err = %e, "could not pause the parent again after a fork");
+            }
+        }
+        drop(busy);
+        parent.touch();
+        let children = result?;
+        // Build the family's next children ahead of time (docs/fork.md).
+        let (jail, engine) = (Arc::clone(&self.inner.jail), Arc::clone(&parent.engine));
+        tokio::spawn(async move {
+            if let Err(e) = jail.refill_hollows(&engine, n.min(HOLLOW_SPARES), &new_id).await {
+                tracing::debug!(err = %e, "could not build spare fork members");
+            }
+        });
+        Ok(children)
+    }
+
+    async fn fork_locked(&self, parent: &Arc<SandboxEntry>, n: usize) -> Result<Vec<Arc<SandboxEntry>>, Error> {
+        let started = std::time::Instant::now();
+        let mut slot = parent.slot.lock().await;
+        if !parent.lifecycle().can_run() {
+            return Err(Error::NotFound(format!("sandbox `{}` was destroyed", parent.id)));
+        }
+        parent.ensure_repl(&mut slot).await.map_err(Error::Conflict)?;
+        let ids: Vec<String> = (0..n).map(|_| new_id()).collect();
+        let made = self.inner.jail.fork_members(&parent.engine, &ids).await.map_err(|e| Error::internal("could not fork the sandbox", e))?;
+        let snapshotted = started.elapsed();
+        let session = slot.session.as_mut().ok_or_else(|| Error::Conflict("the sandbox has no Python process".into()))?;
+        let children = self.fork_repl_into(session, &parent.engine, made, None).await?;
+        let mut lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
+        lineage.push(parent.id.clone());
+        let entries =
+            children.into_iter().map(|(sandbox, session)| new_entry(sandbox.id.clone(), parent.settings.clone(), sandbox, session, lineage.clone())).collect();
+        tracing::debug!(sandbox = %parent.id, n, snapshot_ms = snapshotted.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64, "fork timings");
+        Ok(entries)
+    }
+
+    /// Have the REPL of `session` (in `parent`) fork itself into the new
+    /// members `made`, and wait until every child REPL is ready and adopted.
+    /// `plan`: what the children must redo (jail::fork_plan), read from the
+    /// REPL's /proc when None. On failure every member in `made` is destroyed.
+    pub(crate) async fn fork_repl_into(
+        &self,
+        session: &mut ReplSession,
+        parent: &jail::Sandbox,
+        made: Vec<jail::ForkChild>,
+        plan: Option<&serde_json::Value>,
+    ) -> Result<Vec<(Arc<jail::Sandbox>, ReplSession)>, Error> {
+        let jail = &self.inner.jail;
+        let n = made.len();
+        let mut channels = Vec::with_capacity(n);
+        for _ in 0..n {
+            match child_channels() {
+                Ok(c) => channels.push(c),
+                Err(e) => {
+                    for child in &made {
+                        let _ = jail.destroy(&child.sandbox).await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let plan = match plan {
+            Some(p) => p.clone(),
+            None => serde_json::to_value(jail::fork_plan(session.host_pid)).unwrap_or_default(),
+        };
+        let parent_repl = session.host_pid;
+        // Each child's descriptors go to the shim, never to the forking
+        // REPL (docs/security.md, row 63): the shim copies them, with the
+        // child's namespaces, into the child once it is forked.
+        let counts: Vec<usize> = {
+            let joins: Vec<Vec<OwnedFd>> = made.iter().map(|c| c.sandbox.self_join_fds()).collect();
+            let expected = made.iter().zip(&channels).zip(&joins).enumerate().map(|(slot, ((child, ch), join))| {
+                let fds: Vec<BorrowedFd<'_>> = ch.theirs.iter().chain(join).map(|fd| fd.as_fd()).collect();
+                async move { jail.expect_fork(parent, parent_repl, slot, &child.sandbox, &fds).await }
+            });
+            let given = futures::future::join_all(expected).await.into_iter().collect::<Result<Vec<()>, _>>();
+            if let Err(e) = given {
+                for child in &made {
+                    let _ = jail.destroy(&child.sandbox).await;
+                }
+                return Err(Error::internal("could not fork the sandbox", e));
+            }
+            joins.iter().map(|join| jail::fork_fds::count(join.len())).collect()
+        };
+        let answer = match session.send_fork(&plan, &counts).await {
+            Ok(fid) => match tokio::time::timeout(FORK_ANSWER_TIMEOUT, session.wait_forked(fid)).await {
+                Ok(answer) => answer.map_err(|e| e.to_string()),
+                Err(_) => Err("the Python process did not answer the fork in time".into()),
+            },
+            Err(e) => Err(format!("could not reach the Python process: {e}")),
+        };
+        // The shim holds its copies now; ours would keep the children's
+        // pipes open after they die.
+        let mut children = Vec::with_capacity(n);
+        let mut starts = Vec::with_capacity(n);
+        for (child, ch) in made.into_iter().zip(channels) {
+            let jail::ForkChild { sandbox, ns, exited } = child;
+            drop(ns);
+            drop(ch.theirs);
+            children.push(Arc::new(sandbox));
+            starts.push(start_child(ch.control, ch.stdout, ch.stderr, exited));
+        }
+        let result = async {
+            match answer {
+                Ok(f) if f.error.is_none() && f.pids.len() == n => {}
+                Ok(f) => return Err(f.error.unwrap_or_else(|| format!("{} of {n} children forked", f.pids.len()))),
+                Err(e) => return Err(e),
+            }
+            let mut sessions = Vec::with_capacity(n);
+            for r in futures::future::join_all(starts).await {
+                sessions.push(r?);
+            }
+            let members: Vec<&jail::Sandbox> = children.iter().map(|s| s.as_ref()).collect();
+            let adopted = jail.adopt_forks(parent, parent_repl, &members).await.map_err(|e| e.to_string())?;
+            let mut deposits = Vec::with_capacity(n);
+            for ((session, (host_pid, pidfd)), child) in sessions.iter_mut().zip(adopted).zip(&children) {
+                session.adopted(host_pid, pidfd);
+                deposits.extend(session.take_ends().map(|ends| (Arc::clone(child), host_pid, ends)));
+            }
+            // Off the fork's path: the shim is busy with the new REPLs
+            // settling in, and the ends only matter if the server dies.
+            tokio::spawn(async move {
+                for (child, repl, ends) in deposits {
+                    crate::sandbox::keep_repl_ends(&child, repl, ends).await;
+                }
+            });
+            Ok(sessions)
+        }
+        .await;
+        match result {
+            Ok(sessions) => Ok(children.into_iter().zip(sessions).collect()),
+            Err(msg) => {
+                // Dropping the server's ends makes any child REPL that did
+                // start exit; destroying the members frees the rest.
+                for sandbox in &children {
+                    let _ = jail.destroy(sandbox).await;
+                }
+                Err(Error::internal("could not fork the sandbox", msg))
+            }
+        }
+    }
+
+    /// Make `parent`'s id drive `winner`'s REPL and files; free the
+    /// parent's old state; `winner`'s id stops existing.
+    pub async fn merge_into(&self, caller: &Caller, parent_id: &str, winner_id: &str) -> Result<(), Error> {
+        if parent_id == winner_id {
+            return Err(Error::Invalid("cannot merge a sandbox into itself".into()));
+        }
+        let parent = self.get(caller, parent_id).await?;
+        let winner = self.get(caller, winner_id).await?;
+        let descends = winner.lineage.lock().map(|l| l.iter().any(|a| a == parent_id)).unwrap_or(false);
+        if !descends || !parent.engine.same_family(&winner.engine) {
+            return Err(Error::Conflict(format!("`{winner_id}` is not a fork descendant of `{parent_id}`")));
+        }
+        // Both queues drain first: a running exec finishes before its
+        // sandbox changes hands. Lock in a fixed order (parent, then
+        // descendant) so two merges cannot deadlock.
+        let mut parent_slot = parent.slot.lock().await;
+        let mut winner_slot = winner.slot.lock().await;
+        let mut all = self.inner.sandboxes.write().await;
+        if !all.get(parent_id).is_some_and(|e| Arc::ptr_eq(e, &parent)) || !all.get(winner_id).is_some_and(|e| Arc::ptr_eq(e, &winner)) {
+            return Err(Error::Conflict("a sandbox of this merge was destroyed or merged meanwhile".into()));
+        }
+        let lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
+        let merged = crate::sandbox::successor_entry(&parent, &winner, &mut winner_slot, lineage);
+        // The winner's checkpoints are of the state the parent's id holds now.
+        crate::checkpoints::adopt(&merged.checkpoints, &winner.checkpoints);
+        winner.mark_destroyed();
+        all.remove(winner_id);
+        self.unregistered(&winner);
+        self.inner.records.remove(winner_id);
+        self.inner.records.save(&merged);
+        all.insert(parent_id.to_string(), merged);
+        // The winner's descendants now descend from the parent's id.
+        for e in all.values() {
+            if let Ok(mut l) = e.lineage.lock() {
+                l.retain(|a| a != winner_id);
+            }
+        }
+        drop(all);
+        if let Ok(mut m) = self.inner.merged.lock() {
+            m.insert(winner_id.to_string(), parent_id.to_string(), parent.settings.owner.clone());
+        }
+        parent_slot.session = None;
+        drop(parent_slot);
+        drop(winner_slot);
+        self.teardown(&parent).await;
+        tracing::info!(sandbox = %parent_id, winner = %winner_id, "merged");
+        Ok(())
+    }
+}
+
+impl Service {
+    /// `{added, removed, modified}` between two sandboxes' files under
+    /// `paths`, as the podflare SDK's client-side `diff` defines them,
+    /// computed from their overlay layers on the host (crate jail::diff).
+    pub async fn diff(&self, caller: &Caller, id: &str, other: &str, paths: Vec<String>) -> Result<protocol::DiffResult, Error> {
+        let this = self.get(caller, id).await?;
+        let that = self.get(caller, other).await?;
+        let (a, b) = (Arc::clone(&this.engine), Arc::clone(&that.engine));
+        let result = tokio::task::spawn_blocking(move || {
+            let ((a_upper, a_lower), (b_upper, b_lower)) = (a.layers(), b.layers());
+            jail::diff::diff(&jail::diff::Layers { upper: &a_upper, lower: &a_lower }, &jail::diff::Layers { upper: &b_upper, lower: &b_lower }, &paths)
+        })
+        .await
+        .map_err(|e| Error::internal("diff failed", e))?;
+        match result {
+            Ok(d) => Ok(protocol::DiffResult { added: d.added, removed: d.removed, modified: d.modified }),
+            Err(jail::Error::Invalid(msg)) => Err(Error::Invalid(msg)),
+            Err(e) => Err(Error::internal("diff failed", e)),
+        }
+    }
+}
+
+async fn start_child(
+    control: std::os::unix::net::UnixStream,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    exited: tokio::sync::oneshot::Receiver<jail::ExitStatus>,
+) -> Result<ReplSession, String> {
+    let io = |e: std::io::Error| format!("register a fork child's channels: {e}");
+    control.set_nonblocking(true).map_err(io)?;
+    let control = tokio::net::UnixStream::from_std(control).map_err(io)?;
+    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout).map_err(io)?;
+    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr).map_err(io)?;
+    ReplSession::start_forked(control, stdout, stderr, exited).await.map_err(|e| e.to_string())
+}

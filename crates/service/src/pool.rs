@@ -1,0 +1,631 @@
+//! The warm template pool (docs/fork.md): a create is a fork.
+//!
+//! Per template the pool keeps a *zygote*: a hidden sandbox whose REPL has
+//! imported the template's usual modules and never runs user code, plus a
+//! few *spare* members of its family (namespaces, init, cgroup and fresh
+//! files, built ahead of time). A create takes a spare and has the zygote's
+//! REPL fork itself into it, so the new sandbox starts with numpy and
+//! pandas already imported, in a few milliseconds. Spares are refilled in
+//! the background; a zygote retires after `RETIRE_AFTER` creates (its
+//! family lives on while its members do), so no family grows without bound
+//! and a fresh family takes over.
+//!
+//! Everything the pool makes is hidden from the sandbox list, limits and
+//! timers until it is handed out.
+//!
+//! On a server with API keys each key gets zygotes of its own
+//! (`PoolKey`): members of one family share what the kernel counts per
+//! user (inotify instances, message-queue bytes; docs/security.md), so a
+//! family never serves two tenants. A key's pool is made on its first
+//! create and let go after `--pool-idle-seconds` without one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+
+use crate::sandbox::{new_entry, start_repl, SandboxEntry, Settings};
+use crate::state::{new_id, Service};
+use repl_host::session::ReplItem;
+
+/// Spare members kept ready per template.
+const SPARES: usize = 2;
+/// Creates one zygote serves before a fresh family replaces it.
+const RETIRE_AFTER: usize = 64;
+/// How long a refill waits after a create that left spares.
+const REFILL_DELAY: Duration = Duration::from_millis(100);
+/// Templates warmed at start (others warm on first use).
+const WARM_AT_START: &[&str] = &["default"];
+
+/// Whose zygote it is: one per template and API key (`owner` is the key's
+/// name, `None` on a server without keys).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub owner: Option<String>,
+    pub template: String,
+}
+
+impl PoolKey {
+    fn of(settings: &Settings) -> PoolKey {
+        PoolKey { owner: settings.owner.clone(), template: settings.template.clone() }
+    }
+}
+
+/// One template's zygote and spares, for one owner.
+pub struct Warm {
+    key: PoolKey,
+    zygote: Arc<SandboxEntry>,
+    spares: Mutex<Vec<jail::ForkChild>>,
+    /// pasta already serving a spare's network (by spare id), so a create
+    /// with egress on finds its way out ready (docs/network.md).
+    pastas: std::sync::Mutex<HashMap<String, jail::net::Pasta>>,
+    served: AtomicUsize,
+    retiring: std::sync::atomic::AtomicBool,
+    /// The zygote's fork plan, read once: it runs no user code, so its
+    /// descriptors and mappings do not change.
+    plan: serde_json::Value,
+    /// When a create last took from it (idle pools are let go).
+    last_used: std::sync::Mutex<std::time::Instant>,
+    /// The trust layer its family stands on: when the host's CAs change,
+    /// creates stop using it (crates/jail/src/trust).
+    trust: Option<std::path::PathBuf>,
+}
+
+#[derive(Default)]
+pub struct Pool {
+    warm: std::sync::Mutex<HashMap<PoolKey, Arc<Warm>>>,
+    /// Pools asked for since start (they get warmed).
+    wanted: std::sync::Mutex<std::collections::HashSet<PoolKey>>,
+    /// Zygotes being made or retired, destroyed at shutdown.
+    retired: std::sync::Mutex<Vec<Arc<Warm>>>,
+    /// Set at shutdown: whatever is made after it is destroyed at once.
+    closing: std::sync::atomic::AtomicBool,
+    /// Held (shared) by pool work in flight; shutdown takes it exclusively
+    /// so nothing is cut off half-made.
+    busy: tokio::sync::RwLock<()>,
+    /// Zygotes being made (shown by `GET /v1/pool` until they serve).
+    warming: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+/// What `GET /v1/pool` shows: the hidden sandboxes, by template.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct PoolInfo {
+    /// The zygotes that serve the caller (with keys: its key's own).
+    pub templates: HashMap<String, PoolTemplate>,
+    /// Hollow members families keep for their next fork (docs/fork.md).
+    pub fork_spares: Vec<String>,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct PoolTemplate {
+    pub zygote: String,
+    pub spares: Vec<String>,
+    pub served: usize,
+    pub modules: Vec<String>,
+}
+
+impl Pool {
+    fn current(&self, key: &PoolKey) -> Option<Arc<Warm>> {
+        self.warm.lock().ok()?.get(key).cloned()
+    }
+
+    /// Take the pools `which` picks out of the map (creates stop using them).
+    fn take_warm(&self, which: impl Fn(&PoolKey, &Warm) -> bool) -> Vec<Arc<Warm>> {
+        let Ok(mut m) = self.warm.lock() else { return Vec::new() };
+        let keys: Vec<PoolKey> = m.iter().filter(|(k, w)| which(k, w)).map(|(k, _)| k.clone()).collect();
+        keys.iter().filter_map(|k| m.remove(k)).collect()
+    }
+
+    /// Warm `key`'s pool soon (the pool loop looks every half second).
+    pub(crate) fn want(&self, key: PoolKey) {
+        if let Ok(mut w) = self.wanted.lock() {
+            w.insert(key);
+        }
+    }
+
+    /// The pools `caller` may see: its own key's (all without keys).
+    pub async fn info(&self, caller: &crate::keys::Caller, known: &crate::templates::Templates, mut fork_spares: Vec<String>) -> PoolInfo {
+        // A zygote still warming up is as hidden as a spare.
+        fork_spares.extend(self.warming.lock().map(|w| w.iter().cloned().collect::<Vec<_>>()).unwrap_or_default());
+        let all: Vec<Arc<Warm>> = self.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        let mut templates = HashMap::new();
+        for w in all.into_iter().filter(|w| caller.may_use(w.key.owner.as_deref())) {
+            let spares = w.spares.lock().await.iter().map(|c| c.sandbox.id.clone()).collect();
+            templates.insert(
+                w.key.template.clone(),
+                PoolTemplate { zygote: w.zygote.id.clone(), spares, served: w.served.load(Ordering::Relaxed), modules: known.preimport(&w.key.template) },
+            );
+        }
+        PoolInfo { templates, fork_spares }
+    }
+}
+
+impl Service {
+    /// A new sandbox forked from the template's zygote, if one is warm.
+    /// `Ok(None)`: no warm zygote (the caller makes one the slow way).
+    pub(crate) async fn create_from_pool(&self, settings: &Settings) -> Result<Option<Arc<SandboxEntry>>, crate::error::Error> {
+        if !self.inner.config.warm_pool {
+            return Ok(None);
+        }
+        self.inner.pool.want(PoolKey::of(settings));
+        self.create_from_zygote(settings, 0).await
+    }
+
+    async fn create_from_zygote(&self, settings: &Settings, attempt: u32) -> Result<Option<Arc<SandboxEntry>>, crate::error::Error> {
+        let Some(warm) = self.inner.pool.current(&PoolKey::of(settings)) else { return Ok(None) };
+        if !self.trust_is_current(&warm)? {
+            let key = warm.key.clone();
+            let stale = self.inner.pool.take_warm(|_, w| std::ptr::eq(w, &*warm));
+            self.let_go_all(stale, "the host's CAs changed").await;
+            self.inner.pool.want(key);
+            return Ok(None);
+        }
+        if let Ok(mut t) = warm.last_used.lock() {
+            *t = std::time::Instant::now();
+        }
+        let limits = self.limits_for(settings);
+        let mut zygote_slot = warm.zygote.slot.lock().await;
+        if zygote_slot.session.is_none() {
+            drop(zygote_slot);
+            // Creates queue on the zygote; one retired meanwhile is torn
+            // down under the same lock, after the forks queued before it.
+            // Those queued after it move on to its successor (found by
+            // bench/load.py: they fell back to a cold start, 26 s under load).
+            if warm.retiring.load(Ordering::SeqCst) && attempt < 3 {
+                return Box::pin(self.create_from_zygote(settings, attempt + 1)).await;
+            }
+            return Ok(None);
+        }
+        let spare = {
+            // A spare whose network already matches the policy, if any.
+            let mut spares = warm.spares.lock().await;
+            let pastas = warm.pastas.lock().unwrap_or_else(|e| e.into_inner());
+            let wants_net = !settings.egress.is_off();
+            let fit = spares.iter().rposition(|s| pastas.contains_key(&s.sandbox.id) == wants_net);
+            match fit {
+                Some(i) => Some(spares.remove(i)),
+                None => spares.pop(),
+            }
+        };
+        let pasta = spare.as_ref().and_then(|s| warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).remove(&s.sandbox.id));
+        let spare = match spare {
+            Some(s) => s,
+            None => {
+                let id = new_id();
+                let mut made = self
+                    .inner
+                    .jail
+                    .spare_members(&warm.zygote.engine, &[id], &limits)
+                    .await
+                    .map_err(|e| crate::error::Error::internal("could not make a sandbox", e))?;
+                made.remove(0)
+            }
+        };
+        if spare.sandbox.limits() != limits {
+            if let Err(e) = spare.sandbox.set_limits(&limits) {
+                let _ = self.inner.jail.destroy(&spare.sandbox).await;
+                return Err(crate::error::Error::internal("could not set the sandbox's limits", e));
+            }
+        }
+        let Some(session) = zygote_slot.session.as_mut() else { return Ok(None) };
+        let forked = self.fork_repl_into(session, &warm.zygote.engine, vec![spare], Some(&warm.plan)).await;
+        drop(zygote_slot);
+        let mut forked = match forked {
+            Ok(f) => f,
+            Err(e) => {
+                // A zygote that cannot fork (it died, its supervisor died)
+                // is replaced; this create is made the slow way.
+                let (state, warm) = (self.clone(), Arc::clone(&warm));
+                tokio::spawn(async move { state.retire(&warm).await });
+                return Err(e);
+            }
+        };
+        let (sandbox, session) = forked.remove(0);
+        let entry = new_entry(sandbox.id.clone(), settings.clone(), sandbox, session, Vec::new());
+        match pasta {
+            Some(p) if !settings.egress.is_off() => crate::egress::adopt_pasta(&entry, p),
+            // No way out for this one: pasta (and with it the interface)
+            // must be gone before the sandbox is handed out. Stopping reaps
+            // it, so not on this task.
+            Some(p) => {
+                let _ = tokio::task::spawn_blocking(move || drop(p)).await;
+            }
+            None => {}
+        }
+        let served = warm.served.fetch_add(1, Ordering::SeqCst) + 1;
+        let state = self.clone();
+        let warm2 = Arc::clone(&warm);
+        let spares_left = warm.spares.lock().await.len();
+        tokio::spawn(async move {
+            if served >= RETIRE_AFTER {
+                state.retire(&warm2).await;
+            } else {
+                // Let the new sandbox's first calls run first: refilling
+                // competes with them for the CPU.
+                if spares_left > 0 {
+                    tokio::time::sleep(REFILL_DELAY).await;
+                }
+                state.refill(&warm2).await;
+            }
+        });
+        Ok(Some(entry))
+    }
+
+    pub(crate) fn limits_for(&self, settings: &Settings) -> jail::Limits {
+        jail::Limits { memory_bytes: settings.ram_mib << 20, pids: self.inner.config.limits.pids, cpu_weight: 100, disk_bytes: settings.rootfs_gb << 30 }
+    }
+
+    /// Keep `SPARES` spare members ready.
+    async fn refill(&self, warm: &Arc<Warm>) {
+        let _busy = self.inner.pool.busy.read().await;
+        self.refill_held(warm).await;
+    }
+
+    /// `refill` for a caller that holds `busy` already (a second shared
+    /// hold could wait behind a waiting shutdown forever).
+    async fn refill_held(&self, warm: &Arc<Warm>) {
+        if self.inner.pool.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        let have = warm.spares.lock().await.len();
+        if have >= SPARES {
+            return;
+        }
+        let ids: Vec<String> = (have..SPARES).map(|_| new_id()).collect();
+        let limits = self.limits_for(&warm.zygote.settings);
+        let made = match self.inner.jail.spare_members(&warm.zygote.engine, &ids, &limits).await {
+            Ok(made) => made,
+            Err(e) => {
+                tracing::warn!(template = %warm.key.template, owner = ?warm.key.owner, err = %e, "could not refill the warm pool");
+                return;
+            }
+        };
+        // Keep spares of both kinds, with a way out (pasta started: about
+        // 30 ms a create with egress on need not wait for) and without
+        // (stopping pasta costs about as much). Through an upstream proxy
+        // there is no pasta, and a sandbox's way out costs little.
+        let mut ready = HashMap::new();
+        let have_ready = warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let wants_pasta = self.inner.config.egress_proxy.is_none();
+        for s in made.iter().filter(|_| wants_pasta) {
+            if have_ready + ready.len() >= SPARES / 2 {
+                break;
+            }
+            // A background task: blocking it ~30 ms is fine.
+            match tokio::task::block_in_place(|| jail::egress::prepare_spare(&s.sandbox)) {
+                Ok(p) => {
+                    ready.insert(s.sandbox.id.clone(), p);
+                }
+                Err(e) => tracing::debug!(err = %e, "no pasta ahead of time for a spare"),
+            }
+        }
+        // Hand them over under the spares lock, unless the zygote is being
+        // retired or the server is closing meanwhile (`destroy_warm` drains
+        // under the same lock after setting those flags): then they go.
+        let mut spares = warm.spares.lock().await;
+        if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
+            drop(spares);
+            drop(ready);
+            for s in made {
+                let _ = self.inner.jail.destroy(&s.sandbox).await;
+            }
+            return;
+        }
+        warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).extend(ready);
+        spares.extend(made);
+    }
+
+    /// Replace a zygote that served its share (or broke) with a fresh family.
+    async fn retire(&self, old: &Arc<Warm>) {
+        // Only the first of several concurrent retirements does the work.
+        if old.retiring.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Ok(mut r) = self.inner.pool.retired.lock() {
+            r.push(Arc::clone(old));
+        }
+        if let Err(e) = self.warm_up(&old.key).await {
+            tracing::warn!(template = %old.key.template, owner = ?old.key.owner, err = %e, "could not replace a retired zygote");
+        }
+        self.destroy_warm(old).await;
+        if let Ok(mut r) = self.inner.pool.retired.lock() {
+            r.retain(|w| !Arc::ptr_eq(w, old));
+        }
+    }
+
+    /// Whether `warm`'s family trusts the host's CAs as they are now.
+    fn trust_is_current(&self, warm: &Warm) -> Result<bool, crate::error::Error> {
+        if !self.inner.trust.enabled() {
+            return Ok(true);
+        }
+        let root = self.inner.templates.rootfs(&warm.key.template)?;
+        Ok(self.trust_layer(&root)? == warm.trust)
+    }
+
+    /// A custom template was replaced or deleted: creates stop using its
+    /// zygotes (which hold the old files and REPL state) at once, and they
+    /// are torn down. (On a replace the caller then `want`s the new
+    /// version's, which the pool loop warms within half a second, one
+    /// warm-up at a time, so a big saved state is loaded once.)
+    pub(crate) async fn drop_zygotes(&self, template: &str) {
+        let pool = &self.inner.pool;
+        if let Ok(mut w) = pool.wanted.lock() {
+            w.retain(|k| k.template != template);
+        }
+        let old = pool.take_warm(|k, _| k.template == template);
+        self.let_go_all(old, "its template changed").await;
+    }
+
+    /// Before warming one more pool, let the least recently used go while
+    /// `--max-warm-pools` are warm: what they hold is hidden from the
+    /// memory cap, and with keys their number follows the keys in use.
+    async fn make_room(&self) {
+        let max = self.inner.config.max_pools.max(1);
+        loop {
+            let lru = {
+                let Ok(m) = self.inner.pool.warm.lock() else { return };
+                if m.len() < max {
+                    return;
+                }
+                m.iter().min_by_key(|(_, w)| w.last_used.lock().map(|t| *t).ok()).map(|(k, _)| k.clone())
+            };
+            let Some(lru) = lru else { return };
+            let taken = self.inner.pool.take_warm(|k, _| *k == lru);
+            self.let_go_all(taken, "least recently used, past --max-warm-pools").await;
+        }
+    }
+
+    /// Let go of pools taken out of the map: no longer wanted, and torn
+    /// down unless a retirement already does that.
+    async fn let_go_all(&self, pools: Vec<Arc<Warm>>, why: &str) {
+        if let Ok(mut wanted) = self.inner.pool.wanted.lock() {
+            for w in &pools {
+                wanted.remove(&w.key);
+            }
+        }
+        for w in pools {
+            tracing::info!(template = %w.key.template, owner = ?w.key.owner, why, "warm pool let go");
+            if !w.retiring.swap(true, Ordering::SeqCst) {
+                self.destroy_warm(&w).await;
+            }
+        }
+    }
+
+    /// Let go of the pools no create used for `--pool-idle-seconds` (but
+    /// the ones warmed at start on a server without keys), and of those
+    /// whose key was removed.
+    async fn drop_idle(&self) {
+        let idle = self.inner.config.pool_idle;
+        let pool = &self.inner.pool;
+        let stale = pool.take_warm(|k, w| {
+            if k.owner.as_deref().is_some_and(|name| !self.inner.keys.has_name(name)) {
+                return true;
+            }
+            let kept = k.owner.is_none() && WARM_AT_START.contains(&k.template.as_str());
+            !kept && w.last_used.lock().map(|t| t.elapsed() >= idle).unwrap_or(false)
+        });
+        self.let_go_all(stale, "idle, or its key was removed").await;
+    }
+
+    async fn destroy_warm(&self, warm: &Warm) {
+        let spares: Vec<jail::ForkChild> = warm.spares.lock().await.drain(..).collect();
+        warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        for s in spares {
+            let _ = self.inner.jail.destroy(&s.sandbox).await;
+        }
+        // Forks of it already queued finish first; later ones see no
+        // session and go to the successor (`create_from_pool`).
+        let mut slot = warm.zygote.slot.lock().await;
+        self.teardown(&warm.zygote).await;
+        slot.session = None;
+    }
+
+    /// Make (or remake) the zygote of `key` and its spares.
+    pub async fn warm_up(&self, key: &PoolKey) -> Result<(), String> {
+        let _busy = self.inner.pool.busy.read().await;
+        if self.inner.pool.closing.load(Ordering::SeqCst) {
+            return Err("the server is shutting down".into());
+        }
+        let root = self.inner.templates.rootfs(&key.template).map_err(|e| format!("{e:?}"))?;
+        let id = new_id();
+        if let Ok(mut w) = self.inner.pool.warming.lock() {
+            w.insert(id.clone());
+        }
+        let made = self.warm_up_as(key, id.clone(), root).await;
+        if let Ok(mut w) = self.inner.pool.warming.lock() {
+            w.remove(&id);
+        }
+        made
+    }
+
+    async fn warm_up_as(&self, key: &PoolKey, id: String, root: crate::templates::Root) -> Result<(), String> {
+        let template = key.template.as_str();
+        let settings = Settings {
+            template: template.to_string(),
+            ram_mib: self.inner.config.limits.default_ram_mib,
+            rootfs_gb: self.inner.config.limits.default_rootfs_gb,
+            timeout: Duration::MAX,
+            idle_timeout: Duration::MAX,
+            interrupt_grace: self.inner.config.limits.interrupt_grace,
+            // A zygote never reaches the network; its forks get their own.
+            egress: protocol::Egress::On(false),
+            persistent: false,
+            owner: None,
+            setup: Arc::clone(&self.inner.setup),
+        };
+        // A template saved from a sandbox starts from its REPL state: the
+        // zygote loads it once and every sandbox forks from it.
+        let repl_state = self.inner.templates.repl_state(template);
+        let settings = Settings { ram_mib: settings.ram_mib.max(self.inner.templates.limits(template).ram_mib.unwrap_or(0)), ..settings };
+        let trust = self.trust_layer(&root).map_err(|e| e.to_string())?;
+        let spec = root.spec(id.clone(), self.limits_for(&settings), repl_state.clone(), trust.clone());
+        let engine = self.inner.jail.create(spec).await.map_err(|e| e.to_string())?;
+        let mut session = match start_repl(&engine, &settings.setup).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.inner.jail.destroy(&engine).await;
+                return Err(e);
+            }
+        };
+        if let Err(e) = warm_session(&mut session, &self.inner.templates.preimport(template), repl_state.is_some()).await {
+            let _ = self.inner.jail.destroy(&engine).await;
+            return Err(e);
+        }
+        let plan = serde_json::to_value(jail::fork_plan(session.host_pid)).unwrap_or_default();
+        let zygote = new_entry(id, settings, Arc::new(engine), session, Vec::new());
+        let warm = Arc::new(Warm {
+            key: key.clone(),
+            zygote,
+            spares: Mutex::new(Vec::new()),
+            pastas: Default::default(),
+            served: AtomicUsize::new(0),
+            retiring: Default::default(),
+            plan,
+            last_used: std::sync::Mutex::new(std::time::Instant::now()),
+            trust,
+        });
+        self.refill_held(&warm).await;
+        if self.inner.pool.closing.load(Ordering::SeqCst) {
+            self.destroy_warm(&warm).await;
+            return Err("the server is shutting down".into());
+        }
+        if !self.inner.templates.is_ready(template) {
+            self.destroy_warm(&warm).await;
+            return Err(format!("template `{template}` was deleted meanwhile"));
+        }
+        let old = self.inner.pool.warm.lock().ok().and_then(|mut m| m.insert(key.clone(), Arc::clone(&warm)));
+        if let Some(old) = old {
+            if !Arc::ptr_eq(&old, &warm) {
+                // A zygote being retired is torn down by `retire`; one that
+                // two warm-ups raced to replace is torn down here.
+                if old.retiring.swap(true, Ordering::SeqCst) {
+                    if let Ok(mut r) = self.inner.pool.retired.lock() {
+                        r.push(old);
+                    }
+                } else {
+                    let me = self.clone();
+                    tokio::spawn(async move { me.destroy_warm(&old).await });
+                }
+            }
+        }
+        tracing::info!(template, owner = ?key.owner, zygote = %warm.zygote.id, "warm pool ready");
+        Ok(())
+    }
+
+    /// Warm the templates in use, forever (started by `serve`).
+    pub async fn pool_loop(self) {
+        if !self.inner.config.warm_pool {
+            return;
+        }
+        // With keys, each key's pools are made on its first create: an
+        // owner-less one would serve nobody.
+        if !self.inner.keys.required() {
+            for t in WARM_AT_START {
+                self.inner.pool.want(PoolKey { owner: None, template: t.to_string() });
+            }
+        }
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            if self.inner.pool.closing.load(Ordering::SeqCst) {
+                return;
+            }
+            self.nudge_zygotes().await;
+            self.drop_idle().await;
+            let wanted: Vec<PoolKey> = self.inner.pool.wanted.lock().map(|w| w.iter().cloned().collect()).unwrap_or_default();
+            for key in wanted {
+                // Still wanted: making room for one earlier in this round may
+                // have let this one go.
+                let still = self.inner.pool.wanted.lock().map(|w| w.contains(&key)).unwrap_or(false);
+                if !still || self.inner.pool.current(&key).is_some() || !self.inner.templates.is_ready(&key.template) {
+                    continue;
+                }
+                self.make_room().await;
+                if let Err(e) = self.warm_up(&key).await {
+                    tracing::warn!(template = %key.template, owner = ?key.owner, err = %e, "could not warm the template pool");
+                    // Do not retry a broken template in a tight loop.
+                    if let Ok(mut w) = self.inner.pool.wanted.lock() {
+                        w.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Let each idle zygote reap the sandboxes' REPLs that died (they are
+    /// its children; it keeps them a moment so their exit status can be read).
+    async fn nudge_zygotes(&self) {
+        let all: Vec<Arc<Warm>> = self.inner.pool.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        for w in all {
+            if let Ok(mut slot) = w.zygote.slot.try_lock() {
+                if let Some(session) = slot.session.as_mut() {
+                    let _ = session.nudge().await;
+                }
+            }
+        }
+    }
+
+    /// The root filesystems the zygotes (current and retiring) stand on.
+    pub(crate) fn zygote_roots(&self) -> Vec<std::path::PathBuf> {
+        let mut all: Vec<Arc<Warm>> = self.inner.pool.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        all.extend(self.inner.pool.retired.lock().map(|r| r.clone()).unwrap_or_default());
+        all.iter().map(|w| w.zygote.engine.layers().1).collect()
+    }
+
+    /// Destroy every zygote and spare (server shutdown).
+    pub(crate) async fn destroy_pool(&self) {
+        self.inner.pool.closing.store(true, Ordering::SeqCst);
+        // Let pool work in flight finish (it sees `closing` and undoes itself).
+        drop(self.inner.pool.busy.write().await);
+        self.inner.jail.stop_refills().await;
+        let mut all: Vec<Arc<Warm>> = self.inner.pool.warm.lock().map(|mut m| m.drain().map(|(_, w)| w).collect()).unwrap_or_default();
+        all.extend(self.inner.pool.retired.lock().map(|mut r| r.drain(..).collect::<Vec<_>>()).unwrap_or_default());
+        for w in all {
+            self.destroy_warm(&w).await;
+        }
+    }
+}
+
+/// Bring a fresh REPL to its template's starting state: import `modules`,
+/// and load the saved REPL state when the template has one.
+pub(crate) async fn warm_session(session: &mut repl_host::session::ReplSession, modules: &[String], thaw: bool) -> Result<(), String> {
+    preload(session, modules).await?;
+    if thaw {
+        run_quietly(session, &crate::spaces::space_code("thaw"), crate::spaces::REPL_SAVE_TIMEOUT)
+            .await
+            .map_err(|e| format!("load the template's REPL state: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Import `modules` in a fresh REPL, without writing bytecode into the
+/// sandbox's files (the zygote's files must stay the template's).
+async fn preload(session: &mut repl_host::session::ReplSession, modules: &[String]) -> Result<(), String> {
+    if modules.is_empty() {
+        return Ok(());
+    }
+    let list = modules.iter().map(|m| format!("{m:?}")).collect::<Vec<_>>().join(", ");
+    // In a function, so the user's globals stay empty: only sys.modules
+    // remembers the imports.
+    let code = format!(
+        "def _forkbox_preload():\n    import sys, importlib\n    sys.dont_write_bytecode = True\n    try:\n        for m in [{list}]:\n            try:\n                importlib.import_module(m)\n            except Exception:\n                pass\n    finally:\n        sys.dont_write_bytecode = False\n_forkbox_preload()\ndel _forkbox_preload\n"
+    );
+    run_quietly(session, &code, Duration::from_secs(120)).await.map_err(|e| format!("preload: {e}"))
+}
+
+/// Run `code` in a REPL no one watches; an exception is an error.
+async fn run_quietly(session: &mut repl_host::session::ReplSession, code: &str, timeout: Duration) -> Result<(), String> {
+    let id = session.send_exec(code).await.map_err(|e| e.to_string())?;
+    let wait = async {
+        loop {
+            match session.next().await {
+                Some(ReplItem::Done(d)) if d.id == id => return d.error.map_or(Ok(()), |e| Err(format!("{}: {}", e.ename, e.evalue))),
+                Some(ReplItem::Died(_)) | None => return Err("the REPL died".to_string()),
+                Some(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(timeout, wait).await.map_err(|_| "timed out".to_string())?
+}

@@ -1,0 +1,114 @@
+//! Starting and stopping the service: open the engine and the templates,
+//! take back what a previous server left (Spaces, running sandboxes), start
+//! the timers; at the end, destroy everything or leave it for the next
+//! server. The front end owns only its listener.
+
+use crate::config::ServerConfig;
+use crate::state::Service;
+use crate::templates::Templates;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("--max-sandboxes can be at most {0} (the host ids one server owns)")]
+    TooManySandboxes(u32),
+    /// A tool the configuration needs is missing (with how to get it).
+    #[error("{0}")]
+    MissingTool(String),
+    #[error("could not open the engine: {0}")]
+    Engine(#[from] jail::Error),
+    #[error("recover the spaces in {dir}: {err}")]
+    Spaces { dir: std::path::PathBuf, err: std::io::Error },
+    #[error("could not start the template builder: {0}")]
+    Builder(std::io::Error),
+}
+
+/// How the service ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Every sandbox goes with the server (persistent ones as Spaces),
+    /// after in-flight calls drain.
+    DestroyAll,
+    /// The sandboxes keep running, for the next server on this state
+    /// directory to adopt (docs/state.md#restarts).
+    LeaveRunning,
+}
+
+impl Service {
+    /// Open the engine on `config.state_dir`, adopt the survivors of a
+    /// previous server and start the background loops (expiry, pool,
+    /// quota sweep, CPU boost, template builds).
+    pub async fn start(config: ServerConfig) -> Result<Service, StartError> {
+        if config.limits.max_sandboxes > jail::SLOT_BLOCKS as usize {
+            return Err(StartError::TooManySandboxes(jail::SLOT_BLOCKS));
+        }
+        if config.build_templates {
+            template::check_tools().map_err(|e| StartError::MissingTool(e.to_string()))?;
+        }
+        if config.default_egress && config.egress_proxy.is_none() {
+            for (tool, package) in [("pasta", "passt"), ("nft", "nftables")] {
+                jail::require_tool(tool, package).map_err(|e| StartError::MissingTool(format!("{e} (or start with --default-egress false)")))?;
+            }
+        }
+        let jail = jail::Jail::open(jail::JailConfig {
+            orphan_grace: config.orphan_grace,
+            volume: config.volume,
+            ..jail::JailConfig::new(config.state_dir.clone(), config.shim_exe.clone(), 0)
+        })?;
+        let templates = Templates::new(config.templates_dir.clone(), &config.state_dir.join("custom-templates"), config.debian);
+        tracing::info!(debian = %config.debian, python = config.debian.python(), "built-in templates are made from this release");
+        templates.scan();
+        if !config.build_templates {
+            templates.mark_unbuilt();
+        }
+        let state = Service::new(config.clone(), jail, templates.clone());
+        match &config.host_cas {
+            // Logs which CAs sandboxes trust.
+            Some(_) => drop(state.inner.trust.refresh()),
+            None => tracing::info!("sandboxes trust only their template's CAs (--no-host-cas)"),
+        }
+        if let Some(proxy) = &config.egress_proxy {
+            tracing::info!(proxy = %proxy, "sandboxes with egress reach the network only through the upstream proxy");
+        }
+        state.inner.spaces.recover().map_err(|err| StartError::Spaces { dir: config.state_dir.clone(), err })?;
+        let (adopted, lost) = state.adopt_survivors().await?;
+        if adopted + lost > 0 {
+            tracing::info!(adopted, lost, "took back the sandboxes a previous server left running");
+        }
+        state.mount_template_stacks().await;
+        state.sweep_trust_layers().await;
+        if config.build_templates {
+            std::thread::Builder::new().name("template-builder".into()).spawn(move || templates.build_all()).map_err(StartError::Builder)?;
+        }
+        tokio::spawn(state.clone().expire_loop());
+        tokio::spawn(state.clone().pool_loop());
+        tokio::spawn(state.clone().quota_sweep_loop());
+        tokio::spawn(state.clone().cpu_boost_loop());
+        Ok(state)
+    }
+
+    /// Begin the end (the front end stops taking requests after this).
+    pub async fn begin_exit(&self, exit: Exit) {
+        match exit {
+            Exit::DestroyAll => {
+                self.drain(self.inner.config.drain).await;
+                tracing::info!("shutting down: destroying all sandboxes");
+                self.destroy_all().await;
+            }
+            Exit::LeaveRunning => {
+                tracing::info!("exiting for an upgrade: the sandboxes keep running for the next server");
+                self.leave_running().await;
+            }
+        }
+    }
+
+    /// Once the front end has stopped: free whatever is left, unless the
+    /// sandboxes were left running for the next server.
+    pub async fn finish(&self) -> Result<(), jail::Error> {
+        if self.inner.jail.is_left_running() {
+            return Ok(());
+        }
+        self.destroy_all().await;
+        self.inner.jail.close()
+    }
+}
