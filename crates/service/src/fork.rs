@@ -67,10 +67,9 @@ struct ChildChannels {
     theirs: [OwnedFd; jail::fork_fds::CHANNELS.len()],
 }
 
-fn child_channels() -> Result<ChildChannels, Error> {
-    let io = |e: std::io::Error| Error::internal("could not make a fork child's channels", e);
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(io)?;
-    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io(e.into()));
+fn child_channels() -> std::io::Result<ChildChannels> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from);
     let (out_r, out_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     Ok(ChildChannels { control: ours, stdout: out_r, stderr: err_r, theirs: [OwnedFd::from(theirs), out_w, err_w] })
@@ -152,11 +151,12 @@ impl Service {
         if !parent.lifecycle().can_run() {
             return Err(Error::NotFound(format!("sandbox `{}` was destroyed", parent.id)));
         }
-        parent.ensure_repl(&mut slot).await.map_err(Error::Conflict)?;
+        parent.ensure_repl(&mut slot).await.map_err(|e| Error::Conflict(e.to_string()))?;
+        // Checked before members are made, which would otherwise be left.
+        let session = slot.session.as_mut().ok_or_else(|| Error::Conflict("the sandbox has no Python process".into()))?;
         let ids: Vec<String> = (0..n).map(|_| new_id()).collect();
         let made = self.inner.jail.fork_members(&parent.engine, &ids).await.map_err(|e| Error::internal("could not fork the sandbox", e))?;
         let snapshotted = started.elapsed();
-        let session = slot.session.as_mut().ok_or_else(|| Error::Conflict("the sandbox has no Python process".into()))?;
         let children = self.fork_repl_into(session, &parent.engine, made, None).await?;
         let mut lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
         lineage.push(parent.id.clone());
@@ -170,7 +170,8 @@ impl Service {
     /// Have the REPL of `session` (in `parent`) fork itself into the new
     /// members `made`, and wait until every child REPL is ready and adopted.
     /// `plan`: what the children must redo (jail::fork_plan), read from the
-    /// REPL's /proc when None. On failure every member in `made` is destroyed.
+    /// REPL's /proc when None. All or nothing: on failure, at whichever
+    /// step, every member in `made` is destroyed here, and only here.
     pub(crate) async fn fork_repl_into(
         &self,
         session: &mut ReplSession,
@@ -178,20 +179,46 @@ impl Service {
         made: Vec<jail::ForkChild>,
         plan: Option<&serde_json::Value>,
     ) -> Result<Vec<(Arc<jail::Sandbox>, ReplSession)>, Error> {
-        let jail = &self.inner.jail;
-        let n = made.len();
-        let mut channels = Vec::with_capacity(n);
-        for _ in 0..n {
-            match child_channels() {
-                Ok(c) => channels.push(c),
-                Err(e) => {
-                    for child in &made {
-                        let _ = jail.destroy(&child.sandbox).await;
-                    }
-                    return Err(e);
-                }
+        let mut members = Vec::with_capacity(made.len());
+        let mut rest = Vec::with_capacity(made.len());
+        for jail::ForkChild { sandbox, ns, exited } in made {
+            members.push(Arc::new(sandbox));
+            rest.push((ns, exited));
+        }
+        match self.fork_steps(session, parent, &members, rest, plan).await {
+            Ok(sessions) => Ok(members.into_iter().zip(sessions).collect()),
+            Err(e) => {
+                // Dropping the server's ends (gone with `fork_steps`) makes
+                // any child REPL that did start exit; destroying the
+                // members frees the rest.
+                self.discard_members(&members).await;
+                Err(e.into())
             }
         }
+    }
+
+    /// Destroy fork members that will not become sandboxes.
+    pub(crate) async fn discard_members(&self, members: &[Arc<jail::Sandbox>]) {
+        for m in members {
+            if let Err(e) = self.inner.jail.destroy(m).await {
+                tracing::warn!(member = %m.id, err = %e, "could not destroy a fork member");
+            }
+        }
+    }
+
+    /// The steps of a fork, in order; `fork_repl_into` cleans up after any
+    /// of them failing.
+    async fn fork_steps(
+        &self,
+        session: &mut ReplSession,
+        parent: &jail::Sandbox,
+        members: &[Arc<jail::Sandbox>],
+        rest: Vec<(Vec<OwnedFd>, tokio::sync::oneshot::Receiver<jail::ExitStatus>)>,
+        plan: Option<&serde_json::Value>,
+    ) -> Result<Vec<ReplSession>, ForkError> {
+        let jail = &self.inner.jail;
+        let n = members.len();
+        let channels = (0..n).map(|_| child_channels()).collect::<Result<Vec<_>, _>>().map_err(ForkError::Channels)?;
         let plan = match plan {
             Some(p) => p.clone(),
             None => serde_json::to_value(jail::fork_plan(session.host_pid)).unwrap_or_default(),
@@ -199,78 +226,52 @@ impl Service {
         let parent_repl = session.host_pid;
         // Each child's descriptors go to the shim, never to the forking
         // REPL (docs/security.md, row 63): the shim copies them, with the
-        // child's namespaces, into the child once it is forked.
+        // child's namespaces, into the child once it is forked. The layout
+        // is `jail::fork_fds`'s.
         let counts: Vec<usize> = {
-            let joins: Vec<Vec<OwnedFd>> = made.iter().map(|c| c.sandbox.self_join_fds()).collect();
-            let expected = made.iter().zip(&channels).zip(&joins).enumerate().map(|(slot, ((child, ch), join))| {
+            let joins: Vec<Vec<OwnedFd>> = members.iter().map(|m| m.self_join_fds()).collect();
+            let expected = members.iter().zip(&channels).zip(&joins).enumerate().map(|(slot, ((member, ch), join))| {
                 let fds: Vec<BorrowedFd<'_>> = ch.theirs.iter().chain(join).map(|fd| fd.as_fd()).collect();
-                async move { jail.expect_fork(parent, parent_repl, slot, &child.sandbox, &fds).await }
+                async move { jail.expect_fork(parent, parent_repl, slot, member, &fds).await }
             });
-            let given = futures::future::join_all(expected).await.into_iter().collect::<Result<Vec<()>, _>>();
-            if let Err(e) = given {
-                for child in &made {
-                    let _ = jail.destroy(&child.sandbox).await;
-                }
-                return Err(Error::internal("could not fork the sandbox", e));
-            }
+            futures::future::join_all(expected).await.into_iter().collect::<Result<Vec<()>, _>>().map_err(ForkError::Handover)?;
             joins.iter().map(|join| jail::fork_fds::count(join.len())).collect()
         };
         let answer = match session.send_fork(&plan, &counts).await {
             Ok(fid) => match tokio::time::timeout(FORK_ANSWER_TIMEOUT, session.wait_forked(fid)).await {
-                Ok(answer) => answer.map_err(|e| e.to_string()),
-                Err(_) => Err("the Python process did not answer the fork in time".into()),
+                Ok(answer) => answer.map_err(|e| ForkError::Unreachable(e.to_string())),
+                Err(_) => Err(ForkError::NoAnswer),
             },
-            Err(e) => Err(format!("could not reach the Python process: {e}")),
+            Err(e) => Err(ForkError::Unreachable(e.to_string())),
         };
         // The shim holds its copies now; ours would keep the children's
         // pipes open after they die.
-        let mut children = Vec::with_capacity(n);
         let mut starts = Vec::with_capacity(n);
-        for (child, ch) in made.into_iter().zip(channels) {
-            let jail::ForkChild { sandbox, ns, exited } = child;
+        for ((ns, exited), ch) in rest.into_iter().zip(channels) {
             drop(ns);
             drop(ch.theirs);
-            children.push(Arc::new(sandbox));
             starts.push(start_child(ch.control, ch.stdout, ch.stderr, exited));
         }
-        let result = async {
-            match answer {
-                Ok(f) if f.error.is_none() && f.pids.len() == n => {}
-                Ok(f) => return Err(f.error.unwrap_or_else(|| format!("{} of {n} children forked", f.pids.len()))),
-                Err(e) => return Err(e),
-            }
-            let mut sessions = Vec::with_capacity(n);
-            for r in futures::future::join_all(starts).await {
-                sessions.push(r?);
-            }
-            let members: Vec<&jail::Sandbox> = children.iter().map(|s| s.as_ref()).collect();
-            let adopted = jail.adopt_forks(parent, parent_repl, &members).await.map_err(|e| e.to_string())?;
-            let mut deposits = Vec::with_capacity(n);
-            for ((session, (host_pid, pidfd)), child) in sessions.iter_mut().zip(adopted).zip(&children) {
-                session.adopted(host_pid, pidfd);
-                deposits.extend(session.take_ends().map(|ends| (Arc::clone(child), host_pid, ends)));
-            }
-            // Off the fork's path: the shim is busy with the new REPLs
-            // settling in, and the ends only matter if the server dies.
-            tokio::spawn(async move {
-                for (child, repl, ends) in deposits {
-                    crate::sandbox::keep_repl_ends(&child, repl, ends).await;
-                }
-            });
-            Ok(sessions)
+        match answer? {
+            f if f.error.is_none() && f.pids.len() == n => {}
+            f => return Err(f.error.map(ForkError::Refused).unwrap_or(ForkError::Partial { forked: f.pids.len(), n })),
         }
-        .await;
-        match result {
-            Ok(sessions) => Ok(children.into_iter().zip(sessions).collect()),
-            Err(msg) => {
-                // Dropping the server's ends makes any child REPL that did
-                // start exit; destroying the members frees the rest.
-                for sandbox in &children {
-                    let _ = jail.destroy(sandbox).await;
-                }
-                Err(Error::internal("could not fork the sandbox", msg))
-            }
+        let mut sessions = futures::future::join_all(starts).await.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&jail::Sandbox> = members.iter().map(|s| s.as_ref()).collect();
+        let adopted = jail.adopt_forks(parent, parent_repl, &refs).await.map_err(ForkError::Adopt)?;
+        let mut deposits = Vec::with_capacity(n);
+        for ((session, (host_pid, pidfd)), member) in sessions.iter_mut().zip(adopted).zip(members) {
+            session.adopted(host_pid, pidfd);
+            deposits.extend(session.take_ends().map(|ends| (Arc::clone(member), host_pid, ends)));
         }
+        // Off the fork's path: the shim is busy with the new REPLs settling
+        // in, and the ends only matter if the server dies.
+        tokio::spawn(async move {
+            for (member, repl, ends) in deposits {
+                crate::sandbox::keep_repl_ends(&member, repl, ends).await;
+            }
+        });
+        Ok(sessions)
     }
 
     /// Make `parent`'s id drive `winner`'s REPL and files; free the
@@ -350,11 +351,38 @@ async fn start_child(
     stdout: OwnedFd,
     stderr: OwnedFd,
     exited: tokio::sync::oneshot::Receiver<jail::ExitStatus>,
-) -> Result<ReplSession, String> {
-    let io = |e: std::io::Error| format!("register a fork child's channels: {e}");
-    control.set_nonblocking(true).map_err(io)?;
-    let control = tokio::net::UnixStream::from_std(control).map_err(io)?;
-    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout).map_err(io)?;
-    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr).map_err(io)?;
-    ReplSession::start_forked(control, stdout, stderr, exited).await.map_err(|e| e.to_string())
+) -> Result<ReplSession, ForkError> {
+    control.set_nonblocking(true).map_err(ForkError::Channels)?;
+    let control = tokio::net::UnixStream::from_std(control).map_err(ForkError::Channels)?;
+    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout).map_err(ForkError::Channels)?;
+    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr).map_err(ForkError::Channels)?;
+    ReplSession::start_forked(control, stdout, stderr, exited).await.map_err(ForkError::ChildStart)
+}
+
+/// Why a fork failed at one of its steps. The client sees only "could not
+/// fork the sandbox"; this goes to the log.
+#[derive(Debug, thiserror::Error)]
+pub enum ForkError {
+    #[error("could not make or register a child's channels: {0}")]
+    Channels(std::io::Error),
+    #[error("could not hand a child's descriptors to the shim: {0}")]
+    Handover(jail::Error),
+    #[error("could not reach the Python process: {0}")]
+    Unreachable(String),
+    #[error("the Python process did not answer the fork in time")]
+    NoAnswer,
+    #[error("the Python process could not fork: {0}")]
+    Refused(String),
+    #[error("{forked} of {n} children forked")]
+    Partial { forked: usize, n: usize },
+    #[error("a child REPL did not start: {0}")]
+    ChildStart(repl_host::session::SessionError),
+    #[error("the shim could not adopt the children: {0}")]
+    Adopt(jail::Error),
+}
+
+impl From<ForkError> for Error {
+    fn from(e: ForkError) -> Error {
+        Error::internal("could not fork the sandbox", e)
+    }
 }

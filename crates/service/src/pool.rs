@@ -423,12 +423,12 @@ impl Service {
     }
 
     /// Make (or remake) the zygote of `key` and its spares.
-    pub async fn warm_up(&self, key: &PoolKey) -> Result<(), String> {
+    pub async fn warm_up(&self, key: &PoolKey) -> Result<(), WarmError> {
         let _busy = self.inner.pool.busy.read().await;
         if self.inner.pool.closing.load(Ordering::SeqCst) {
-            return Err("the server is shutting down".into());
+            return Err(WarmError::Closing);
         }
-        let root = self.inner.templates.rootfs(&key.template).map_err(|e| format!("{e:?}"))?;
+        let root = self.inner.templates.rootfs(&key.template)?;
         let id = new_id();
         if let Ok(mut w) = self.inner.pool.warming.lock() {
             w.insert(id.clone());
@@ -440,7 +440,7 @@ impl Service {
         made
     }
 
-    async fn warm_up_as(&self, key: &PoolKey, id: String, root: crate::templates::Root) -> Result<(), String> {
+    async fn warm_up_as(&self, key: &PoolKey, id: String, root: crate::templates::Root) -> Result<(), WarmError> {
         let template = key.template.as_str();
         let settings = Settings {
             template: template.to_string(),
@@ -459,14 +459,14 @@ impl Service {
         // zygote loads it once and every sandbox forks from it.
         let repl_state = self.inner.templates.repl_state(template);
         let settings = Settings { ram_mib: settings.ram_mib.max(self.inner.templates.limits(template).ram_mib.unwrap_or(0)), ..settings };
-        let trust = self.trust_layer(&root).map_err(|e| e.to_string())?;
+        let trust = self.trust_layer(&root)?;
         let spec = root.spec(id.clone(), self.limits_for(&settings), repl_state.clone(), trust.clone());
-        let engine = self.inner.jail.create(spec).await.map_err(|e| e.to_string())?;
+        let engine = self.inner.jail.create(spec).await?;
         let mut session = match start_repl(&engine, &settings.setup).await {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.inner.jail.destroy(&engine).await;
-                return Err(e);
+                return Err(e.into());
             }
         };
         if let Err(e) = warm_session(&mut session, &self.inner.templates.preimport(template), repl_state.is_some()).await {
@@ -489,11 +489,11 @@ impl Service {
         self.refill_held(&warm).await;
         if self.inner.pool.closing.load(Ordering::SeqCst) {
             self.destroy_warm(&warm).await;
-            return Err("the server is shutting down".into());
+            return Err(WarmError::Closing);
         }
         if !self.inner.templates.is_ready(template) {
             self.destroy_warm(&warm).await;
-            return Err(format!("template `{template}` was deleted meanwhile"));
+            return Err(WarmError::Deleted(template.to_string()));
         }
         let old = self.inner.pool.warm.lock().ok().and_then(|mut m| m.insert(key.clone(), Arc::clone(&warm)));
         if let Some(old) = old {
@@ -590,19 +590,17 @@ impl Service {
 
 /// Bring a fresh REPL to its template's starting state: import `modules`,
 /// and load the saved REPL state when the template has one.
-pub(crate) async fn warm_session(session: &mut repl_host::session::ReplSession, modules: &[String], thaw: bool) -> Result<(), String> {
-    preload(session, modules).await?;
+pub(crate) async fn warm_session(session: &mut repl_host::session::ReplSession, modules: &[String], thaw: bool) -> Result<(), WarmError> {
+    preload(session, modules).await.map_err(WarmError::Preload)?;
     if thaw {
-        run_quietly(session, &crate::spaces::space_code("thaw"), crate::spaces::REPL_SAVE_TIMEOUT)
-            .await
-            .map_err(|e| format!("load the template's REPL state: {e}"))?;
+        run_quietly(session, &crate::spaces::space_code("thaw"), crate::spaces::REPL_SAVE_TIMEOUT).await.map_err(WarmError::Thaw)?;
     }
     Ok(())
 }
 
 /// Import `modules` in a fresh REPL, without writing bytecode into the
 /// sandbox's files (the zygote's files must stay the template's).
-async fn preload(session: &mut repl_host::session::ReplSession, modules: &[String]) -> Result<(), String> {
+async fn preload(session: &mut repl_host::session::ReplSession, modules: &[String]) -> Result<(), QuietError> {
     if modules.is_empty() {
         return Ok(());
     }
@@ -612,20 +610,53 @@ async fn preload(session: &mut repl_host::session::ReplSession, modules: &[Strin
     let code = format!(
         "def _forkbox_preload():\n    import sys, importlib\n    sys.dont_write_bytecode = True\n    try:\n        for m in [{list}]:\n            try:\n                importlib.import_module(m)\n            except Exception:\n                pass\n    finally:\n        sys.dont_write_bytecode = False\n_forkbox_preload()\ndel _forkbox_preload\n"
     );
-    run_quietly(session, &code, Duration::from_secs(120)).await.map_err(|e| format!("preload: {e}"))
+    run_quietly(session, &code, Duration::from_secs(120)).await
 }
 
 /// Run `code` in a REPL no one watches; an exception is an error.
-async fn run_quietly(session: &mut repl_host::session::ReplSession, code: &str, timeout: Duration) -> Result<(), String> {
-    let id = session.send_exec(code).await.map_err(|e| e.to_string())?;
+async fn run_quietly(session: &mut repl_host::session::ReplSession, code: &str, timeout: Duration) -> Result<(), QuietError> {
+    let id = session.send_exec(code).await.map_err(QuietError::Send)?;
     let wait = async {
         loop {
             match session.next().await {
-                Some(ReplItem::Done(d)) if d.id == id => return d.error.map_or(Ok(()), |e| Err(format!("{}: {}", e.ename, e.evalue))),
-                Some(ReplItem::Died(_)) | None => return Err("the REPL died".to_string()),
+                Some(ReplItem::Done(d)) if d.id == id => return d.error.map_or(Ok(()), |e| Err(QuietError::Raised { ename: e.ename, evalue: e.evalue })),
+                Some(ReplItem::Died(_)) | None => return Err(QuietError::Died),
                 Some(_) => {}
             }
         }
     };
-    tokio::time::timeout(timeout, wait).await.map_err(|_| "timed out".to_string())?
+    tokio::time::timeout(timeout, wait).await.map_err(|_| QuietError::TimedOut)?
+}
+
+/// Why a zygote could not be made (logged; the pool is an optimisation,
+/// and a create without it is made the slow way).
+#[derive(Debug, thiserror::Error)]
+pub enum WarmError {
+    #[error("the server is shutting down")]
+    Closing,
+    #[error("template `{0}` was deleted meanwhile")]
+    Deleted(String),
+    #[error("{0}")]
+    Service(#[from] crate::error::Error),
+    #[error("{0}")]
+    Engine(#[from] jail::Error),
+    #[error("{0}")]
+    Repl(#[from] crate::sandbox::ReplError),
+    #[error("preload: {0}")]
+    Preload(QuietError),
+    #[error("load the template's REPL state: {0}")]
+    Thaw(QuietError),
+}
+
+/// Why code run where no one watches failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QuietError {
+    #[error("{0}")]
+    Send(std::io::Error),
+    #[error("{ename}: {evalue}")]
+    Raised { ename: String, evalue: String },
+    #[error("the REPL died")]
+    Died,
+    #[error("timed out")]
+    TimedOut,
 }

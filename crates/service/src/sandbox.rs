@@ -136,12 +136,25 @@ pub fn sandbox_env(id: &str, setup: &crate::setup::SandboxSetup) -> Vec<String> 
 /// again itself, repl/repl.py `_short_slice`) and of the server's threads.
 pub const REPL_TIME_SLICE: Duration = Duration::from_micros(300);
 
+/// Why a sandbox has no REPL to run code in. The messages are the
+/// client's (an exec's error event, a fork's 409).
+#[derive(Debug, thiserror::Error)]
+pub enum ReplError {
+    #[error("start the Python REPL: {0}")]
+    Spawn(jail::Error),
+    #[error("{0}")]
+    Session(#[from] repl_host::session::SessionError),
+    #[error("the sandbox could not be restarted after its init process died")]
+    Rebuild,
+    #[error("the sandbox was destroyed")]
+    Destroyed,
+}
+
 /// Spawn a REPL in `engine` and wait until it is ready.
-pub async fn start_repl(engine: &jail::Sandbox, setup: &crate::setup::SandboxSetup) -> Result<ReplSession, String> {
+pub async fn start_repl(engine: &jail::Sandbox, setup: &crate::setup::SandboxSetup) -> Result<ReplSession, ReplError> {
     let argv = vec!["/usr/bin/python3".to_string(), "-u".into(), "-c".into(), REPL_BOOTSTRAP.to_string()];
-    let process =
-        engine.start_repl(argv, sandbox_env(&engine.id, setup), "/root", REPL_SOURCE.as_bytes()).await.map_err(|e| format!("start the Python REPL: {e}"))?;
-    let mut session = ReplSession::start(process).await.map_err(|e| e.to_string())?;
+    let process = engine.start_repl(argv, sandbox_env(&engine.id, setup), "/root", REPL_SOURCE.as_bytes()).await.map_err(ReplError::Spawn)?;
+    let mut session = ReplSession::start(process).await?;
     // A short time slice: a REPL that wakes for an exec runs soon beside
     // CPU hogs in other sandboxes (bench/noisy.py). What it starts gets the
     // default slice; a REPL that computes itself goes to the idle
@@ -240,7 +253,7 @@ impl SandboxEntry {
     /// If the sandbox's init died (say, to `os.kill(-1, 9)` from the REPL,
     /// which reaches it), nothing can start in the sandbox any more: rebuild
     /// its namespaces over the same files. The REPL goes with them.
-    pub async fn heal(&self, slot: &mut ReplSlot) -> Result<(), String> {
+    pub async fn heal(&self, slot: &mut ReplSlot) -> Result<(), ReplError> {
         if self.engine.init_alive() || self.is_destroyed() {
             return Ok(());
         }
@@ -251,14 +264,14 @@ impl SandboxEntry {
         self.repl_restarts.fetch_add(1, Ordering::Relaxed);
         self.engine.rebuild().await.map_err(|e| {
             tracing::error!(sandbox = %self.id, err = %e, "rebuild failed");
-            "the sandbox could not be restarted after its init process died".to_string()
+            ReplError::Rebuild
         })?;
         crate::egress::reapply(self).await;
         Ok(())
     }
 
     /// Make sure the sandbox has a live REPL (before a fork).
-    pub async fn ensure_repl(&self, slot: &mut ReplSlot) -> Result<(), String> {
+    pub async fn ensure_repl(&self, slot: &mut ReplSlot) -> Result<(), ReplError> {
         self.heal(slot).await?;
         if slot.session.is_none() {
             slot.session = Some(self.restart_repl().await?);
@@ -271,7 +284,7 @@ impl SandboxEntry {
         let timeout = bounds.timeout;
         tell_notice(slot, sink).await;
         if let Err(e) = self.heal(slot).await {
-            sink.error(e, None, None, None).await;
+            sink.error(e.to_string(), None, None, None).await;
             sink.exit(1).await;
             return;
         }
@@ -284,7 +297,7 @@ impl SandboxEntry {
             match self.restart_repl().await {
                 Ok(s) => slot.session = Some(s),
                 Err(e) => {
-                    sink.error(e, None, None, None).await;
+                    sink.error(e.to_string(), None, None, None).await;
                     sink.exit(1).await;
                     return;
                 }
@@ -410,9 +423,9 @@ impl SandboxEntry {
         slot.oom_seen = self.engine.cgroup().oom_kills();
     }
 
-    async fn restart_repl(&self) -> Result<ReplSession, String> {
+    async fn restart_repl(&self) -> Result<ReplSession, ReplError> {
         if self.is_destroyed() {
-            return Err("the sandbox was destroyed".into());
+            return Err(ReplError::Destroyed);
         }
         start_repl(&self.engine, &self.settings.setup).await
     }
@@ -476,7 +489,7 @@ impl SandboxEntry {
     pub async fn run_bash(&self, slot: &mut ReplSlot, code: &str, bounds: &ExecBounds, sink: &mut EventSink) {
         tell_notice(slot, sink).await;
         if let Err(e) = self.heal(slot).await {
-            sink.error(e, None, None, None).await;
+            sink.error(e.to_string(), None, None, None).await;
             sink.exit(1).await;
             return;
         }

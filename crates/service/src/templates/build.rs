@@ -246,7 +246,7 @@ impl Service {
             None => BuildEvent::Error { error: format!("template `{name}` is being built already; try again when that build ends") },
             Some(_building) => match self.run_build(plan, &events).await {
                 Ok(template) => BuildEvent::Done { template: Box::new(template) },
-                Err(error) => BuildEvent::Error { error },
+                Err(error) => BuildEvent::Error { error: error.to_string() },
             },
         };
         match &last {
@@ -256,11 +256,11 @@ impl Service {
         let _ = events.send(last).await;
     }
 
-    async fn run_build(&self, plan: Plan, events: &mpsc::Sender<BuildEvent>) -> Result<TemplateInfo, String> {
+    async fn run_build(&self, plan: Plan, events: &mpsc::Sender<BuildEvent>) -> Result<TemplateInfo, BuildError> {
         let layers = self.inner.templates.layers.clone();
         let mut pins = layers.pins();
         if let Some(p) = &plan.parent {
-            for m in layers.chain(p).map_err(|e| format!("the base's layers: {e}"))? {
+            for m in layers.chain(p).map_err(BuildError::BaseLayers)? {
                 pins.add(&m.key);
             }
         }
@@ -275,7 +275,7 @@ impl Service {
                 let ran = self.run_step(&plan, below.as_deref(), step, events).await;
                 if let Err(e) = ran {
                     self.note_build_cache(&plan.recipe.name, below.as_deref());
-                    return Err(format!("step {} ({}): {e}", i + 1, step.label));
+                    return Err(BuildError::Step { index: i + 1, label: step.label.clone(), why: e });
                 }
             }
             below = Some(step.key.clone());
@@ -293,7 +293,7 @@ impl Service {
             let entry = self.scratch_sandbox(&plan, rootfs).await?;
             let ran = run_logged(&entry, &code, events).await;
             self.teardown(&entry).await;
-            ran.map_err(|e| format!("step {total} ({label}): {e}"))?;
+            ran.map_err(|why| BuildError::Step { index: total as usize, label, why })?;
         }
         let mut recipe = plan.recipe.clone();
         // The record keeps what each file was, not its bytes.
@@ -316,7 +316,7 @@ impl Service {
             unsaved: Vec::new(),
             created_at: repl_host::events::now_ms(),
         };
-        let mut info = self.register_template(t).await.map_err(|e| e.to_string())?;
+        let mut info = self.register_template(t).await.map_err(BuildError::Register)?;
         info.in_use = self.template_use(&info.name).await;
         Ok(info)
     }
@@ -330,18 +330,18 @@ impl Service {
     }
 
     /// The root filesystem of the stack with `top` over the plan's base.
-    async fn stack_rootfs(&self, plan: &Plan, top: Option<&str>) -> Result<Root, String> {
+    async fn stack_rootfs(&self, plan: &Plan, top: Option<&str>) -> Result<Root, StepError> {
         match top {
             None => Ok(Root::single(plan.base_rootfs.clone())),
             Some(k) => {
                 let (layers, k) = (self.inner.templates.layers.clone(), k.to_string());
-                tokio::task::spawn_blocking(move || layers.root(&k)).await.map_err(|e| e.to_string())?.map_err(|e| format!("mount the layers: {e}"))
+                tokio::task::spawn_blocking(move || layers.root(&k)).await?.map_err(StepError::Mount)
             }
         }
     }
 
     /// One step in a sandbox of its own; what it changed becomes its layer.
-    async fn run_step(&self, plan: &Plan, below: Option<&str>, step: &Step, events: &mpsc::Sender<BuildEvent>) -> Result<(), String> {
+    async fn run_step(&self, plan: &Plan, below: Option<&str>, step: &Step, events: &mpsc::Sender<BuildEvent>) -> Result<(), StepError> {
         let rootfs = self.stack_rootfs(plan, below).await?;
         let entry = self.scratch_sandbox(plan, rootfs).await?;
         let ran = self.run_action(&entry, &step.action, events).await;
@@ -356,15 +356,15 @@ impl Service {
                     layers.commit(&key, parent.as_deref(), &base, &label, |dir| Ok(engine.export_upper(&dir.join("diff")).map_err(std::io::Error::from)?.bytes))
                 })
                 .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map(|_| ()).map_err(|e| format!("save the layer: {e}")))
+                .map_err(StepError::from)
+                .and_then(|r| r.map(|_| ()).map_err(StepError::Save))
             }
         };
         self.teardown(&entry).await;
         committed
     }
 
-    async fn run_action(&self, entry: &Arc<SandboxEntry>, action: &Action, events: &mpsc::Sender<BuildEvent>) -> Result<(), String> {
+    async fn run_action(&self, entry: &Arc<SandboxEntry>, action: &Action, events: &mpsc::Sender<BuildEvent>) -> Result<(), StepError> {
         match action {
             Action::Apt(packages) => {
                 let apt = "apt-get -o APT::Sandbox::User=root -o Dpkg::Use-Pty=0 -q";
@@ -383,12 +383,12 @@ impl Service {
             }
             Action::Command(c) => run_logged(entry, c, events).await,
             Action::Files(files) => {
-                let fs = entry.engine.fs().map_err(|e| e.to_string())?;
+                let fs = entry.engine.fs().map_err(|e| StepError::Files(e.to_string()))?;
                 for (path, data, mode) in files {
-                    let mut w = fs.write(path, false, Some(*mode), true).map_err(|e| e.message)?;
-                    std::io::Write::write_all(w.file(), data).map_err(|e| w.error(&e).message)?;
-                    w.commit().map_err(|e| e.message)?;
-                    fs.chmod(path, *mode).map_err(|e| e.message)?;
+                    let mut w = fs.write(path, false, Some(*mode), true).map_err(|e| StepError::Files(e.message))?;
+                    std::io::Write::write_all(w.file(), data).map_err(|e| StepError::Files(w.error(&e).message))?;
+                    w.commit().map_err(|e| StepError::Files(e.message))?;
+                    fs.chmod(path, *mode).map_err(|e| StepError::Files(e.message))?;
                     let _ =
                         events.send(BuildEvent::Log { stream: "stdout".into(), text: format!("wrote {} ({} bytes, mode {mode:o})\n", path, data.len()) }).await;
                 }
@@ -398,7 +398,7 @@ impl Service {
     }
 
     /// A hidden sandbox on `rootfs` for one build step, with the recipe's network.
-    async fn scratch_sandbox(&self, plan: &Plan, root: Root) -> Result<Arc<SandboxEntry>, String> {
+    async fn scratch_sandbox(&self, plan: &Plan, root: Root) -> Result<Arc<SandboxEntry>, StepError> {
         let l = &self.inner.config.limits;
         let settings = Settings {
             template: plan.recipe.name.clone(),
@@ -412,16 +412,16 @@ impl Service {
             owner: None,
             setup: std::sync::Arc::clone(&self.inner.setup),
         };
-        crate::disk::ensure_room_for_sandboxes(&self.inner.config.state_dir, &self.inner.jail).map_err(|e| e.to_string())?;
-        let trust = self.trust_layer(&root).map_err(|e| e.to_string())?;
+        crate::disk::ensure_room_for_sandboxes(&self.inner.config.state_dir, &self.inner.jail)?;
+        let trust = self.trust_layer(&root)?;
         let spec = root.spec(new_id(), self.limits_for(&settings), None, trust);
         let id = spec.id.clone();
-        let engine = self.inner.jail.create(spec).await.map_err(|e| format!("make the build's sandbox: {e}"))?;
+        let engine = self.inner.jail.create(spec).await.map_err(StepError::Sandbox)?;
         let session = match start_repl(&engine, &settings.setup).await {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.inner.jail.destroy(&engine).await;
-                return Err(format!("start the build sandbox's REPL: {e}"));
+                return Err(StepError::Repl(e));
             }
         };
         let entry = new_entry(id, settings, Arc::new(engine), session, Vec::new());
@@ -432,7 +432,7 @@ impl Service {
 
 /// Run a bash script in the sandbox, its output sent as `log` events;
 /// a non-zero exit is an error.
-async fn run_logged(entry: &Arc<SandboxEntry>, script: &str, events: &mpsc::Sender<BuildEvent>) -> Result<(), String> {
+async fn run_logged(entry: &Arc<SandboxEntry>, script: &str, events: &mpsc::Sender<BuildEvent>) -> Result<(), StepError> {
     let (tx, mut rx) = mpsc::channel::<Event>(256);
     let out = events.clone();
     let forward = tokio::spawn(async move {
@@ -464,11 +464,51 @@ async fn run_logged(entry: &Arc<SandboxEntry>, script: &str, events: &mpsc::Send
         entry.run_bash(&mut slot, script, &ExecBounds::timeout_only(STEP_TIMEOUT), &mut sink).await;
     }
     drop(sink);
-    let (exit, error) = forward.await.map_err(|e| e.to_string())?;
+    let (exit, error) = forward.await?;
     match (exit, error) {
         (Some(0), _) => Ok(()),
-        (_, Some(e)) => Err(e),
-        (Some(code), None) => Err(format!("exited with {code}")),
-        (None, None) => Err("ended without an exit status".into()),
+        (_, Some(e)) => Err(StepError::Failed(e)),
+        (Some(code), None) => Err(StepError::Exit(code)),
+        (None, None) => Err(StepError::NoExit),
     }
+}
+
+/// Why a build failed, as its `error` event tells the client.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("the base's layers: {0}")]
+    BaseLayers(std::io::Error),
+    #[error("step {index} ({label}): {why}")]
+    Step { index: usize, label: String, why: StepError },
+    /// Making the sandbox for the recipe's own imports.
+    #[error("{0}")]
+    Setup(#[from] StepError),
+    #[error("{0}")]
+    Register(Error),
+}
+
+/// Why one build step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error("mount the layers: {0}")]
+    Mount(std::io::Error),
+    #[error("save the layer: {0}")]
+    Save(std::io::Error),
+    #[error("{0}")]
+    Task(#[from] tokio::task::JoinError),
+    #[error("{0}")]
+    Files(String),
+    /// The step's command failed (its error event).
+    #[error("{0}")]
+    Failed(String),
+    #[error("exited with {0}")]
+    Exit(i64),
+    #[error("ended without an exit status")]
+    NoExit,
+    #[error("{0}")]
+    Service(#[from] Error),
+    #[error("make the build's sandbox: {0}")]
+    Sandbox(jail::Error),
+    #[error("start the build sandbox's REPL: {0}")]
+    Repl(crate::sandbox::ReplError),
 }
