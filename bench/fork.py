@@ -640,7 +640,7 @@ def main() -> int:
         url = args.url.rstrip("/")
     else:
         # The per-fork split is a debug line of the fork module only.
-        os.environ.setdefault("RUST_LOG", "info,forkbox_server::fork=debug")
+        os.environ.setdefault("RUST_LOG", "info,forkbox_service::fork=debug")
         server = ForkServer(args.bin, args.state_dir, args.templates_dir, args.ready_timeout,
                             build_templates=not args.no_build_templates)
         server.start()

@@ -2,6 +2,7 @@
 existing sandboxes, python and bash, stdin, exit codes), ls, rm, help."""
 from __future__ import annotations
 
+import os
 import subprocess
 
 from helpers import FORKBOX_BIN
@@ -71,3 +72,17 @@ def test_errors_and_help(server):
     for args in (["--help"], ["serve", "--help"], ["run", "--help"], ["template", "build", "--help"], ["ls", "--help"], ["rm", "--help"]):
         h = cli(server, *args)
         assert h.returncode == 0 and "Usage" in h.stdout, (args, h)
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    # The pipe's read end is closed before the command starts, so its first
+    # line meets a broken pipe: it must die of SIGPIPE, as `| head -1`
+    # expects, not panic in println! (exit 101, "failed printing to stdout").
+    r_fd, w_fd = os.pipe()
+    os.close(r_fd)
+    try:
+        p = subprocess.run([FORKBOX_BIN, "template", "ls", "--state-dir", str(tmp_path)], stdout=w_fd, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(w_fd)
+    assert p.returncode == -13, (p.returncode, p.stderr)
+    assert "panicked" not in p.stderr, p.stderr

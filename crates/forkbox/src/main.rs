@@ -363,6 +363,15 @@ fn main() {
         // Single-threaded on purpose: the shim forks.
         jail::entry::shim_main(config);
     }
+    if !matches!(cli.command, Command::Serve(_) | Command::Mcp(_)) {
+        // A command whose reader went away (`forkbox template ls | head -1`)
+        // ends quietly, as other Unix tools do, instead of panicking in
+        // println!. Servers keep Rust's default (ignored; EPIPE is an
+        // error), or a client hanging up would kill them.
+        // SAFETY: setting a signal's disposition to the default touches no
+        // memory; no other thread runs yet.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr);

@@ -112,3 +112,39 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use service::Error as E;
+
+    /// Every kind the service returns, with the status and body it gets.
+    #[test]
+    fn each_service_error_maps_to_its_status_with_its_message() {
+        let cases = [
+            (E::Invalid("bad".into()), StatusCode::BAD_REQUEST),
+            (E::NotFound("no sandbox `x`".into()), StatusCode::NOT_FOUND),
+            (E::Conflict("busy".into()), StatusCode::CONFLICT),
+            (E::TooLarge("big".into()), StatusCode::PAYLOAD_TOO_LARGE),
+            (E::Capacity("full".into()), StatusCode::TOO_MANY_REQUESTS),
+            (E::Unsupported("no".into()), StatusCode::NOT_IMPLEMENTED),
+            (E::NoSpace("disk".into()), StatusCode::INSUFFICIENT_STORAGE),
+            (E::Unavailable { message: "building".into(), progress: Some(0.5) }, StatusCode::SERVICE_UNAVAILABLE),
+            (E::Internal("could not fork the sandbox".into()), StatusCode::INTERNAL_SERVER_ERROR),
+        ];
+        for (service_error, status) in cases {
+            let message = service_error.to_string();
+            let api = ApiError::from(service_error);
+            assert_eq!(api.status(), status, "{message}");
+            assert_eq!(api.to_string(), message, "the message reaches the client unchanged");
+        }
+    }
+
+    #[test]
+    fn capacity_and_unavailable_say_when_to_retry() {
+        let retry = |e: E| ApiError::from(e).into_response().headers().get(axum::http::header::RETRY_AFTER).cloned();
+        assert_eq!(retry(E::Capacity("full".into())), Some(axum::http::HeaderValue::from(1)));
+        assert_eq!(retry(E::Unavailable { message: "later".into(), progress: None }), Some(axum::http::HeaderValue::from(5)));
+        assert_eq!(retry(E::NotFound("gone".into())), None);
+    }
+}

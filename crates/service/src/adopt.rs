@@ -78,7 +78,7 @@ impl Service {
         let count = entries.len();
         for entry in entries {
             self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(&entry));
-            self.inner.live.fetch_add(1, Ordering::SeqCst);
+            self.inner.capacity.registered(1);
             // It counts against its key's quotas again, even over them.
             if let Some(owner) = &entry.settings.owner {
                 self.inner.quotas.charge(owner, entry.settings.ram_mib);

@@ -12,7 +12,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -101,7 +100,7 @@ impl Service {
             for c in &children {
                 all.insert(c.id.clone(), Arc::clone(c));
             }
-            self.inner.live.fetch_add(n, Ordering::SeqCst);
+            self.inner.capacity.registered(n);
             quota.commit();
         }
         // Children inherit the parent's policy, each on a network of its own.

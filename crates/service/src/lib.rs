@@ -12,6 +12,7 @@
 //! messages a client may see (what is not for it is logged).
 
 pub mod adopt;
+pub mod capacity;
 pub mod checkpoints;
 pub mod config;
 pub mod cpu_boost;

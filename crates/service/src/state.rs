@@ -28,10 +28,8 @@ pub struct Inner {
     pub jail: Arc<jail::Jail>,
     pub templates: Templates,
     pub sandboxes: RwLock<HashMap<String, Arc<SandboxEntry>>>,
-    /// Creates in flight, counted against `max_sandboxes` too.
-    pub creating: std::sync::atomic::AtomicUsize,
-    /// Sandboxes in the registry (kept beside it so limits need no lock).
-    pub live: std::sync::atomic::AtomicUsize,
+    /// Sandboxes registered and being made, against the server's caps.
+    pub capacity: crate::capacity::Capacity,
     /// Ids that were merged away → the id that now holds their state (the
     /// most recent `MERGED_REMEMBERED`), so a late DELETE is harmless and a
     /// late exec gets a clear 404.
@@ -90,8 +88,7 @@ impl Service {
                 jail,
                 templates,
                 sandboxes: RwLock::new(HashMap::new()),
-                creating: std::sync::atomic::AtomicUsize::new(0),
-                live: std::sync::atomic::AtomicUsize::new(0),
+                capacity: Default::default(),
                 merged: Default::default(),
                 pool: Default::default(),
                 spaces: crate::spaces::SpaceStore::new(&config.state_dir),
@@ -219,7 +216,7 @@ impl Service {
     /// `entry` left the registry: it no longer counts against the server's
     /// cap or its key's quotas. Every removal from `sandboxes` calls this.
     pub(crate) fn unregistered(&self, entry: &SandboxEntry) {
-        self.inner.live.fetch_sub(1, Ordering::SeqCst);
+        self.inner.capacity.unregistered();
         if let Some(owner) = &entry.settings.owner {
             self.inner.quotas.release(owner, entry.settings.ram_mib);
         }
@@ -301,7 +298,7 @@ impl Service {
         match pooled {
             Ok(Some(entry)) => {
                 self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(&entry));
-                self.inner.live.fetch_add(1, Ordering::SeqCst);
+                self.inner.capacity.registered(1);
                 quota.commit();
                 tracing::info!(sandbox = %entry.id, template = %entry.settings.template, pool = true,
                     total_ms = started.elapsed().as_millis() as u64, "created");
@@ -339,7 +336,7 @@ impl Service {
         }
         let entry = new_entry(id.clone(), settings, Arc::new(engine), session, Vec::new());
         self.inner.sandboxes.write().await.insert(id, Arc::clone(&entry));
-        self.inner.live.fetch_add(1, Ordering::SeqCst);
+        self.inner.capacity.registered(1);
         quota.commit();
         tracing::info!(sandbox = %entry.id, template = %entry.settings.template, jail_ms = jailed.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64, "created");
@@ -518,39 +515,23 @@ pub enum Frozen {
     Resumed(crate::spaces::Resumed),
 }
 
-/// A reservation of `n` sandboxes against the server's caps, released when
-/// dropped (creates and forks in flight count like live sandboxes).
-pub(crate) struct CreateSlot<'a>(&'a Service, usize);
+/// A reservation of `n` sandboxes against the server's caps
+/// (crate::capacity) and its disk, released when dropped.
+pub(crate) struct CreateSlot;
 
-impl<'a> CreateSlot<'a> {
-    pub(crate) fn take(state: &'a Service) -> Result<CreateSlot<'a>, Error> {
+impl CreateSlot {
+    pub(crate) fn take(state: &Service) -> Result<crate::capacity::Reserved<'_>, Error> {
         Self::take_n(state, 1)
     }
 
-    pub(crate) fn take_n(state: &'a Service, n: usize) -> Result<CreateSlot<'a>, Error> {
+    pub(crate) fn take_n(state: &Service, n: usize) -> Result<crate::capacity::Reserved<'_>, Error> {
         let limits = &state.inner.config.limits;
-        let live = state.inner.live.load(Ordering::SeqCst);
-        let creating = state.inner.creating.fetch_add(n, Ordering::SeqCst);
-        let slot = CreateSlot(state, n);
+        let caps = crate::capacity::Caps {
+            max_sandboxes: limits.max_sandboxes,
+            max_memory_mib: limits.max_memory_mib.unwrap_or_else(crate::config::default_memory_cap_mib),
+        };
+        // A full disk is told before a cap (507 before 429), as it always was.
         crate::disk::ensure_room_for_sandboxes(&state.inner.config.state_dir, &state.inner.jail)?;
-        if live + creating + n > limits.max_sandboxes {
-            return Err(Error::Capacity(format!(
-                "the server's limit of {} live sandboxes is reached ({} live, {n} more requested)",
-                limits.max_sandboxes,
-                live + creating
-            )));
-        }
-        let cap = limits.max_memory_mib.unwrap_or_else(crate::config::default_memory_cap_mib);
-        let used = state.memory_in_use_mib();
-        if used >= cap {
-            return Err(Error::Capacity(format!("the server's memory limit is reached: sandboxes use {used} MiB of the {cap} MiB allowed (--max-memory-mib)")));
-        }
-        Ok(slot)
-    }
-}
-
-impl Drop for CreateSlot<'_> {
-    fn drop(&mut self) {
-        self.0.inner.creating.fetch_sub(self.1, Ordering::SeqCst);
+        state.inner.capacity.reserve(n, caps, || state.memory_in_use_mib())
     }
 }
