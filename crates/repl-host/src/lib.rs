@@ -12,6 +12,9 @@
 
 pub mod control;
 pub mod events;
+/// A stand-in REPL for tests without Python or root (feature `fake`).
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 pub mod journal;
 pub mod session;
 
