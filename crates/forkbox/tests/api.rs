@@ -20,7 +20,7 @@ static F: OnceLock<Fixture> = OnceLock::new();
 
 extern "C" fn close_engine() {
     if let Some(f) = F.get() {
-        let _ = f.state.inner.jail.close();
+        let _ = f.state.inner.engine.close();
     }
 }
 

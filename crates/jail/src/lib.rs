@@ -39,6 +39,7 @@ pub use error::{Error, Result};
 pub use forkplan::plan_for as fork_plan;
 /// How many families (sandboxes) one server's block of host ids holds.
 pub use ids::SLOT_BLOCKS;
+pub use layer_copy::Copied;
 pub use shim::messages::ExitStatus;
 pub use tools::require_tool;
 

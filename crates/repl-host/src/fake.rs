@@ -19,10 +19,25 @@ pub enum Reply {
     Raise { ename: String, evalue: String },
     /// Die before answering, with this status.
     Die(ExitStatus),
+    /// Wait this long, then answer so (an exec that takes a while).
+    After(std::time::Duration, Box<Reply>),
 }
 
-/// The fake's behaviour: how it answers each exec (by its code) and each fork.
+/// The fake's behaviour: how it answers each exec (by its code).
 pub type OnExec = Arc<dyn Fn(&str) -> Reply + Send + Sync>;
+
+/// How it answers a fork into `n` children: the children's pids, or why not.
+pub type OnFork = Arc<dyn Fn(usize) -> Result<Vec<i64>, String> + Send + Sync>;
+
+/// Fork into as many children as asked (pids from 100).
+pub fn forks_all() -> OnFork {
+    Arc::new(|n| Ok((0..n as i64).map(|i| 100 + i).collect()))
+}
+
+/// Answer every fork with `pids` (None: refuse it).
+pub fn forks_as(pids: Option<Vec<i64>>) -> OnFork {
+    Arc::new(move |_| pids.clone().ok_or_else(|| "fork refused".to_string()))
+}
 
 /// The server's ends of a fake REPL, as an engine hands a real one over.
 pub struct FakeEnds {
@@ -32,25 +47,48 @@ pub struct FakeEnds {
     pub exited: oneshot::Receiver<ExitStatus>,
     /// The codes it was given, in order.
     pub seen: Arc<Mutex<Vec<String>>>,
+    /// Kills it (as SIGKILL would) when used or dropped.
+    pub kill: Kill,
 }
 
-/// Start a fake REPL that answers execs with `on_exec` and forks with
-/// `fork_pids` (None: it refuses to fork).
-pub fn spawn(on_exec: OnExec, fork_pids: Option<Vec<i64>>) -> std::io::Result<FakeEnds> {
-    let (ours, mut theirs) = tokio::net::UnixStream::pair()?;
+/// Kills a fake REPL when dropped: it stops answering, hangs up, and its
+/// exit says signal 9 (what destroying a sandbox does to a real one).
+pub struct Kill(#[allow(dead_code)] oneshot::Sender<()>);
+
+/// Start a fake REPL that answers execs with `on_exec` and forks with `on_fork`.
+pub fn spawn(on_exec: OnExec, on_fork: OnFork) -> std::io::Result<FakeEnds> {
+    let (ours, theirs) = tokio::net::UnixStream::pair()?;
     let (out_w, out_r) = pipe::pipe()?;
     let (err_w, err_r) = pipe::pipe()?;
-    let (exit_tx, exited) = oneshot::channel();
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let log = Arc::clone(&seen);
+    let (exited, kill) = serve_on(theirs, out_w, err_w, on_exec, on_fork, Arc::clone(&seen));
+    Ok(FakeEnds { control: ours, stdout: out_r, stderr: err_r, exited, seen, kill })
+}
+
+/// Run a fake REPL on the REPL's ends of its channels (a forked child's,
+/// which an engine was handed); resolves with its exit status, once the
+/// server hangs up, a reply says die or `Kill` is dropped. Codes it runs
+/// go to `seen`.
+pub fn serve_on(
+    control: tokio::net::UnixStream,
+    stdout: pipe::Sender,
+    stderr: pipe::Sender,
+    on_exec: OnExec,
+    on_fork: OnFork,
+    seen: Arc<Mutex<Vec<String>>>,
+) -> (oneshot::Receiver<ExitStatus>, Kill) {
+    let (exit_tx, exited) = oneshot::channel();
+    let (kill, killed) = oneshot::channel::<()>();
     tokio::spawn(async move {
-        let mut out_w = out_w;
-        let _err_w = err_w;
-        let status = serve(&mut theirs, &mut out_w, on_exec, fork_pids, log).await;
-        drop(theirs);
+        let (mut control, mut stdout, _stderr) = (control, stdout, stderr);
+        let status = tokio::select! {
+            status = serve(&mut control, &mut stdout, on_exec, on_fork, seen) => status,
+            _ = killed => ExitStatus::Signal(9),
+        };
+        drop(control);
         let _ = exit_tx.send(status);
     });
-    Ok(FakeEnds { control: ours, stdout: out_r, stderr: err_r, exited, seen })
+    (exited, Kill(kill))
 }
 
 fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
@@ -61,13 +99,7 @@ fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
 }
 
 /// Answer frames until the server hangs up or a reply says die.
-async fn serve(
-    control: &mut tokio::net::UnixStream,
-    stdout: &mut pipe::Sender,
-    on_exec: OnExec,
-    fork_pids: Option<Vec<i64>>,
-    seen: Arc<Mutex<Vec<String>>>,
-) -> ExitStatus {
+async fn serve(control: &mut tokio::net::UnixStream, stdout: &mut pipe::Sender, on_exec: OnExec, on_fork: OnFork, seen: Arc<Mutex<Vec<String>>>) -> ExitStatus {
     let ready = serde_json::json!({"pid": 1, "python": "fake", "pidns": true, "forked": false});
     if control.write_all(&frame(b'R', ready.to_string().as_bytes())).await.is_err() {
         return ExitStatus::Code(1);
@@ -88,7 +120,12 @@ async fn serve(
             b'X' => {
                 let code = msg["code"].as_str().unwrap_or_default().to_string();
                 seen.lock().unwrap_or_else(|e| e.into_inner()).push(code.clone());
-                match on_exec(&code) {
+                let mut reply = on_exec(&code);
+                while let Reply::After(wait, then) = reply {
+                    tokio::time::sleep(wait).await;
+                    reply = *then;
+                }
+                match reply {
                     Reply::Ok { stdout: out, exit_code } => {
                         if stdout.write_all(&out).await.is_err() {
                             return ExitStatus::Code(1);
@@ -100,13 +137,14 @@ async fn serve(
                         frame(b'D', serde_json::json!({"id": id, "exit_code": 1, "error": error}).to_string().as_bytes())
                     }
                     Reply::Die(status) => return status,
+                    Reply::After(..) => unreachable!("unwrapped above"),
                 }
             }
             // One answer per fork, after its last child's frame.
             b'F' if msg["index"].as_u64().map(|i| i + 1) == msg["count"].as_u64() => {
-                let answer = match &fork_pids {
-                    Some(pids) => serde_json::json!({"id": id, "pids": pids, "error": null}),
-                    None => serde_json::json!({"id": id, "pids": [], "error": "fork refused"}),
+                let answer = match on_fork(msg["count"].as_u64().unwrap_or(0) as usize) {
+                    Ok(pids) => serde_json::json!({"id": id, "pids": pids, "error": null}),
+                    Err(why) => serde_json::json!({"id": id, "pids": [], "error": why}),
                 };
                 frame(b'f', answer.to_string().as_bytes())
             }
@@ -123,11 +161,26 @@ mod tests {
     use super::*;
     use crate::session::{ReplItem, ReplSession, SessionError};
 
+    /// A session on a fake REPL, and what the REPL was given. The REPL
+    /// lives as long as the test (its `Kill` is leaked on purpose).
     async fn session(on_exec: OnExec, fork_pids: Option<Vec<i64>>) -> (ReplSession, Arc<Mutex<Vec<String>>>) {
-        let ends = spawn(on_exec, fork_pids).expect("fake REPL");
+        let ends = spawn(on_exec, forks_as(fork_pids)).expect("fake REPL");
         let seen = Arc::clone(&ends.seen);
+        std::mem::forget(ends.kill);
         let s = ReplSession::start_forked(ends.control, ends.stdout, ends.stderr, ends.exited).await.expect("ready");
         (s, seen)
+    }
+
+    #[tokio::test]
+    async fn a_killed_repl_dies_of_signal_9() {
+        let ends = spawn(Arc::new(|_| Reply::Ok { stdout: vec![], exit_code: 0 }), forks_all()).expect("fake REPL");
+        let mut s = ReplSession::start_forked(ends.control, ends.stdout, ends.stderr, ends.exited).await.expect("ready");
+        drop(ends.kill);
+        let mut last = None;
+        while let Some(item) = s.next().await {
+            last = Some(item);
+        }
+        assert!(matches!(last, Some(ReplItem::Died(Some(ExitStatus::Signal(9))))), "{last:?}");
     }
 
     /// Items until the exec's `Done` (or the REPL's death).

@@ -1,7 +1,7 @@
 //! Sandboxes that outlive the server (docs/state.md#restarts). At start,
 //! before serving, the server reads the records its predecessor kept
 //! (src/records.rs), has the engine take back every member whose family
-//! still runs (jail's `Jail::adopt`), finds its place in each REPL's
+//! still runs (`Engine::take_over`), finds its place in each REPL's
 //! stream again (`ReplSession::resume`), and starts each network afresh.
 //! A sandbox that could not be taken back is *lost*: its id answers 404
 //! saying so, and what it used is freed.
@@ -30,7 +30,6 @@ impl Service {
     /// running, then clean up everything else it left. Returns how many
     /// sandboxes were adopted and how many were lost.
     pub async fn adopt_survivors(&self) -> jail::Result<(usize, usize)> {
-        let jail = &self.inner.jail;
         let mut records = self.inner.records.load();
         // A freeze that finished before the crash left its Space: the
         // sandbox lives on as that, not twice.
@@ -44,8 +43,6 @@ impl Service {
         for id in &frozen {
             self.inner.records.remove(id);
         }
-        // The pastas were the dead server's children: new ones are started.
-        jail.kill_stale_pastas();
         let members: Vec<jail::MemberRecord> = records
             .iter()
             .map(|r| {
@@ -57,23 +54,18 @@ impl Service {
                 engine
             })
             .collect();
-        let results = jail.adopt(&members).await;
-        let mut kept = jail::Kept::default();
+        let results = self.inner.engine.take_over(&members).await?;
         let mut taken = Vec::new();
         let mut lost = 0;
         for (record, result) in records.into_iter().zip(results) {
             match result {
-                Ok(adopted) => {
-                    kept.extend(jail::Jail::adopted_names([&adopted.sandbox]));
-                    taken.push((record, adopted));
-                }
+                Ok(adopted) => taken.push((record, adopted)),
                 Err(e) => {
                     lost += 1;
                     self.lose(&record.id, &e.to_string(), record.owner.clone());
                 }
             }
         }
-        jail.clean_stale(&kept)?;
         let entries = futures::future::join_all(taken.into_iter().map(|(record, adopted)| self.readopt(record, adopted))).await;
         let count = entries.len();
         for entry in entries {
@@ -95,7 +87,7 @@ impl Service {
     /// (it is not recorded), everything else waits for the next server.
     pub async fn leave_running(&self) {
         self.destroy_pool().await;
-        self.inner.jail.leave_running();
+        self.inner.engine.leave_running();
     }
 
     /// Remember that `id` (of `owner`) is gone for good, and why.
@@ -112,19 +104,19 @@ impl Service {
 
     /// The entry of an adopted member: its settings, lifetime and lineage
     /// from the record, its REPL resumed where it was.
-    async fn readopt(&self, record: SandboxRecord, adopted: jail::Adopted) -> Arc<SandboxEntry> {
-        let mut slot = ReplSlot { session: None, lost_state: None, rebuilt: false, notice: None, oom_seen: adopted.sandbox.cgroup().oom_kills() };
+    async fn readopt(&self, record: SandboxRecord, adopted: crate::engine::Adoption) -> Arc<SandboxEntry> {
+        let mut slot = ReplSlot { session: None, lost_state: None, rebuilt: false, notice: None, oom_seen: adopted.member.oom_kills() };
         // A paused sandbox's REPL cannot answer: it runs just long enough.
-        let paused = adopted.sandbox.is_paused();
+        let paused = adopted.member.is_paused();
         if paused {
-            let _ = adopted.sandbox.resume();
+            let _ = adopted.member.resume();
         }
         let resumed = match adopted.repl {
             Some(process) => Some(ReplSession::resume(process).await),
             None => None,
         };
         if paused {
-            if let Err(e) = adopted.sandbox.pause() {
+            if let Err(e) = adopted.member.pause() {
                 tracing::warn!(sandbox = %record.id, error = %e, "could not pause an adopted sandbox again");
             }
         }
@@ -140,8 +132,7 @@ impl Service {
             },
             None => slot.lost_state = Some("ended while the server was restarting".into()),
         }
-        let engine = Arc::new(adopted.sandbox);
-        let entry = entry_with(record.id.clone(), record.settings(&self.inner.setup), engine, record.lineage.clone(), record.created_at, slot);
+        let entry = entry_with(record.id.clone(), record.settings(&self.inner.setup), adopted.member, record.lineage.clone(), record.created_at, slot);
         entry.execs.store(record.execs, Ordering::Relaxed);
         entry.repl_restarts.store(record.repl_restarts, Ordering::Relaxed);
         *entry.egress.lock().unwrap_or_else(|e| e.into_inner()) = record.egress.clone();

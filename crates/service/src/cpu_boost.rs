@@ -150,7 +150,8 @@ impl Booster {
         let mut seen = std::collections::HashSet::with_capacity(live.len());
         for (entry, base) in live {
             seen.insert(entry.id.as_str());
-            let cgroup = entry.engine.cgroup();
+            // An engine without cgroups has nothing to boost.
+            let Some(cgroup) = entry.engine.cgroup() else { continue };
             let times = cgroup.cpu_times();
             let quiet = match self.tracks.get_mut(&entry.id) {
                 Some(track) => track.sample(&self.policy, times, now),

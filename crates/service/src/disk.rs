@@ -25,9 +25,9 @@ pub const VOLUME_FLOOR_BYTES: u64 = 64 << 20;
 
 /// 507 when the disk under `state_dir` has less than the reserve left, or
 /// the sandbox volume is full and cannot grow.
-pub fn ensure_room_for_sandboxes(state_dir: &Path, jail: &jail::Jail) -> Result<(), Error> {
+pub fn ensure_room_for_sandboxes(state_dir: &Path, engine: &dyn crate::engine::Engine) -> Result<(), Error> {
     ensure_room(state_dir)?;
-    let Ok(usage) = jail.volume_usage() else { return Ok(()) };
+    let Ok(usage) = engine.volume_usage() else { return Ok(()) };
     if usage.free_bytes >= VOLUME_FLOOR_BYTES || usage.can_grow() {
         return Ok(());
     }

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use jail::egress::{plan, point_resolver, set_up, Allowed, Plan};
+use jail::egress::{plan, Allowed, Plan};
 use jail::net::Rules;
 use protocol::Egress;
 
@@ -59,7 +59,7 @@ pub async fn apply(entry: &SandboxEntry, state: &mut NetState, egress: &Egress) 
             let need_pasta = !state.pasta.as_ref().is_some_and(|p| p.alive());
             let need_rules = need_pasta || state.rules.as_ref() != Some(&rules);
             let in_force = rules.clone();
-            let (pasta, netns) = tokio::task::spawn_blocking(move || set_up(&engine, &rules, need_pasta, need_rules))
+            let (pasta, netns) = tokio::task::spawn_blocking(move || engine.set_up_network(&rules, need_pasta, need_rules))
                 .await
                 .map_err(|e| Error::internal("egress task failed", e))?
                 .map_err(|e| Error::internal("could not set up the sandbox's network", e))?;
@@ -99,7 +99,7 @@ async fn apply_through_proxy(entry: &SandboxEntry, state: &mut NetState, plan: P
         }
         Plan::On { rules, names } => {
             let engine = Arc::clone(&entry.engine);
-            let netns = tokio::task::spawn_blocking(move || point_resolver(&engine).and_then(|()| engine.netns()))
+            let netns = tokio::task::spawn_blocking(move || engine.point_resolver().and_then(|()| engine.netns()))
                 .await
                 .map_err(|e| Error::internal("egress task failed", e))?
                 .map_err(|e| Error::internal("could not set up the sandbox's network", e))?;

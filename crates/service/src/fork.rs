@@ -15,6 +15,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::engine::{Forked, Member, MemberRef};
 use crate::error::Error;
 use crate::keys::Caller;
 use crate::sandbox::{new_entry, SandboxEntry};
@@ -135,9 +136,9 @@ impl Service {
         parent.touch();
         let children = result?;
         // Build the family's next children ahead of time (docs/fork.md).
-        let (jail, engine) = (Arc::clone(&self.inner.jail), Arc::clone(&parent.engine));
+        let (engine, member) = (Arc::clone(&self.inner.engine), Arc::clone(&parent.engine));
         tokio::spawn(async move {
-            if let Err(e) = jail.refill_hollows(&engine, n.min(HOLLOW_SPARES), &new_id).await {
+            if let Err(e) = engine.refill_hollows(member.as_ref(), n.min(HOLLOW_SPARES), &new_id).await {
                 tracing::debug!(err = %e, "could not build spare fork members");
             }
         });
@@ -154,13 +155,15 @@ impl Service {
         // Checked before members are made, which would otherwise be left.
         let session = slot.session.as_mut().ok_or_else(|| Error::Conflict("the sandbox has no Python process".into()))?;
         let ids: Vec<String> = (0..n).map(|_| new_id()).collect();
-        let made = self.inner.jail.fork_members(&parent.engine, &ids).await.map_err(|e| Error::internal("could not fork the sandbox", e))?;
+        let made = self.inner.engine.fork_members(parent.engine.as_ref(), &ids).await.map_err(|e| Error::internal("could not fork the sandbox", e))?;
         let snapshotted = started.elapsed();
-        let children = self.fork_repl_into(session, &parent.engine, made, None).await?;
+        let children = self.fork_repl_into(session, parent.engine.as_ref(), made, None).await?;
         let mut lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
         lineage.push(parent.id.clone());
-        let entries =
-            children.into_iter().map(|(sandbox, session)| new_entry(sandbox.id.clone(), parent.settings.clone(), sandbox, session, lineage.clone())).collect();
+        let entries = children
+            .into_iter()
+            .map(|(member, session)| new_entry(member.id().to_string(), parent.settings.clone(), member, session, lineage.clone()))
+            .collect();
         tracing::debug!(sandbox = %parent.id, n, snapshot_ms = snapshotted.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64, "fork timings");
         Ok(entries)
@@ -174,14 +177,14 @@ impl Service {
     pub(crate) async fn fork_repl_into(
         &self,
         session: &mut ReplSession,
-        parent: &jail::Sandbox,
-        made: Vec<jail::ForkChild>,
+        parent: &dyn Member,
+        made: Vec<Forked>,
         plan: Option<&serde_json::Value>,
-    ) -> Result<Vec<(Arc<jail::Sandbox>, ReplSession)>, Error> {
+    ) -> Result<Vec<(MemberRef, ReplSession)>, Error> {
         let mut members = Vec::with_capacity(made.len());
         let mut rest = Vec::with_capacity(made.len());
-        for jail::ForkChild { sandbox, ns, exited } in made {
-            members.push(Arc::new(sandbox));
+        for Forked { member, ns, exited } in made {
+            members.push(member);
             rest.push((ns, exited));
         }
         match self.fork_steps(session, parent, &members, rest, plan).await {
@@ -197,10 +200,10 @@ impl Service {
     }
 
     /// Destroy fork members that will not become sandboxes.
-    pub(crate) async fn discard_members(&self, members: &[Arc<jail::Sandbox>]) {
+    pub(crate) async fn discard_members(&self, members: &[MemberRef]) {
         for m in members {
-            if let Err(e) = self.inner.jail.destroy(m).await {
-                tracing::warn!(member = %m.id, err = %e, "could not destroy a fork member");
+            if let Err(e) = self.inner.engine.destroy(m.as_ref()).await {
+                tracing::warn!(member = %m.id(), err = %e, "could not destroy a fork member");
             }
         }
     }
@@ -210,12 +213,12 @@ impl Service {
     async fn fork_steps(
         &self,
         session: &mut ReplSession,
-        parent: &jail::Sandbox,
-        members: &[Arc<jail::Sandbox>],
+        parent: &dyn Member,
+        members: &[MemberRef],
         rest: Vec<(Vec<OwnedFd>, tokio::sync::oneshot::Receiver<jail::ExitStatus>)>,
         plan: Option<&serde_json::Value>,
     ) -> Result<Vec<ReplSession>, ForkError> {
-        let jail = &self.inner.jail;
+        let engine = &self.inner.engine;
         let n = members.len();
         let channels = (0..n).map(|_| child_channels()).collect::<Result<Vec<_>, _>>().map_err(ForkError::Channels)?;
         let plan = match plan {
@@ -231,7 +234,7 @@ impl Service {
             let joins: Vec<Vec<OwnedFd>> = members.iter().map(|m| m.self_join_fds()).collect();
             let expected = members.iter().zip(&channels).zip(&joins).enumerate().map(|(slot, ((member, ch), join))| {
                 let fds: Vec<BorrowedFd<'_>> = ch.theirs.iter().chain(join).map(|fd| fd.as_fd()).collect();
-                async move { jail.expect_fork(parent, parent_repl, slot, member, &fds).await }
+                async move { engine.expect_fork(parent, parent_repl, slot, member.as_ref(), &fds).await }
             });
             futures::future::join_all(expected).await.into_iter().collect::<Result<Vec<()>, _>>().map_err(ForkError::Handover)?;
             joins.iter().map(|join| jail::fork_fds::count(join.len())).collect()
@@ -256,8 +259,8 @@ impl Service {
             f => return Err(f.error.map(ForkError::Refused).unwrap_or(ForkError::Partial { forked: f.pids.len(), n })),
         }
         let mut sessions = futures::future::join_all(starts).await.into_iter().collect::<Result<Vec<_>, _>>()?;
-        let refs: Vec<&jail::Sandbox> = members.iter().map(|s| s.as_ref()).collect();
-        let adopted = jail.adopt_forks(parent, parent_repl, &refs).await.map_err(ForkError::Adopt)?;
+        let refs: Vec<&dyn Member> = members.iter().map(|s| s.as_ref()).collect();
+        let adopted = engine.adopt_forks(parent, parent_repl, &refs).await.map_err(ForkError::Adopt)?;
         let mut deposits = Vec::with_capacity(n);
         for ((session, (host_pid, pidfd)), member) in sessions.iter_mut().zip(adopted).zip(members) {
             session.adopted(host_pid, pidfd);
@@ -267,7 +270,7 @@ impl Service {
         // in, and the ends only matter if the server dies.
         tokio::spawn(async move {
             for (member, repl, ends) in deposits {
-                crate::sandbox::keep_repl_ends(&member, repl, ends).await;
+                crate::sandbox::keep_repl_ends(member.as_ref(), repl, ends).await;
             }
         });
         Ok(sessions)
@@ -282,7 +285,7 @@ impl Service {
         let parent = self.get(caller, parent_id).await?;
         let winner = self.get(caller, winner_id).await?;
         let descends = winner.lineage.lock().map(|l| l.iter().any(|a| a == parent_id)).unwrap_or(false);
-        if !descends || !parent.engine.same_family(&winner.engine) {
+        if !descends || !parent.engine.same_family(winner.engine.as_ref()) {
             return Err(Error::Conflict(format!("`{winner_id}` is not a fork descendant of `{parent_id}`")));
         }
         // Both queues drain first: a running exec finishes before its

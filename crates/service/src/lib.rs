@@ -19,6 +19,7 @@ pub mod cpu_boost;
 pub mod disk;
 pub mod drain;
 pub mod egress;
+pub mod engine;
 pub mod error;
 pub mod exec;
 pub mod files;
@@ -42,3 +43,6 @@ pub use config::{SandboxLimits, ServerConfig};
 pub use error::Error;
 pub use state::Service;
 pub use templates::Templates;
+
+#[cfg(test)]
+mod tests;

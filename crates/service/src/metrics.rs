@@ -185,7 +185,7 @@ impl Metrics {
     /// A sandbox is going away: keep its counts in the totals.
     pub fn forget(&self, entry: &crate::sandbox::SandboxEntry) {
         self.gone_repl_restarts.fetch_add(entry.repl_restarts.load(Ordering::Relaxed), Ordering::Relaxed);
-        self.gone_oom_kills.fetch_add(entry.engine.cgroup().oom_kills(), Ordering::Relaxed);
+        self.gone_oom_kills.fetch_add(entry.engine.oom_kills(), Ordering::Relaxed);
     }
 }
 
@@ -219,7 +219,7 @@ impl Service {
                 }
                 checkpoints += e.checkpoints.lock().map(|c| c.len() as i64).unwrap_or(0);
                 restarts += e.repl_restarts.load(Ordering::Relaxed);
-                ooms += e.engine.cgroup().oom_kills();
+                ooms += e.engine.oom_kills();
             }
         }
         for (s, n) in by_state {
@@ -229,7 +229,7 @@ impl Service {
         m.memory_bytes.set((state.memory_in_use_mib() << 20) as i64);
         let st = state.clone();
         let (spaces, volume) =
-            tokio::task::spawn_blocking(move || (st.inner.spaces.list_all().len(), st.inner.jail.volume_usage().ok())).await.unwrap_or((0, None));
+            tokio::task::spawn_blocking(move || (st.inner.spaces.list_all().len(), st.inner.engine.volume_usage().ok())).await.unwrap_or((0, None));
         m.spaces.set(spaces as i64);
         if let Some(v) = volume {
             for (kind, bytes) in [("size", v.size_bytes), ("free", v.free_bytes), ("max", v.max_bytes)] {

@@ -57,7 +57,7 @@ impl PoolKey {
 pub struct Warm {
     key: PoolKey,
     zygote: Arc<SandboxEntry>,
-    spares: Mutex<Vec<jail::ForkChild>>,
+    spares: Mutex<Vec<crate::engine::Forked>>,
     /// pasta already serving a spare's network (by spare id), so a create
     /// with egress on finds its way out ready (docs/network.md).
     pastas: std::sync::Mutex<HashMap<String, jail::net::Pasta>>,
@@ -132,7 +132,7 @@ impl Pool {
         let all: Vec<Arc<Warm>> = self.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
         let mut templates = HashMap::new();
         for w in all.into_iter().filter(|w| caller.may_use(w.key.owner.as_deref())) {
-            let spares = w.spares.lock().await.iter().map(|c| c.sandbox.id.clone()).collect();
+            let spares = w.spares.lock().await.iter().map(|c| c.member.id().to_string()).collect();
             templates.insert(
                 w.key.template.clone(),
                 PoolTemplate { zygote: w.zygote.id.clone(), spares, served: w.served.load(Ordering::Relaxed), modules: known.preimport(&w.key.template) },
@@ -183,34 +183,34 @@ impl Service {
             let mut spares = warm.spares.lock().await;
             let pastas = warm.pastas.lock().unwrap_or_else(|e| e.into_inner());
             let wants_net = !settings.egress.is_off();
-            let fit = spares.iter().rposition(|s| pastas.contains_key(&s.sandbox.id) == wants_net);
+            let fit = spares.iter().rposition(|s| pastas.contains_key(s.member.id()) == wants_net);
             match fit {
                 Some(i) => Some(spares.remove(i)),
                 None => spares.pop(),
             }
         };
-        let pasta = spare.as_ref().and_then(|s| warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).remove(&s.sandbox.id));
+        let pasta = spare.as_ref().and_then(|s| warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).remove(s.member.id()));
         let spare = match spare {
             Some(s) => s,
             None => {
                 let id = new_id();
                 let mut made = self
                     .inner
-                    .jail
-                    .spare_members(&warm.zygote.engine, &[id], &limits)
+                    .engine
+                    .spare_members(warm.zygote.engine.as_ref(), &[id], &limits)
                     .await
                     .map_err(|e| crate::error::Error::internal("could not make a sandbox", e))?;
                 made.remove(0)
             }
         };
-        if spare.sandbox.limits() != limits {
-            if let Err(e) = spare.sandbox.set_limits(&limits) {
-                let _ = self.inner.jail.destroy(&spare.sandbox).await;
+        if spare.member.limits() != limits {
+            if let Err(e) = spare.member.set_limits(&limits) {
+                let _ = self.inner.engine.destroy(spare.member.as_ref()).await;
                 return Err(crate::error::Error::internal("could not set the sandbox's limits", e));
             }
         }
         let Some(session) = zygote_slot.session.as_mut() else { return Ok(None) };
-        let forked = self.fork_repl_into(session, &warm.zygote.engine, vec![spare], Some(&warm.plan)).await;
+        let forked = self.fork_repl_into(session, warm.zygote.engine.as_ref(), vec![spare], Some(&warm.plan)).await;
         drop(zygote_slot);
         let mut forked = match forked {
             Ok(f) => f,
@@ -222,8 +222,8 @@ impl Service {
                 return Err(e);
             }
         };
-        let (sandbox, session) = forked.remove(0);
-        let entry = new_entry(sandbox.id.clone(), settings.clone(), sandbox, session, Vec::new());
+        let (member, session) = forked.remove(0);
+        let entry = new_entry(member.id().to_string(), settings.clone(), member, session, Vec::new());
         match pasta {
             Some(p) if !settings.egress.is_off() => crate::egress::adopt_pasta(&entry, p),
             // No way out for this one: pasta (and with it the interface)
@@ -275,7 +275,7 @@ impl Service {
         }
         let ids: Vec<String> = (have..SPARES).map(|_| new_id()).collect();
         let limits = self.limits_for(&warm.zygote.settings);
-        let made = match self.inner.jail.spare_members(&warm.zygote.engine, &ids, &limits).await {
+        let made = match self.inner.engine.spare_members(warm.zygote.engine.as_ref(), &ids, &limits).await {
             Ok(made) => made,
             Err(e) => {
                 tracing::warn!(template = %warm.key.template, owner = ?warm.key.owner, err = %e, "could not refill the warm pool");
@@ -294,9 +294,9 @@ impl Service {
                 break;
             }
             // A background task: blocking it ~30 ms is fine.
-            match tokio::task::block_in_place(|| jail::egress::prepare_spare(&s.sandbox)) {
+            match tokio::task::block_in_place(|| s.member.prepare_spare()) {
                 Ok(p) => {
-                    ready.insert(s.sandbox.id.clone(), p);
+                    ready.insert(s.member.id().to_string(), p);
                 }
                 Err(e) => tracing::debug!(err = %e, "no pasta ahead of time for a spare"),
             }
@@ -309,7 +309,7 @@ impl Service {
             drop(spares);
             drop(ready);
             for s in made {
-                let _ = self.inner.jail.destroy(&s.sandbox).await;
+                let _ = self.inner.engine.destroy(s.member.as_ref()).await;
             }
             return;
         }
@@ -410,10 +410,10 @@ impl Service {
     }
 
     async fn destroy_warm(&self, warm: &Warm) {
-        let spares: Vec<jail::ForkChild> = warm.spares.lock().await.drain(..).collect();
+        let spares: Vec<crate::engine::Forked> = warm.spares.lock().await.drain(..).collect();
         warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).clear();
         for s in spares {
-            let _ = self.inner.jail.destroy(&s.sandbox).await;
+            let _ = self.inner.engine.destroy(s.member.as_ref()).await;
         }
         // Forks of it already queued finish first; later ones see no
         // session and go to the successor (`create_from_pool`).
@@ -461,20 +461,20 @@ impl Service {
         let settings = Settings { ram_mib: settings.ram_mib.max(self.inner.templates.limits(template).ram_mib.unwrap_or(0)), ..settings };
         let trust = self.trust_layer(&root)?;
         let spec = root.spec(id.clone(), self.limits_for(&settings), repl_state.clone(), trust.clone());
-        let engine = self.inner.jail.create(spec).await?;
-        let mut session = match start_repl(&engine, &settings.setup).await {
+        let engine = self.inner.engine.create(spec).await?;
+        let mut session = match start_repl(engine.as_ref(), &settings.setup).await {
             Ok(s) => s,
             Err(e) => {
-                let _ = self.inner.jail.destroy(&engine).await;
+                let _ = self.inner.engine.destroy(engine.as_ref()).await;
                 return Err(e.into());
             }
         };
         if let Err(e) = warm_session(&mut session, &self.inner.templates.preimport(template), repl_state.is_some()).await {
-            let _ = self.inner.jail.destroy(&engine).await;
+            let _ = self.inner.engine.destroy(engine.as_ref()).await;
             return Err(e);
         }
         let plan = serde_json::to_value(jail::fork_plan(session.host_pid)).unwrap_or_default();
-        let zygote = new_entry(id, settings, Arc::new(engine), session, Vec::new());
+        let zygote = new_entry(id, settings, engine, session, Vec::new());
         let warm = Arc::new(Warm {
             key: key.clone(),
             zygote,
@@ -579,7 +579,7 @@ impl Service {
         self.inner.pool.closing.store(true, Ordering::SeqCst);
         // Let pool work in flight finish (it sees `closing` and undoes itself).
         drop(self.inner.pool.busy.write().await);
-        self.inner.jail.stop_refills().await;
+        self.inner.engine.stop_refills().await;
         let mut all: Vec<Arc<Warm>> = self.inner.pool.warm.lock().map(|mut m| m.drain().map(|(_, w)| w).collect()).unwrap_or_default();
         all.extend(self.inner.pool.retired.lock().map(|mut r| r.drain(..).collect::<Vec<_>>()).unwrap_or_default());
         for w in all {

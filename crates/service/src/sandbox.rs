@@ -63,7 +63,7 @@ pub struct Settings {
 pub struct SandboxEntry {
     pub id: String,
     pub settings: Settings,
-    pub engine: Arc<jail::Sandbox>,
+    pub engine: crate::engine::MemberRef,
     /// Ids of the sandboxes this one was forked from, nearest last (a
     /// merge re-points them; see `Service::merge_into`).
     pub lineage: std::sync::Mutex<Vec<String>>,
@@ -151,31 +151,31 @@ pub enum ReplError {
 }
 
 /// Spawn a REPL in `engine` and wait until it is ready.
-pub async fn start_repl(engine: &jail::Sandbox, setup: &crate::setup::SandboxSetup) -> Result<ReplSession, ReplError> {
+pub async fn start_repl(engine: &dyn crate::engine::Member, setup: &crate::setup::SandboxSetup) -> Result<ReplSession, ReplError> {
     let argv = vec!["/usr/bin/python3".to_string(), "-u".into(), "-c".into(), REPL_BOOTSTRAP.to_string()];
-    let process = engine.start_repl(argv, sandbox_env(&engine.id, setup), "/root", REPL_SOURCE.as_bytes()).await.map_err(ReplError::Spawn)?;
+    let process = engine.start_repl(argv, sandbox_env(engine.id(), setup), "/root", REPL_SOURCE.as_bytes()).await.map_err(ReplError::Spawn)?;
     let mut session = ReplSession::start(process).await?;
     // A short time slice: a REPL that wakes for an exec runs soon beside
     // CPU hogs in other sandboxes (bench/noisy.py). What it starts gets the
     // default slice; a REPL that computes itself goes to the idle
     // scheduling class instead (src/cpu_boost.rs).
     if let Err(e) = jail::sys::set_time_slice(session.host_pid, REPL_TIME_SLICE) {
-        tracing::debug!(sandbox = %engine.id, err = %e, "could not set the REPL's time slice");
+        tracing::debug!(sandbox = %engine.id(), err = %e, "could not set the REPL's time slice");
     }
     if let Some(ends) = session.take_ends() {
         keep_repl_ends(engine, session.host_pid, ends).await;
     }
     if !session.ready.pidns {
-        tracing::warn!(sandbox = %engine.id, "the REPL could not switch pid namespaces: its subprocesses will not show in the sandbox's ps");
+        tracing::warn!(sandbox = %engine.id(), "the REPL could not switch pid namespaces: its subprocesses will not show in the sandbox's ps");
     }
     Ok(session)
 }
 
 /// Have the family's shim keep the server's ends of a new REPL, so it
 /// survives a server restart (docs/state.md#restarts).
-pub async fn keep_repl_ends(engine: &jail::Sandbox, repl_host_pid: i32, ends: [std::os::fd::OwnedFd; 3]) {
+pub async fn keep_repl_ends(engine: &dyn crate::engine::Member, repl_host_pid: i32, ends: [std::os::fd::OwnedFd; 3]) {
     if let Err(e) = engine.keep_repl_ends(repl_host_pid, ends).await {
-        tracing::warn!(sandbox = %engine.id, error = %e, "the REPL will not survive a server restart");
+        tracing::warn!(sandbox = %engine.id(), error = %e, "the REPL will not survive a server restart");
     }
 }
 
@@ -245,8 +245,8 @@ impl SandboxEntry {
             idle_timeout_seconds: self.settings.idle_timeout.as_secs(),
             execs: self.execs.load(Ordering::Relaxed),
             repl_restarts: self.repl_restarts.load(Ordering::Relaxed),
-            memory_bytes: self.engine.cgroup().memory_usage(),
-            cpu_seconds: self.engine.cgroup().cpu_usage_ns() as f64 / 1e9,
+            memory_bytes: self.engine.memory_usage(),
+            cpu_seconds: self.engine.cpu_usage_ns() as f64 / 1e9,
         }
     }
 
@@ -314,7 +314,7 @@ impl SandboxEntry {
                     // It died between calls (a background thread's doing, an
                     // OOM kill by another process's growth, ...).
                     slot.session = None;
-                    let oom = self.engine.cgroup().oom_kills() > slot.oom_seen;
+                    let oom = self.engine.oom_kills() > slot.oom_seen;
                     slot.lost_state = Some(self.death_reason(status, oom));
                     self.repl_restarts.fetch_add(1, Ordering::Relaxed);
                     return Box::pin(self.run_python(slot, code, bounds, sink)).await;
@@ -322,7 +322,7 @@ impl SandboxEntry {
                 _ => {}
             }
         }
-        let oom_before = self.engine.cgroup().oom_kills();
+        let oom_before = self.engine.oom_kills();
         let id = match session.send_exec(code).await {
             Ok(id) => id,
             Err(_) => {
@@ -355,7 +355,7 @@ impl SandboxEntry {
                             d.exit_code
                         };
                         sink.exit(code).await;
-                        slot.oom_seen = self.engine.cgroup().oom_kills();
+                        slot.oom_seen = self.engine.oom_kills();
                         return;
                     }
                     Some(ReplItem::Done(_)) | Some(ReplItem::Forked(_)) => {}
@@ -393,7 +393,7 @@ impl SandboxEntry {
         sink: &mut EventSink,
     ) {
         slot.session = None;
-        let oom = self.engine.cgroup().oom_kills() > oom_before;
+        let oom = self.engine.oom_kills() > oom_before;
         let reason = self.death_reason(status, oom);
         sink.flush().await;
         let code = match interrupted {
@@ -420,14 +420,14 @@ impl SandboxEntry {
         if let Ok(s) = self.restart_repl().await {
             slot.session = Some(s);
         }
-        slot.oom_seen = self.engine.cgroup().oom_kills();
+        slot.oom_seen = self.engine.oom_kills();
     }
 
     async fn restart_repl(&self) -> Result<ReplSession, ReplError> {
         if self.is_destroyed() {
             return Err(ReplError::Destroyed);
         }
-        start_repl(&self.engine, &self.settings.setup).await
+        start_repl(self.engine.as_ref(), &self.settings.setup).await
     }
 
     fn death_reason(&self, status: Option<ExitStatus>, oom: bool) -> String {
@@ -638,13 +638,13 @@ async fn tell_rebuilt(slot: &mut ReplSlot, sink: &mut EventSink) {
     }
 }
 
-pub fn new_entry(id: String, settings: Settings, engine: Arc<jail::Sandbox>, session: ReplSession, lineage: Vec<String>) -> Arc<SandboxEntry> {
+pub fn new_entry(id: String, settings: Settings, engine: crate::engine::MemberRef, session: ReplSession, lineage: Vec<String>) -> Arc<SandboxEntry> {
     let slot = ReplSlot { session: Some(session), lost_state: None, rebuilt: false, notice: None, oom_seen: 0 };
     Arc::new(entry_with(id, settings, engine, lineage, now_ms(), slot))
 }
 
 /// A sandbox entry with nothing run yet, created at `created_at`.
-pub fn entry_with(id: String, settings: Settings, engine: Arc<jail::Sandbox>, lineage: Vec<String>, created_at: u64, slot: ReplSlot) -> SandboxEntry {
+pub fn entry_with(id: String, settings: Settings, engine: crate::engine::MemberRef, lineage: Vec<String>, created_at: u64, slot: ReplSlot) -> SandboxEntry {
     SandboxEntry {
         id,
         settings,

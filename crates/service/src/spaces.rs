@@ -368,6 +368,9 @@ impl Service {
                 slot.session = None;
                 Ok(meta)
             }
+            // A destroy does not wait for the slot: it may delete the
+            // files under the copy. That is its answer, not a server error.
+            Err(_) if entry.is_destroyed() => Err(Error::NotFound(format!("sandbox `{}` was destroyed during the freeze", entry.id))),
             Err(e) => {
                 self.undo_freeze(entry, was_paused).await;
                 drop(slot);

@@ -105,10 +105,10 @@ impl Service {
     /// Once the front end has stopped: free whatever is left, unless the
     /// sandboxes were left running for the next server.
     pub async fn finish(&self) -> Result<(), jail::Error> {
-        if self.inner.jail.is_left_running() {
+        if self.inner.engine.is_left_running() {
             return Ok(());
         }
         self.destroy_all().await;
-        self.inner.jail.close()
+        self.inner.engine.close()
     }
 }

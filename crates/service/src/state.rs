@@ -25,7 +25,7 @@ pub struct Service {
 
 pub struct Inner {
     pub config: ServerConfig,
-    pub jail: Arc<jail::Jail>,
+    pub engine: Arc<dyn crate::engine::Engine>,
     pub templates: Templates,
     pub sandboxes: RwLock<HashMap<String, Arc<SandboxEntry>>>,
     /// Sandboxes registered and being made, against the server's caps.
@@ -71,21 +71,21 @@ pub fn valid_id(id: &str) -> bool {
 }
 
 impl Service {
-    pub fn new(config: ServerConfig, jail: jail::Jail, templates: Templates) -> Service {
-        Self::assemble(config, Arc::new(jail), templates)
+    pub fn new(config: ServerConfig, engine: impl crate::engine::Engine, templates: Templates) -> Service {
+        Self::assemble(config, Arc::new(engine), templates)
     }
 
     /// The same engine and sandboxes under another configuration (tests use
     /// it to check auth without a second engine).
     pub fn with_config(other: &Service, config: ServerConfig) -> Service {
-        Self::assemble(config, Arc::clone(&other.inner.jail), other.inner.templates.clone())
+        Self::assemble(config, Arc::clone(&other.inner.engine), other.inner.templates.clone())
     }
 
     /// A state over `jail` and `templates` with everything else fresh.
-    fn assemble(config: ServerConfig, jail: Arc<jail::Jail>, templates: Templates) -> Service {
+    fn assemble(config: ServerConfig, engine: Arc<dyn crate::engine::Engine>, templates: Templates) -> Service {
         Service {
             inner: Arc::new(Inner {
-                jail,
+                engine,
                 templates,
                 sandboxes: RwLock::new(HashMap::new()),
                 capacity: Default::default(),
@@ -172,7 +172,7 @@ impl Service {
 
     /// The warm pool's hidden sandboxes by template, as `caller` may see them.
     pub async fn pool_info(&self, caller: &Caller) -> crate::pool::PoolInfo {
-        self.inner.pool.info(caller, &self.inner.templates, self.inner.jail.spare_ids()).await
+        self.inner.pool.info(caller, &self.inner.templates, self.inner.engine.spare_ids()).await
     }
 
     /// The sandboxes `caller` may use, oldest first.
@@ -199,7 +199,7 @@ impl Service {
     /// Memory the live sandboxes use now (their cgroups' usage), in MiB.
     pub fn memory_in_use_mib(&self) -> u64 {
         let Ok(all) = self.inner.sandboxes.try_read() else { return 0 };
-        all.values().map(|e| e.engine.cgroup().memory_usage()).sum::<u64>() >> 20
+        all.values().map(|e| e.engine.memory_usage()).sum::<u64>() >> 20
     }
 
     /// Reserve `n` new sandboxes of `ram_mib` for `owner` against the
@@ -318,23 +318,23 @@ impl Service {
         let repl_state = if custom { self.inner.templates.repl_state(&settings.template) } else { None };
         let trust = self.trust_layer(&rootfs)?;
         let spec = rootfs.spec(id.clone(), self.limits_for(&settings), initial_upper.or_else(|| repl_state.clone()), trust);
-        let engine = self.inner.jail.create(spec).await.map_err(|e| Error::internal("could not create the sandbox", e))?;
+        let engine = self.inner.engine.create(spec).await.map_err(|e| Error::internal("could not create the sandbox", e))?;
         let jailed = started.elapsed();
-        let mut session = match start_repl(&engine, &settings.setup).await {
+        let mut session = match start_repl(engine.as_ref(), &settings.setup).await {
             Ok(s) => s,
             Err(e) => {
-                let _ = self.inner.jail.destroy(&engine).await;
+                let _ = self.inner.engine.destroy(engine.as_ref()).await;
                 return Err(Error::internal("could not start the sandbox's Python REPL", e));
             }
         };
         if custom {
             let modules = self.inner.templates.preimport(&settings.template);
             if let Err(e) = crate::pool::warm_session(&mut session, &modules, repl_state.is_some()).await {
-                let _ = self.inner.jail.destroy(&engine).await;
+                let _ = self.inner.engine.destroy(engine.as_ref()).await;
                 return Err(Error::internal("could not start the template's REPL state", e));
             }
         }
-        let entry = new_entry(id.clone(), settings, Arc::new(engine), session, Vec::new());
+        let entry = new_entry(id.clone(), settings, engine, session, Vec::new());
         self.inner.sandboxes.write().await.insert(id, Arc::clone(&entry));
         self.inner.capacity.registered(1);
         quota.commit();
@@ -386,7 +386,7 @@ impl Service {
         entry.mark_destroyed();
         self.inner.metrics.forget(entry);
         crate::egress::teardown(entry).await;
-        if let Err(e) = self.inner.jail.destroy(&entry.engine).await {
+        if let Err(e) = self.inner.engine.destroy(entry.engine.as_ref()).await {
             tracing::error!(sandbox = %entry.id, err = %e, "destroy failed");
         }
         // Drop the REPL session (the process is gone already).
@@ -427,8 +427,8 @@ impl Service {
         let mut tick = tokio::time::interval(Duration::from_secs(10));
         loop {
             tick.tick().await;
-            let jail = Arc::clone(&self.inner.jail);
-            let _ = tokio::task::spawn_blocking(move || jail.sweep_quota_groups()).await;
+            let engine = Arc::clone(&self.inner.engine);
+            let _ = tokio::task::spawn_blocking(move || engine.sweep()).await;
         }
     }
 
@@ -531,7 +531,7 @@ impl CreateSlot {
             max_memory_mib: limits.max_memory_mib.unwrap_or_else(crate::config::default_memory_cap_mib),
         };
         // A full disk is told before a cap (507 before 429), as it always was.
-        crate::disk::ensure_room_for_sandboxes(&state.inner.config.state_dir, &state.inner.jail)?;
+        crate::disk::ensure_room_for_sandboxes(&state.inner.config.state_dir, state.inner.engine.as_ref())?;
         state.inner.capacity.reserve(n, caps, || state.memory_in_use_mib())
     }
 }

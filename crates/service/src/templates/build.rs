@@ -412,19 +412,19 @@ impl Service {
             owner: None,
             setup: std::sync::Arc::clone(&self.inner.setup),
         };
-        crate::disk::ensure_room_for_sandboxes(&self.inner.config.state_dir, &self.inner.jail)?;
+        crate::disk::ensure_room_for_sandboxes(&self.inner.config.state_dir, self.inner.engine.as_ref())?;
         let trust = self.trust_layer(&root)?;
         let spec = root.spec(new_id(), self.limits_for(&settings), None, trust);
         let id = spec.id.clone();
-        let engine = self.inner.jail.create(spec).await.map_err(StepError::Sandbox)?;
-        let session = match start_repl(&engine, &settings.setup).await {
+        let engine = self.inner.engine.create(spec).await.map_err(StepError::Sandbox)?;
+        let session = match start_repl(engine.as_ref(), &settings.setup).await {
             Ok(s) => s,
             Err(e) => {
-                let _ = self.inner.jail.destroy(&engine).await;
+                let _ = self.inner.engine.destroy(engine.as_ref()).await;
                 return Err(StepError::Repl(e));
             }
         };
-        let entry = new_entry(id, settings, Arc::new(engine), session, Vec::new());
+        let entry = new_entry(id, settings, engine, session, Vec::new());
         crate::egress::apply_soon(&entry, plan.egress.clone()).await;
         Ok(entry)
     }

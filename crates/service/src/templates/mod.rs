@@ -163,6 +163,13 @@ impl Templates {
         }
     }
 
+    /// Take `rootfs` as built-in `name`'s built root (unit tests, whose
+    /// fake engine never reads it).
+    #[cfg(test)]
+    pub(crate) fn pretend_built(&self, name: &str, rootfs: PathBuf) {
+        self.set(name, State::Ready(rootfs));
+    }
+
     /// Mark templates already built as ready (cheap; no building).
     pub fn scan(&self) {
         for name in &self.order {

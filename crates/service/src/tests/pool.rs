@@ -1,0 +1,85 @@
+//! The warm pool: creates fork a zygote's spares, the pool refills, and a
+//! pool that fails falls back to a cold create without leaking members.
+
+use std::time::Duration;
+
+use super::Harness;
+use crate::engine::fake::Fault;
+use crate::keys::Caller;
+use crate::pool::PoolKey;
+
+fn default_key() -> PoolKey {
+    PoolKey { owner: None, template: "default".into() }
+}
+
+async fn warm() -> Harness {
+    let h = Harness::with(|c| c.warm_pool = true);
+    h.service.warm_up(&default_key()).await.expect("warm up");
+    h
+}
+
+async fn spares(h: &Harness) -> Vec<String> {
+    let info = h.service.pool_info(&Caller::anonymous()).await;
+    info.templates.get("default").map(|t| t.spares.clone()).unwrap_or_default()
+}
+
+/// Wait until the pool holds `n` spares again.
+async fn until_spares(h: &Harness, n: usize) {
+    let filled = tokio::time::timeout(Duration::from_secs(10), async {
+        while spares(h).await.len() != n {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(filled.is_ok(), "the pool has {:?}, not {n} spares", spares(h).await);
+}
+
+// Multi-threaded: the pool starts spares' networks with `block_in_place`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_takes_a_spare_and_the_pool_refills() {
+    let h = warm().await;
+    until_spares(&h, 2).await;
+    let before = spares(&h).await;
+    let id = h.create().await;
+    assert!(before.contains(&id), "{id} is not one of the spares {before:?}");
+    assert_eq!(h.fake.calls().iter().filter(|c| c.starts_with("create")).count(), 1, "only the zygote was made cold: {:?}", h.fake.calls());
+    assert_eq!(h.run(&id, "x").await.1, 0);
+    until_spares(&h, 2).await;
+}
+
+// Multi-threaded: the pool starts spares' networks with `block_in_place`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_create_that_fails_is_made_cold_and_leaks_nothing() {
+    let h = warm().await;
+    until_spares(&h, 2).await;
+    h.fake.fail(Fault::AdoptForks, 1);
+    let id = h.create().await;
+    assert_eq!(h.run(&id, "x").await.1, 0);
+    assert!(h.fake.calls().iter().any(|c| c == &format!("create {id}")), "made cold: {:?}", h.fake.calls());
+    // The pool's zygote was retired and replaced; whatever is live is
+    // the sandbox or the pool's.
+    h.service.destroy_all().await;
+    assert!(h.live().is_empty(), "left: {:?}", h.live());
+}
+
+// Multi-threaded: the pool starts spares' networks with `block_in_place`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_cannot_make_spares_still_serves_creates() {
+    let h = Harness::with(|c| c.warm_pool = true);
+    h.fake.fail(Fault::SpareMembers, 100);
+    h.service.warm_up(&default_key()).await.expect("the zygote warms without spares");
+    let id = h.create().await;
+    assert_eq!(h.run(&id, "x").await.1, 0);
+    h.service.destroy_all().await;
+    assert!(h.live().is_empty(), "left: {:?}", h.live());
+}
+
+// Multi-threaded: the pool starts spares' networks with `block_in_place`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_destroys_the_pool_with_the_sandboxes() {
+    let h = warm().await;
+    until_spares(&h, 2).await;
+    h.create().await;
+    h.service.destroy_all().await;
+    assert!(h.live().is_empty(), "left: {:?}", h.live());
+}
