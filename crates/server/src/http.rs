@@ -69,6 +69,16 @@ pub(crate) fn optional_body<T: serde::de::DeserializeOwned + Default>(
 /// Largest request body: the biggest `code` plus room for JSON escaping.
 pub const MAX_BODY: usize = MAX_CODE_BYTES * 2 + 64 * 1024;
 
+/// A boolean query flag: absent → `default`; `1`/`true`/`yes` or `0`/`false`/`no`.
+pub fn flag(value: &Option<String>, name: &str, default: bool) -> Result<bool, ApiError> {
+    match value.as_deref() {
+        None => Ok(default),
+        Some("" | "1" | "true" | "yes") => Ok(true),
+        Some("0" | "false" | "no") => Ok(false),
+        Some(other) => Err(ApiError::BadRequest(format!("`{name}` must be true or false, not `{other}`"))),
+    }
+}
+
 pub(crate) fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response {
     (status, axum::Json(v)).into_response()
 }

@@ -15,7 +15,7 @@ use service::files::{sandbox_path, with_fs, Upload, UploadOptions, DEFAULT_LIST_
 use tokio::io::AsyncReadExt;
 
 use crate::error::ApiError;
-use crate::http::{Json, Key};
+use crate::http::{flag, json, Json, Key};
 use crate::AppState;
 
 /// A refused upload's body up to this size is read before answering.
@@ -44,24 +44,10 @@ pub struct FileQuery {
     pub recursive: Option<String>,
 }
 
-/// A boolean query flag: absent → `default`; `1`/`true`/`yes` or `0`/`false`/`no`.
-pub fn flag(value: &Option<String>, name: &str, default: bool) -> Result<bool, ApiError> {
-    match value.as_deref() {
-        None => Ok(default),
-        Some("" | "1" | "true" | "yes") => Ok(true),
-        Some("0" | "false" | "no") => Ok(false),
-        Some(other) => Err(ApiError::BadRequest(format!("`{name}` must be true or false, not `{other}`"))),
-    }
-}
-
 type FileQueryResult = Result<Query<FileQuery>, axum::extract::rejection::QueryRejection>;
 
 fn query(q: FileQueryResult) -> Result<FileQuery, ApiError> {
     q.map(|Query(q)| q).map_err(|e| ApiError::BadRequest(e.body_text()))
-}
-
-fn json<T: serde::Serialize>(v: &T) -> Response {
-    (StatusCode::OK, axum::Json(v)).into_response()
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), FileQuery),
@@ -85,11 +71,11 @@ pub async fn get(
         }
         let shown = path.to_string();
         let (entries, truncated) = with_fs(&entry, move |fs| fs.list(&path, limit)).await?;
-        return Ok(json(&FileList { path: shown, entries, truncated }));
+        return Ok(json(StatusCode::OK, &FileList { path: shown, entries, truncated }));
     }
     if flag(&q.stat, "stat", false)? {
         let info: FileInfo = with_fs(&entry, move |fs| fs.stat(&path, true)).await?;
-        return Ok(json(&info));
+        return Ok(json(StatusCode::OK, &info));
     }
     let (file, info) = with_fs(&entry, move |fs| fs.open_read(&path)).await?;
     let sent = state.inner.metrics.file_bytes("out");
@@ -210,7 +196,7 @@ pub async fn put(
     };
     let written = upload.write(body.into_data_stream()).await?;
     state.inner.metrics.file_bytes("in").inc_by(written.bytes);
-    Ok(json(&written))
+    Ok(json(StatusCode::OK, &written))
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), FileQuery),
@@ -235,7 +221,7 @@ pub async fn mkdir(State(state): State<AppState>, Key(caller): Key, Path(id): Pa
         fs.stat(&path, true)
     })
     .await?;
-    Ok(json(&info))
+    Ok(json(StatusCode::OK, &info))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/rename", params(("id" = String, Path)), request_body = RenameRequest,

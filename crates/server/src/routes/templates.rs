@@ -8,8 +8,8 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::http::flag;
 use crate::http::{json, ndjson_stream, Json, Key};
-use crate::routes::files::flag;
 
 use crate::AppState;
 

@@ -7,8 +7,8 @@ use protocol::FileEvent;
 use serde::Deserialize;
 
 use crate::error::ApiError;
+use crate::http::flag;
 use crate::http::Key;
-use crate::routes::files::flag;
 use crate::AppState;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
