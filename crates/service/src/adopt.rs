@@ -76,7 +76,7 @@ impl Service {
                 self.inner.quotas.charge(owner, entry.settings.ram_mib);
             }
             let egress = entry.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            crate::egress::apply_soon(&entry, egress).await;
+            crate::sandbox::network::apply_soon(&entry, egress).await;
         }
         self.inner.metrics.restart_sandboxes("adopted", count);
         self.inner.metrics.restart_sandboxes("lost", lost);

@@ -12,42 +12,14 @@ use protocol::{CheckpointInfo, CheckpointList};
 
 use crate::error::Error;
 use crate::keys::Caller;
+use crate::sandbox::checkpoint_list::{lock, Checkpoint};
 use crate::sandbox::SandboxEntry;
-use crate::state::{CreateSlot, Service};
+use crate::state::Service;
 use repl_host::events::now_ms;
-
-pub struct Checkpoint {
-    pub id: String,
-    pub created_at: u64,
-    /// The paused fork holding the state.
-    pub entry: Arc<SandboxEntry>,
-}
-
-/// A sandbox id's checkpoints, oldest first.
-pub type Checkpoints = Arc<std::sync::Mutex<Vec<Checkpoint>>>;
-
-fn lock(list: &Checkpoints) -> std::sync::MutexGuard<'_, Vec<Checkpoint>> {
-    list.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Move `from`'s checkpoints to the end of `into` (a merge).
-pub fn adopt(into: &Checkpoints, from: &Checkpoints) {
-    if Arc::ptr_eq(into, from) {
-        return;
-    }
-    let moved: Vec<Checkpoint> = lock(from).drain(..).collect();
-    lock(into).extend(moved);
-}
 
 /// Checkpoint ids: `cp-` and 20 lowercase base-32 characters.
 fn new_checkpoint_id() -> String {
-    format!("cp-{}", &crate::state::new_id()[3..])
-}
-
-impl Checkpoint {
-    fn info(&self, sandbox_id: &str) -> CheckpointInfo {
-        CheckpointInfo { checkpoint: self.id.clone(), sandbox_id: sandbox_id.to_string(), created_at: self.created_at }
-    }
+    format!("cp-{}", &crate::ids::new_id()[3..])
 }
 
 impl Service {
@@ -58,9 +30,9 @@ impl Service {
         if lock(&entry.checkpoints).len() >= max {
             return Err(Error::Capacity(format!("sandbox `{id}` has {max} checkpoints, the most allowed (--max-checkpoints); delete one first")));
         }
-        let _reserved = CreateSlot::take(self)?;
+        let _reserved = self.reserve_slots(1)?;
         let fork = self.fork_entries(&entry, 1).await?.pop().ok_or_else(|| Error::Internal("a fork made no child".into()))?;
-        if let Err(e) = crate::pause::set_paused(&fork, true).await {
+        if let Err(e) = crate::sandbox::freezer::set_paused(&fork, true).await {
             self.teardown(&fork).await;
             return Err(e);
         }
@@ -119,7 +91,7 @@ impl Service {
     pub async fn restore(&self, caller: &Caller, id: &str, checkpoint: &str) -> Result<Arc<SandboxEntry>, Error> {
         let entry = self.get(caller, id).await?;
         let source = lock(&entry.checkpoints).iter().find(|c| c.id == checkpoint).map(|c| Arc::clone(&c.entry)).ok_or_else(|| no_checkpoint(id, checkpoint))?;
-        let _reserved = CreateSlot::take(self)?;
+        let _reserved = self.reserve_slots(1)?;
         let fork = self.fork_entries(&source, 1).await?.pop().ok_or_else(|| Error::Internal("a fork made no child".into()))?;
         // A running exec finishes first; later ones run on the restored state.
         let mut slot = entry.slot.lock().await;
@@ -143,7 +115,7 @@ impl Service {
         // it any more, and the caller wants the restored sandbox now.
         let state = self.clone();
         tokio::spawn(async move { state.teardown(&entry).await });
-        crate::egress::apply_soon(&restored, egress).await;
+        crate::sandbox::network::apply_soon(&restored, egress).await;
         self.inner.records.save(&restored);
         tracing::info!(sandbox = %id, checkpoint, "restored");
         Ok(restored)

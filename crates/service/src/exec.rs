@@ -78,13 +78,13 @@ impl Service {
     /// or the server went meanwhile.
     async fn run_queued(&self, entry: &Arc<SandboxEntry>, language: Language, code: &str, bounds: &ExecBounds, mut sink: EventSink) {
         let started = std::time::Instant::now();
-        // A sandbox's network may still be coming up (src/egress.rs).
+        // A sandbox's network may still be coming up (sandbox/network.rs).
         let network_failed = entry.network.lock().await.failed.take();
         let mut slot = entry.slot.lock().await;
         if let Some(why) = network_failed {
             sink.warning(why).await;
         }
-        if let Err(e) = crate::pause::ensure_running(entry).await {
+        if let Err(e) = crate::sandbox::freezer::ensure_running(entry).await {
             sink.error(e.to_string(), None, None, None).await;
             sink.exit(1).await;
             return;

@@ -10,16 +10,16 @@
 //! Whatever fails on the way is destroyed again: a fork makes all its
 //! children or none.
 
-use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::{Forked, Member, MemberRef};
 use crate::error::Error;
+use crate::ids::new_id;
 use crate::keys::Caller;
 use crate::sandbox::{new_entry, SandboxEntry};
-use crate::state::{new_id, CreateSlot, Service};
+use crate::state::Service;
 use repl_host::session::ReplSession;
 
 /// Children per fork (the podflare contract's limit).
@@ -29,32 +29,6 @@ const FORK_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Most hollow spares a family keeps for its next fork (as many as its
 /// last fork made, up to this).
 const HOLLOW_SPARES: usize = 8;
-/// How many merged-away ids are remembered.
-const MERGED_REMEMBERED: usize = 10_000;
-
-/// Merged-away id → the id holding its state now and its owner, oldest
-/// first out.
-#[derive(Default)]
-pub struct MergedIds {
-    map: HashMap<String, (String, Option<String>)>,
-    order: VecDeque<String>,
-}
-
-impl MergedIds {
-    pub fn insert(&mut self, gone: String, into: String, owner: Option<String>) {
-        if self.order.len() >= MERGED_REMEMBERED {
-            if let Some(old) = self.order.pop_front() {
-                self.map.remove(&old);
-            }
-        }
-        self.order.push_back(gone.clone());
-        self.map.insert(gone, (into, owner));
-    }
-
-    pub fn get(&self, id: &str) -> Option<&(String, Option<String>)> {
-        self.map.get(id)
-    }
-}
 
 /// The server's ends of one child's REPL channels, and the child's ends
 /// that travel to the shim, which copies them into the forked child.
@@ -84,7 +58,7 @@ impl Service {
         }
         let parent = self.get(caller, id).await?;
         let quota = self.reserve_quota(caller, parent.settings.owner.as_deref(), n, parent.settings.ram_mib, true)?;
-        let _reserved = CreateSlot::take_n(self, n)?;
+        let _reserved = self.reserve_slots(n)?;
         let started = std::time::Instant::now();
         let children = self.fork_entries(&parent, n).await?;
         self.inner.metrics.fork_seconds.observe(started.elapsed().as_secs_f64());
@@ -107,7 +81,7 @@ impl Service {
         // Children inherit the parent's policy, each on a network of its own.
         let egress = parent.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for c in &children {
-            crate::egress::apply_soon(c, egress.clone()).await;
+            crate::sandbox::network::apply_soon(c, egress.clone()).await;
             self.inner.records.save(c);
         }
         tracing::info!(sandbox = %id, children = ?ids, "forked");
@@ -116,13 +90,13 @@ impl Service {
 
     /// Fork `parent` into `n` children that are not registered anywhere
     /// yet (the caller makes them sandboxes or checkpoints, and holds a
-    /// `CreateSlot` for them until they are registered).
+    /// reservation (`reserve_slots`) for them until they are registered).
     pub(crate) async fn fork_entries(&self, parent: &Arc<SandboxEntry>, n: usize) -> Result<Vec<Arc<SandboxEntry>>, Error> {
         let busy = parent.hold_busy();
         // A paused parent runs for the moment its REPL forks itself, then
         // is paused again; the children run (docs/state.md).
         let was_paused = parent.engine.is_paused();
-        let result = match crate::pause::ensure_running(parent).await {
+        let result = match crate::sandbox::freezer::ensure_running(parent).await {
             Ok(()) => self.fork_locked(parent, n).await,
             Err(e) => Err(e),
         };
@@ -300,7 +274,7 @@ impl Service {
         let lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
         let merged = crate::sandbox::successor_entry(&parent, &winner, &mut winner_slot, lineage);
         // The winner's checkpoints are of the state the parent's id holds now.
-        crate::checkpoints::adopt(&merged.checkpoints, &winner.checkpoints);
+        crate::sandbox::checkpoint_list::adopt(&merged.checkpoints, &winner.checkpoints);
         winner.mark_destroyed();
         all.remove(winner_id);
         self.unregistered(&winner);

@@ -19,9 +19,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::error::Error;
-use crate::state::Service;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
     pub method: String,
@@ -68,7 +65,7 @@ fn latency() -> Histogram {
 }
 
 pub struct Metrics {
-    registry: Registry,
+    pub(crate) registry: Registry,
     requests: Family<RouteLabels, Counter>,
     request_seconds: Histograms<RouteOnly>,
     /// Whole execs, first byte in to `exit` out, by language.
@@ -76,17 +73,17 @@ pub struct Metrics {
     /// Creates by how they were made (`pool` or `cold`).
     pub create_seconds: Histograms<Kind>,
     pub fork_seconds: Histogram,
-    sandboxes: Family<StateLabel, Gauge>,
-    spaces: Gauge,
-    checkpoints: Gauge,
-    memory_bytes: Gauge,
+    pub(crate) sandboxes: Family<StateLabel, Gauge>,
+    pub(crate) spaces: Gauge,
+    pub(crate) checkpoints: Gauge,
+    pub(crate) memory_bytes: Gauge,
     /// The sandbox volume: its size, its free space and the size it may
     /// grow to (docs/operations.md#disk).
-    volume_bytes: Family<Kind, Gauge>,
+    pub(crate) volume_bytes: Family<Kind, Gauge>,
     /// Sandboxes whose CPU weight is raised for being quiet (src/cpu_boost.rs).
     pub cpu_boosted: Gauge,
-    repl_restarts: Counter,
-    oom_kills: Counter,
+    pub(crate) repl_restarts: Counter,
+    pub(crate) oom_kills: Counter,
     /// Bytes through the files API, by `direction` (`in`: uploads,
     /// `out`: downloads, counted as they are sent).
     pub file_bytes: Family<Direction, Counter>,
@@ -199,54 +196,3 @@ impl Metrics {
 
 /// The OpenMetrics text format's media type.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-impl Service {
-    /// Every metric now, in the OpenMetrics text format.
-    pub async fn metrics_text(&self) -> Result<String, Error> {
-        let state = self;
-        let m = &state.inner.metrics;
-        let (mut by_state, mut checkpoints, mut restarts, mut ooms) = (std::collections::HashMap::<&str, i64>::new(), 0i64, 0u64, 0u64);
-        for s in ["ready", "running", "paused"] {
-            by_state.insert(s, 0);
-        }
-        {
-            let all = state.inner.sandboxes.read().await;
-            for e in all.values() {
-                let lifecycle = e.lifecycle();
-                // One on its way out is not counted (it leaves the registry next).
-                if lifecycle != crate::lifecycle::Lifecycle::Destroyed {
-                    *by_state.entry(lifecycle.as_str()).or_default() += 1;
-                }
-                checkpoints += e.checkpoints.lock().map(|c| c.len() as i64).unwrap_or(0);
-                restarts += e.repl_restarts.load(Ordering::Relaxed);
-                ooms += e.engine.oom_kills();
-            }
-        }
-        for (s, n) in by_state {
-            m.sandboxes.get_or_create(&StateLabel { state: s.to_string() }).set(n);
-        }
-        m.checkpoints.set(checkpoints);
-        m.memory_bytes.set((state.memory_in_use_mib() << 20) as i64);
-        let st = state.clone();
-        let (spaces, volume) =
-            tokio::task::spawn_blocking(move || (st.inner.spaces.list_all().len(), st.inner.engine.volume_usage().ok())).await.unwrap_or((0, None));
-        m.spaces.set(spaces as i64);
-        if let Some(v) = volume {
-            for (kind, bytes) in [("size", v.size_bytes), ("free", v.free_bytes), ("max", v.max_bytes)] {
-                m.volume_bytes.get_or_create(&Kind { kind: kind.to_string() }).set(bytes as i64);
-            }
-        }
-        // Counters only go up: raise them to the current totals.
-        let raise = |c: &Counter, total: u64| {
-            let now = c.get();
-            if total > now {
-                c.inc_by(total - now);
-            }
-        };
-        raise(&m.repl_restarts, restarts + m.gone_repl_restarts.load(Ordering::Relaxed));
-        raise(&m.oom_kills, ooms + m.gone_oom_kills.load(Ordering::Relaxed));
-        let mut body = String::new();
-        prometheus_client::encoding::text::encode(&mut body, &m.registry).map_err(|e| Error::internal("encode the metrics", e))?;
-        Ok(body)
-    }
-}

@@ -26,8 +26,11 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 
+use crate::ids::new_id;
 use crate::sandbox::{new_entry, start_repl, SandboxEntry, Settings};
-use crate::state::{new_id, Service};
+use crate::state::Service;
+use crate::warm::Warm;
+pub use crate::warm::{Pool, PoolInfo, PoolKey, PoolTemplate};
 use repl_host::session::ReplItem;
 
 /// Spare members kept ready per template.
@@ -38,109 +41,6 @@ const RETIRE_AFTER: usize = 64;
 const REFILL_DELAY: Duration = Duration::from_millis(100);
 /// Templates warmed at start (others warm on first use).
 const WARM_AT_START: &[&str] = &["default"];
-
-/// Whose zygote it is: one per template and API key (`owner` is the key's
-/// name, `None` on a server without keys).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct PoolKey {
-    pub owner: Option<String>,
-    pub template: String,
-}
-
-impl PoolKey {
-    fn of(settings: &Settings) -> PoolKey {
-        PoolKey { owner: settings.owner.clone(), template: settings.template.clone() }
-    }
-}
-
-/// One template's zygote and spares, for one owner.
-pub struct Warm {
-    key: PoolKey,
-    zygote: Arc<SandboxEntry>,
-    spares: Mutex<Vec<crate::engine::Forked>>,
-    /// pasta already serving a spare's network (by spare id), so a create
-    /// with egress on finds its way out ready (docs/network.md).
-    pastas: std::sync::Mutex<HashMap<String, jail::net::Pasta>>,
-    served: AtomicUsize,
-    retiring: std::sync::atomic::AtomicBool,
-    /// The zygote's fork plan, read once: it runs no user code, so its
-    /// descriptors and mappings do not change.
-    plan: serde_json::Value,
-    /// When a create last took from it (idle pools are let go).
-    last_used: std::sync::Mutex<std::time::Instant>,
-    /// The trust layer its family stands on: when the host's CAs change,
-    /// creates stop using it (crates/jail/src/trust).
-    trust: Option<std::path::PathBuf>,
-}
-
-#[derive(Default)]
-pub struct Pool {
-    warm: std::sync::Mutex<HashMap<PoolKey, Arc<Warm>>>,
-    /// Pools asked for since start (they get warmed).
-    wanted: std::sync::Mutex<std::collections::HashSet<PoolKey>>,
-    /// Zygotes being made or retired, destroyed at shutdown.
-    retired: std::sync::Mutex<Vec<Arc<Warm>>>,
-    /// Set at shutdown: whatever is made after it is destroyed at once.
-    closing: std::sync::atomic::AtomicBool,
-    /// Held (shared) by pool work in flight; shutdown takes it exclusively
-    /// so nothing is cut off half-made.
-    busy: tokio::sync::RwLock<()>,
-    /// Zygotes being made (shown by `GET /v1/pool` until they serve).
-    warming: std::sync::Mutex<std::collections::HashSet<String>>,
-}
-
-/// What `GET /v1/pool` shows: the hidden sandboxes, by template.
-#[derive(serde::Serialize, utoipa::ToSchema)]
-pub struct PoolInfo {
-    /// The zygotes that serve the caller (with keys: its key's own).
-    pub templates: HashMap<String, PoolTemplate>,
-    /// Hollow members families keep for their next fork (docs/fork.md).
-    pub fork_spares: Vec<String>,
-}
-
-#[derive(serde::Serialize, utoipa::ToSchema)]
-pub struct PoolTemplate {
-    pub zygote: String,
-    pub spares: Vec<String>,
-    pub served: usize,
-    pub modules: Vec<String>,
-}
-
-impl Pool {
-    fn current(&self, key: &PoolKey) -> Option<Arc<Warm>> {
-        self.warm.lock().ok()?.get(key).cloned()
-    }
-
-    /// Take the pools `which` picks out of the map (creates stop using them).
-    fn take_warm(&self, which: impl Fn(&PoolKey, &Warm) -> bool) -> Vec<Arc<Warm>> {
-        let Ok(mut m) = self.warm.lock() else { return Vec::new() };
-        let keys: Vec<PoolKey> = m.iter().filter(|(k, w)| which(k, w)).map(|(k, _)| k.clone()).collect();
-        keys.iter().filter_map(|k| m.remove(k)).collect()
-    }
-
-    /// Warm `key`'s pool soon (the pool loop looks every half second).
-    pub(crate) fn want(&self, key: PoolKey) {
-        if let Ok(mut w) = self.wanted.lock() {
-            w.insert(key);
-        }
-    }
-
-    /// The pools `caller` may see: its own key's (all without keys).
-    pub async fn info(&self, caller: &crate::keys::Caller, known: &crate::templates::Templates, mut fork_spares: Vec<String>) -> PoolInfo {
-        // A zygote still warming up is as hidden as a spare.
-        fork_spares.extend(self.warming.lock().map(|w| w.iter().cloned().collect::<Vec<_>>()).unwrap_or_default());
-        let all: Vec<Arc<Warm>> = self.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
-        let mut templates = HashMap::new();
-        for w in all.into_iter().filter(|w| caller.may_use(w.key.owner.as_deref())) {
-            let spares = w.spares.lock().await.iter().map(|c| c.member.id().to_string()).collect();
-            templates.insert(
-                w.key.template.clone(),
-                PoolTemplate { zygote: w.zygote.id.clone(), spares, served: w.served.load(Ordering::Relaxed), modules: known.preimport(&w.key.template) },
-            );
-        }
-        PoolInfo { templates, fork_spares }
-    }
-}
 
 impl Service {
     /// A new sandbox forked from the template's zygote, if one is warm.
@@ -225,7 +125,7 @@ impl Service {
         let (member, session) = forked.remove(0);
         let entry = new_entry(member.id().to_string(), settings.clone(), member, session, Vec::new());
         match pasta {
-            Some(p) if !settings.egress.is_off() => crate::egress::adopt_pasta(&entry, p),
+            Some(p) if !settings.egress.is_off() => crate::sandbox::network::adopt_pasta(&entry, p),
             // No way out for this one: pasta (and with it the interface)
             // must be gone before the sandbox is handed out. Stopping reaps
             // it, so not on this task.

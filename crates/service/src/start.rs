@@ -3,6 +3,8 @@
 //! the timers; at the end, destroy everything or leave it for the next
 //! server. The front end owns only its listener.
 
+use std::time::Duration;
+
 use crate::config::ServerConfig;
 use crate::state::Service;
 use crate::templates::Templates;
@@ -110,5 +112,46 @@ impl Service {
         }
         self.destroy_all().await;
         self.inner.engine.close()
+    }
+}
+
+impl Service {
+    /// Refuse new work, wait up to `grace` for running execs, then interrupt
+    /// the rest and wait for them to report (bounded by their interrupt
+    /// grace: an exec that ignores SIGINT has its REPL killed).
+    pub async fn drain(&self, grace: Duration) {
+        let drain = &self.inner.drain;
+        drain.begin();
+        let running = self.running_execs().await;
+        tracing::info!(running, grace_s = grace.as_secs_f64(), "draining: new requests get 503");
+        if self.wait_execs_done(grace).await {
+            return;
+        }
+        let left = self.running_execs().await;
+        tracing::warn!(left, "drain time is up: interrupting the execs still running");
+        drain.stop_now();
+        let bound = self.inner.config.limits.interrupt_grace + Duration::from_secs(5);
+        if !self.wait_execs_done(bound).await {
+            let left = self.running_execs().await;
+            tracing::error!(left, "execs still running after they were interrupted");
+        }
+    }
+
+    async fn wait_execs_done(&self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.running_execs().await == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Execs running or queued behind another in their sandbox.
+    async fn running_execs(&self) -> u64 {
+        self.inner.sandboxes.read().await.values().map(|e| e.busy_count()).sum()
     }
 }

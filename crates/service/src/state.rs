@@ -1,22 +1,21 @@
-//! `Service`: the engine, the templates and the registry of live sandboxes,
-//! with the create/destroy logic handlers call and the timer that enforces
-//! lifetimes and idle timeouts.
+//! `Service`: the engine, the templates, the registry of live sandboxes
+//! and the stores beside it, with what every operation needs from them
+//! (lookup by id, a create's settings, caps and quotas). The operations
+//! themselves are in their own modules (create.rs, destroy.rs, fork.rs, …).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::CreateSandbox;
-use rand::Rng;
 use tokio::sync::RwLock;
 
 use crate::config::ServerConfig;
 use crate::error::Error;
+use crate::ids::valid_id;
 use crate::keys::{Caller, Reservation};
-use crate::sandbox::{new_entry, start_repl, SandboxEntry, Settings};
+use crate::sandbox::{SandboxEntry, Settings};
 use crate::templates::Templates;
-use repl_host::events::now_ms;
 
 #[derive(Clone)]
 pub struct Service {
@@ -33,12 +32,12 @@ pub struct Inner {
     /// Ids that were merged away → the id that now holds their state (the
     /// most recent `MERGED_REMEMBERED`), so a late DELETE is harmless and a
     /// late exec gets a clear 404.
-    pub merged: std::sync::Mutex<crate::fork::MergedIds>,
-    /// Warm zygotes and spare members per template (src/pool.rs).
-    pub pool: crate::pool::Pool,
-    /// Sandboxes frozen to disk (src/spaces.rs).
-    pub spaces: crate::spaces::SpaceStore,
-    /// `GET /metrics` (src/metrics.rs).
+    pub merged: std::sync::Mutex<crate::merged::MergedIds>,
+    /// Warm zygotes and spare members per template (warm.rs, pool.rs).
+    pub pool: crate::warm::Pool,
+    /// Sandboxes frozen to disk (space_store.rs).
+    pub spaces: crate::space_store::SpaceStore,
+    /// `GET /metrics` (metrics.rs, scrape.rs).
     pub metrics: crate::metrics::Metrics,
     /// What a restarted server needs to adopt each live sandbox (src/records.rs).
     pub records: crate::records::Records,
@@ -55,19 +54,6 @@ pub struct Inner {
     pub trust: jail::trust::TrustStore,
     /// What every sandbox gets from the server's configuration (src/setup.rs).
     pub setup: Arc<crate::setup::SandboxSetup>,
-}
-
-/// Sandbox ids: `sb-` and 20 lowercase base-32 characters (also the hostname).
-pub fn new_id() -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz234567";
-    let mut rng = rand::rng();
-    let s: String = (0..20).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect();
-    format!("sb-{s}")
-}
-
-/// Whether `id` has the shape of a sandbox id (so bad input gets 400, not 404).
-pub fn valid_id(id: &str) -> bool {
-    id.len() <= 64 && !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 impl Service {
@@ -91,7 +77,7 @@ impl Service {
                 capacity: Default::default(),
                 merged: Default::default(),
                 pool: Default::default(),
-                spaces: crate::spaces::SpaceStore::new(&config.state_dir),
+                spaces: crate::space_store::SpaceStore::new(&config.state_dir),
                 metrics: Default::default(),
                 records: crate::records::Records::new(&config.state_dir),
                 lost: Default::default(),
@@ -171,7 +157,7 @@ impl Service {
     }
 
     /// The warm pool's hidden sandboxes by template, as `caller` may see them.
-    pub async fn pool_info(&self, caller: &Caller) -> crate::pool::PoolInfo {
+    pub async fn pool_info(&self, caller: &Caller) -> crate::warm::PoolInfo {
         self.inner.pool.info(caller, &self.inner.templates, self.inner.engine.spare_ids()).await
     }
 
@@ -200,6 +186,20 @@ impl Service {
     pub fn memory_in_use_mib(&self) -> u64 {
         let Ok(all) = self.inner.sandboxes.try_read() else { return 0 };
         all.values().map(|e| e.engine.memory_usage()).sum::<u64>() >> 20
+    }
+
+    /// Reserve room for `n` new sandboxes against the server's caps
+    /// (crate::capacity) and its disk; released when the reservation drops,
+    /// which the caller holds until they are registered.
+    pub(crate) fn reserve_slots(&self, n: usize) -> Result<crate::capacity::Reserved<'_>, Error> {
+        let limits = &self.inner.config.limits;
+        let caps = crate::capacity::Caps {
+            max_sandboxes: limits.max_sandboxes,
+            max_memory_mib: limits.max_memory_mib.unwrap_or_else(crate::config::default_memory_cap_mib),
+        };
+        // A full disk is told before a cap (507 before 429), as it always was.
+        crate::disk::ensure_room_for_sandboxes(&self.inner.config.state_dir, self.inner.engine.as_ref())?;
+        self.inner.capacity.reserve(n, caps, || self.memory_in_use_mib())
     }
 
     /// Reserve `n` new sandboxes of `ram_mib` for `owner` against the
@@ -271,223 +271,6 @@ impl Service {
             setup: Arc::clone(&self.inner.setup),
         })
     }
-
-    pub async fn create(&self, caller: &Caller, req: CreateSandbox) -> Result<Arc<SandboxEntry>, Error> {
-        let settings = self.settings(&req, caller)?;
-        self.create_with(caller, settings, None).await
-    }
-
-    /// Create a sandbox for `settings.owner`, within `caller`'s quotas;
-    /// `space`: a Space's files to start with, on the template version
-    /// they were made on, which rules out the warm pool.
-    pub async fn create_with(&self, caller: &Caller, settings: Settings, space: Option<crate::spaces::SpaceStart>) -> Result<Arc<SandboxEntry>, Error> {
-        // `settings` checked the template's name and who may use it.
-        let rootfs = match &space {
-            Some(start) => self.inner.templates.rootfs_pinned(&settings.template, start.rootfs.as_deref())?,
-            None => self.inner.templates.rootfs(&settings.template)?,
-        };
-        let initial_upper = space.map(|start| start.upper);
-        let quota = self.reserve_quota(caller, settings.owner.as_deref(), 1, settings.ram_mib, false)?;
-        let _slot = CreateSlot::take(self)?;
-        let started = std::time::Instant::now();
-        let from_space = initial_upper.is_some();
-        let pooled = match initial_upper {
-            None => self.create_from_pool(&settings).await,
-            Some(_) => Ok(None),
-        };
-        match pooled {
-            Ok(Some(entry)) => {
-                self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(&entry));
-                self.inner.capacity.registered(1);
-                quota.commit();
-                tracing::info!(sandbox = %entry.id, template = %entry.settings.template, pool = true,
-                    total_ms = started.elapsed().as_millis() as u64, "created");
-                self.inner.metrics.observe_create("pool", started);
-                crate::egress::apply_soon(&entry, entry.settings.egress.clone()).await;
-                self.inner.records.save(&entry);
-                return Ok(entry);
-            }
-            Ok(None) => {}
-            // The pool is an optimisation: make the sandbox the slow way.
-            Err(e) => tracing::warn!(err = ?e, "warm pool create failed; creating from scratch"),
-        }
-        let id = new_id();
-        // Without the pool, a custom template's sandbox starts where its
-        // zygote would have: its modules imported, its saved REPL loaded.
-        let custom = !from_space && !self.inner.templates.is_builtin(&settings.template);
-        let repl_state = if custom { self.inner.templates.repl_state(&settings.template) } else { None };
-        let trust = self.trust_layer(&rootfs)?;
-        let spec = rootfs.spec(id.clone(), self.limits_for(&settings), initial_upper.or_else(|| repl_state.clone()), trust);
-        let engine = self.inner.engine.create(spec).await.map_err(|e| Error::internal("could not create the sandbox", e))?;
-        let jailed = started.elapsed();
-        let mut session = match start_repl(engine.as_ref(), &settings.setup).await {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = self.inner.engine.destroy(engine.as_ref()).await;
-                return Err(Error::internal("could not start the sandbox's Python REPL", e));
-            }
-        };
-        if custom {
-            let modules = self.inner.templates.preimport(&settings.template);
-            if let Err(e) = crate::pool::warm_session(&mut session, &modules, repl_state.is_some()).await {
-                let _ = self.inner.engine.destroy(engine.as_ref()).await;
-                return Err(Error::internal("could not start the template's REPL state", e));
-            }
-        }
-        let entry = new_entry(id.clone(), settings, engine, session, Vec::new());
-        self.inner.sandboxes.write().await.insert(id, Arc::clone(&entry));
-        self.inner.capacity.registered(1);
-        quota.commit();
-        tracing::info!(sandbox = %entry.id, template = %entry.settings.template, jail_ms = jailed.as_millis() as u64,
-            total_ms = started.elapsed().as_millis() as u64, "created");
-        self.inner.metrics.observe_create(if from_space { "space" } else { "cold" }, started);
-        crate::egress::apply_soon(&entry, entry.settings.egress.clone()).await;
-        self.inner.records.save(&entry);
-        Ok(entry)
-    }
-
-    /// Remove a sandbox `caller` may use from the registry and free
-    /// everything it used.
-    pub async fn destroy(&self, caller: &Caller, id: &str) -> Result<(), Error> {
-        if !valid_id(id) {
-            // The same answer as any other call with a malformed id.
-            self.get(caller, id).await?;
-        }
-        let removed = {
-            let mut all = self.inner.sandboxes.write().await;
-            match all.get(id) {
-                Some(e) if caller.may_use(e.settings.owner.as_deref()) => all.remove(id),
-                _ => None,
-            }
-        };
-        let Some(entry) = removed else {
-            // Deleting an id that was merged away is harmless: its state
-            // lives on under the id it was merged into.
-            let merged = self.inner.merged.lock().ok().and_then(|m| m.get(id).cloned());
-            if merged.is_some_and(|(_, owner)| caller.may_use(owner.as_deref())) {
-                return Ok(());
-            }
-            // So is deleting a frozen one: its Space stays (DELETE the
-            // Space to discard it), as a persistent sandbox's client that
-            // closes it after an idle freeze expects.
-            if self.frozen(caller, id).await.is_some() {
-                return Ok(());
-            }
-            return Err(no_sandbox(id));
-        };
-        self.unregistered(&entry);
-        self.inner.records.remove(id);
-        self.drop_checkpoints(&entry).await;
-        self.teardown(&entry).await;
-        Ok(())
-    }
-
-    pub(crate) async fn teardown(&self, entry: &SandboxEntry) {
-        entry.mark_destroyed();
-        self.inner.metrics.forget(entry);
-        crate::egress::teardown(entry).await;
-        if let Err(e) = self.inner.engine.destroy(entry.engine.as_ref()).await {
-            tracing::error!(sandbox = %entry.id, err = %e, "destroy failed");
-        }
-        // Drop the REPL session (the process is gone already).
-        if let Ok(mut slot) = entry.slot.try_lock() {
-            slot.session = None;
-        }
-        tracing::info!(sandbox = %entry.id, "destroyed");
-    }
-
-    /// Destroy everything (server shutdown).
-    pub async fn destroy_all(&self) {
-        self.destroy_pool().await;
-        // Persistent sandboxes outlive the server as Spaces.
-        let persistent: Vec<String> = self.inner.sandboxes.read().await.values().filter(|e| e.settings.persistent).map(|e| e.id.clone()).collect();
-        for id in persistent {
-            if let Err(e) = self.freeze(&Caller::server(), &id).await {
-                tracing::error!(sandbox = %id, err = %e, "could not freeze a persistent sandbox at shutdown");
-            }
-        }
-        let all: Vec<Arc<SandboxEntry>> = self.inner.sandboxes.write().await.drain().map(|(_, e)| e).collect();
-        for e in &all {
-            self.unregistered(e);
-        }
-        let jobs = all.iter().map(|e| async move {
-            self.inner.records.remove(&e.id);
-            self.drop_checkpoints(e).await;
-            self.teardown(e).await
-        });
-        futures::future::join_all(jobs).await;
-        self.inner.templates.layers.unmount_all();
-    }
-
-    /// Remove the quota groups of deleted sandboxes' subvolumes once
-    /// nothing is charged to them (btrfs frees a deleted subvolume's
-    /// extents in the background, and a fork parent's only with its last
-    /// child's), every 10 s, forever.
-    pub async fn quota_sweep_loop(self) {
-        let mut tick = tokio::time::interval(Duration::from_secs(10));
-        loop {
-            tick.tick().await;
-            let engine = Arc::clone(&self.inner.engine);
-            let _ = tokio::task::spawn_blocking(move || engine.sweep()).await;
-        }
-    }
-
-    /// Enforce lifetimes and idle timeouts, twice a second, forever.
-    pub async fn expire_loop(self) {
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        loop {
-            tick.tick().await;
-            let now = now_ms();
-            let expired: Vec<(Arc<SandboxEntry>, bool)> = self
-                .inner
-                .sandboxes
-                .read()
-                .await
-                .values()
-                .filter_map(|e| {
-                    let idle = now.saturating_sub(e.last_active.load(Ordering::Relaxed));
-                    let idle_out = e.lifecycle().can_idle_out() && idle >= e.settings.idle_timeout.as_millis() as u64;
-                    // A persistent sandbox freezes at its idle timeout; its
-                    // lifetime's end destroys it like any other.
-                    if now >= e.expires_at() {
-                        Some((Arc::clone(e), false))
-                    } else {
-                        idle_out.then(|| (Arc::clone(e), e.settings.persistent))
-                    }
-                })
-                .collect();
-            for (entry, persistent) in expired {
-                if persistent {
-                    // A big freeze takes a while: the timers go on meanwhile,
-                    // and the sandbox counts as busy so it is not picked again.
-                    let busy = entry.hold_busy();
-                    let state = self.clone();
-                    tokio::spawn(async move {
-                        state.freeze_idle(&entry.id).await;
-                        drop(busy);
-                    });
-                } else {
-                    tracing::info!(sandbox = %entry.id, "timed out");
-                    let _ = self.destroy(&Caller::server(), &entry.id).await;
-                }
-            }
-            if let Some(after) = self.inner.config.idle_pause {
-                let idle: Vec<Arc<SandboxEntry>> = self
-                    .inner
-                    .sandboxes
-                    .read()
-                    .await
-                    .values()
-                    .filter(|e| e.lifecycle().can_pause() && now.saturating_sub(e.last_active.load(Ordering::Relaxed)) >= after.as_millis() as u64)
-                    .cloned()
-                    .collect();
-                for e in idle {
-                    // Busy ones are skipped (and tried again next tick).
-                    let _ = crate::pause::pause_idle(&e).await;
-                }
-            }
-        }
-    }
 }
 
 /// What an unknown id answers, and so also another key's.
@@ -511,27 +294,6 @@ fn key_ring(config: &ServerConfig) -> crate::keys::KeyRing {
 
 /// A frozen sandbox's fate.
 pub enum Frozen {
-    Space(Box<crate::spaces::SpaceMeta>),
-    Resumed(crate::spaces::Resumed),
-}
-
-/// A reservation of `n` sandboxes against the server's caps
-/// (crate::capacity) and its disk, released when dropped.
-pub(crate) struct CreateSlot;
-
-impl CreateSlot {
-    pub(crate) fn take(state: &Service) -> Result<crate::capacity::Reserved<'_>, Error> {
-        Self::take_n(state, 1)
-    }
-
-    pub(crate) fn take_n(state: &Service, n: usize) -> Result<crate::capacity::Reserved<'_>, Error> {
-        let limits = &state.inner.config.limits;
-        let caps = crate::capacity::Caps {
-            max_sandboxes: limits.max_sandboxes,
-            max_memory_mib: limits.max_memory_mib.unwrap_or_else(crate::config::default_memory_cap_mib),
-        };
-        // A full disk is told before a cap (507 before 429), as it always was.
-        crate::disk::ensure_room_for_sandboxes(&state.inner.config.state_dir, state.inner.engine.as_ref())?;
-        state.inner.capacity.reserve(n, caps, || state.memory_in_use_mib())
-    }
+    Space(Box<crate::space_store::SpaceMeta>),
+    Resumed(crate::space_store::Resumed),
 }

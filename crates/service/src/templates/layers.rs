@@ -71,7 +71,7 @@ pub fn step_key(below: &str, step: &[u8]) -> String {
 
 /// A key nobody can build again: a saved sandbox is not a recipe.
 pub fn unique_key() -> String {
-    step_key(&crate::state::new_id(), &repl_host::events::now_ms().to_le_bytes())
+    step_key(&crate::ids::new_id(), &repl_host::events::now_ms().to_le_bytes())
 }
 
 fn is_key(s: &str) -> bool {

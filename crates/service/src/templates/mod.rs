@@ -6,10 +6,7 @@
 //! saved from a live sandbox) are stacks of layers on a built-in
 //! (`layers`), named in `user`; `build` and `save` make them.
 
-pub mod build;
 pub mod layers;
-pub mod manage;
-pub mod save;
 pub mod user;
 
 use std::collections::{HashMap, HashSet};

@@ -1,0 +1,88 @@
+//! Create: a new sandbox from the warm pool, or the slow way (a new
+//! member and a fresh REPL), within its key's quotas and the server's caps.
+
+use std::sync::Arc;
+
+use protocol::CreateSandbox;
+
+use crate::error::Error;
+use crate::ids::new_id;
+use crate::keys::Caller;
+use crate::sandbox::{new_entry, start_repl, SandboxEntry, Settings};
+use crate::state::Service;
+
+impl Service {
+    pub async fn create(&self, caller: &Caller, req: CreateSandbox) -> Result<Arc<SandboxEntry>, Error> {
+        let settings = self.settings(&req, caller)?;
+        self.create_with(caller, settings, None).await
+    }
+
+    /// Create a sandbox for `settings.owner`, within `caller`'s quotas;
+    /// `space`: a Space's files to start with, on the template version
+    /// they were made on, which rules out the warm pool.
+    pub async fn create_with(&self, caller: &Caller, settings: Settings, space: Option<crate::spaces::SpaceStart>) -> Result<Arc<SandboxEntry>, Error> {
+        // `settings` checked the template's name and who may use it.
+        let rootfs = match &space {
+            Some(start) => self.inner.templates.rootfs_pinned(&settings.template, start.rootfs.as_deref())?,
+            None => self.inner.templates.rootfs(&settings.template)?,
+        };
+        let initial_upper = space.map(|start| start.upper);
+        let quota = self.reserve_quota(caller, settings.owner.as_deref(), 1, settings.ram_mib, false)?;
+        let _slot = self.reserve_slots(1)?;
+        let started = std::time::Instant::now();
+        let from_space = initial_upper.is_some();
+        let pooled = match initial_upper {
+            None => self.create_from_pool(&settings).await,
+            Some(_) => Ok(None),
+        };
+        match pooled {
+            Ok(Some(entry)) => {
+                self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(&entry));
+                self.inner.capacity.registered(1);
+                quota.commit();
+                tracing::info!(sandbox = %entry.id, template = %entry.settings.template, pool = true,
+                    total_ms = started.elapsed().as_millis() as u64, "created");
+                self.inner.metrics.observe_create("pool", started);
+                crate::sandbox::network::apply_soon(&entry, entry.settings.egress.clone()).await;
+                self.inner.records.save(&entry);
+                return Ok(entry);
+            }
+            Ok(None) => {}
+            // The pool is an optimisation: make the sandbox the slow way.
+            Err(e) => tracing::warn!(err = ?e, "warm pool create failed; creating from scratch"),
+        }
+        let id = new_id();
+        // Without the pool, a custom template's sandbox starts where its
+        // zygote would have: its modules imported, its saved REPL loaded.
+        let custom = !from_space && !self.inner.templates.is_builtin(&settings.template);
+        let repl_state = if custom { self.inner.templates.repl_state(&settings.template) } else { None };
+        let trust = self.trust_layer(&rootfs)?;
+        let spec = rootfs.spec(id.clone(), self.limits_for(&settings), initial_upper.or_else(|| repl_state.clone()), trust);
+        let engine = self.inner.engine.create(spec).await.map_err(|e| Error::internal("could not create the sandbox", e))?;
+        let jailed = started.elapsed();
+        let mut session = match start_repl(engine.as_ref(), &settings.setup).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.inner.engine.destroy(engine.as_ref()).await;
+                return Err(Error::internal("could not start the sandbox's Python REPL", e));
+            }
+        };
+        if custom {
+            let modules = self.inner.templates.preimport(&settings.template);
+            if let Err(e) = crate::pool::warm_session(&mut session, &modules, repl_state.is_some()).await {
+                let _ = self.inner.engine.destroy(engine.as_ref()).await;
+                return Err(Error::internal("could not start the template's REPL state", e));
+            }
+        }
+        let entry = new_entry(id.clone(), settings, engine, session, Vec::new());
+        self.inner.sandboxes.write().await.insert(id, Arc::clone(&entry));
+        self.inner.capacity.registered(1);
+        quota.commit();
+        tracing::info!(sandbox = %entry.id, template = %entry.settings.template, jail_ms = jailed.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64, "created");
+        self.inner.metrics.observe_create(if from_space { "space" } else { "cold" }, started);
+        crate::sandbox::network::apply_soon(&entry, entry.settings.egress.clone()).await;
+        self.inner.records.save(&entry);
+        Ok(entry)
+    }
+}

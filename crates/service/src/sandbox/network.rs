@@ -1,0 +1,171 @@
+//! One sandbox's egress policy (docs/network.md): when to put it in force and
+//! what runs for it. How is the engine's (`jail::egress`): the policy's
+//! check (`plan`), `pasta`, the firewall in the sandbox's namespace, and the
+//! DNS proxy that answers only for allowed names and opens the firewall to
+//! their addresses.
+
+use std::sync::{Arc, RwLock};
+
+use jail::egress::{plan, Allowed, Plan};
+use jail::net::Rules;
+use protocol::Egress;
+
+use crate::error::Error;
+use crate::sandbox::SandboxEntry;
+
+/// What is running for one sandbox's network.
+#[derive(Default)]
+pub struct NetState {
+    pasta: Option<jail::net::Pasta>,
+    dns: Option<jail::egress::DnsProxy>,
+    /// With `--egress-proxy`, the sandbox's proxy instead of pasta.
+    proxy: Option<jail::egress::ProxyTask>,
+    /// What the policy lets out (None: off).
+    allowed: Arc<RwLock<Option<Allowed>>>,
+    /// Why the policy asked for at create or fork could not be put in force
+    /// (told to the sandbox's next exec).
+    pub failed: Option<String>,
+    /// The firewall rules in force in the sandbox's namespace.
+    rules: Option<Rules>,
+}
+
+/// Put `egress` in force for `entry` (the caller holds its network lock).
+pub async fn apply(entry: &SandboxEntry, state: &mut NetState, egress: &Egress) -> Result<(), Error> {
+    let plan = plan(egress)?;
+    if let Some(upstream) = &entry.settings.setup.egress_proxy {
+        apply_through_proxy(entry, state, plan, Arc::clone(upstream)).await?;
+        *entry.egress.lock().unwrap_or_else(|e| e.into_inner()) = egress.clone();
+        return Ok(());
+    }
+    let engine = Arc::clone(&entry.engine);
+    match plan {
+        Plan::Off => {
+            state.dns = None;
+            state.rules = None;
+            *state.allowed.write().unwrap_or_else(|e| e.into_inner()) = None;
+            if let Some(p) = state.pasta.take() {
+                p.stop();
+            }
+            // Without pasta there is no interface and no route; the table
+            // is dropped so a later `On` starts clean.
+            let _ = tokio::task::spawn_blocking(move || {
+                engine.netns().and_then(|ns| jail::net::nft(std::os::fd::AsFd::as_fd(&ns), "table inet forkbox\ndelete table inet forkbox\n"))
+            })
+            .await;
+        }
+        Plan::On { rules, names } => {
+            let need_pasta = !state.pasta.as_ref().is_some_and(|p| p.alive());
+            let need_rules = need_pasta || state.rules.as_ref() != Some(&rules);
+            let in_force = rules.clone();
+            let (pasta, netns) = tokio::task::spawn_blocking(move || engine.set_up_network(&rules, need_pasta, need_rules))
+                .await
+                .map_err(|e| Error::internal("egress task failed", e))?
+                .map_err(|e| Error::internal("could not set up the sandbox's network", e))?;
+            state.rules = Some(in_force.clone());
+            if let Some(p) = pasta {
+                state.pasta = Some(p);
+            }
+            *state.allowed.write().unwrap_or_else(|e| e.into_inner()) = Some(Allowed { rules: in_force, names });
+            start_dns(state, netns, true).await?;
+        }
+    }
+    *entry.egress.lock().unwrap_or_else(|e| e.into_inner()) = egress.clone();
+    Ok(())
+}
+
+/// The DNS proxy, if it is not running yet; `firewall`: addresses of
+/// allowed names are let out through it (not with an upstream proxy, where
+/// there is no way out to open).
+async fn start_dns(state: &mut NetState, netns: std::os::fd::OwnedFd, firewall: bool) -> Result<(), Error> {
+    if state.dns.is_none() {
+        let upstream = jail::egress::host_resolver().ok_or_else(|| Error::Internal("the host has no nameserver in /etc/resolv.conf".into()))?;
+        let dns = jail::egress::DnsProxy::start(netns, Arc::clone(&state.allowed), upstream, firewall).await;
+        state.dns = Some(dns.map_err(|e| Error::internal("could not start the DNS proxy", e))?);
+    }
+    Ok(())
+}
+
+/// With `--egress-proxy`: no pasta and no firewall (the namespace has no
+/// way out but its proxy), the sandbox's proxy serving the policy, and the
+/// DNS proxy for code that looks names up itself.
+async fn apply_through_proxy(entry: &SandboxEntry, state: &mut NetState, plan: Plan, upstream: Arc<jail::egress::Upstream>) -> Result<(), Error> {
+    match plan {
+        Plan::Off => {
+            *state.allowed.write().unwrap_or_else(|e| e.into_inner()) = None;
+            state.proxy = None;
+            state.dns = None;
+        }
+        Plan::On { rules, names } => {
+            let engine = Arc::clone(&entry.engine);
+            let netns = tokio::task::spawn_blocking(move || engine.point_resolver().and_then(|()| engine.netns()))
+                .await
+                .map_err(|e| Error::internal("egress task failed", e))?
+                .map_err(|e| Error::internal("could not set up the sandbox's network", e))?;
+            if state.proxy.is_none() {
+                let proxy = jail::egress::start_proxy(&netns, &entry.id, Arc::clone(&state.allowed), upstream).await;
+                state.proxy = Some(proxy.map_err(|e| match e.errno() {
+                    // The sandbox's own process holds the address (its own loss).
+                    Some(libc::EADDRINUSE) => Error::Conflict(format!(
+                        "a process in the sandbox listens on {}:{}, where its egress proxy goes: stop it and try again",
+                        jail::egress::PROXY_ADDR.0,
+                        jail::egress::PROXY_ADDR.1
+                    )),
+                    _ => Error::internal("could not start the sandbox's egress proxy", e),
+                })?);
+            }
+            *state.allowed.write().unwrap_or_else(|e| e.into_inner()) = Some(Allowed { rules, names });
+            start_dns(state, netns, false).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Apply `egress` to a sandbox that was just made (create or fork), in the
+/// background: the network lock is taken before this returns, so the
+/// sandbox's first exec waits for the network, not its create.
+pub async fn apply_soon(entry: &Arc<SandboxEntry>, egress: Egress) {
+    *entry.egress.lock().unwrap_or_else(|e| e.into_inner()) = egress.clone();
+    if egress.is_off() {
+        return;
+    }
+    let mut guard = Arc::clone(&entry.network).lock_owned().await;
+    let entry = Arc::clone(entry);
+    tokio::spawn(async move {
+        if let Err(e) = apply(&entry, &mut guard, &egress).await {
+            tracing::warn!(sandbox = %entry.id, error = %e, "egress policy not applied");
+            guard.failed = Some(format!("the sandbox's network could not be set up ({e}); it has loopback only"));
+        }
+    });
+}
+
+/// Give a new sandbox the way out the warm pool made for it ahead of time
+/// (`prepare_spare`): with the default policy, `apply` then only starts the
+/// DNS proxy.
+pub fn adopt_pasta(entry: &SandboxEntry, pasta: jail::net::Pasta) {
+    if let Ok(mut net) = entry.network.try_lock() {
+        net.pasta = Some(pasta);
+        net.rules = Some(Rules::Open);
+    }
+}
+
+/// Put the sandbox's policy back in force after its namespaces were
+/// rebuilt (the old network went with them).
+pub async fn reapply(entry: &SandboxEntry) {
+    let egress = entry.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut net = entry.network.lock().await;
+    *net = NetState::default();
+    if let Err(e) = apply(entry, &mut net, &egress).await {
+        tracing::warn!(sandbox = %entry.id, error = %e, "egress policy not restored after a rebuild");
+    }
+}
+
+/// Stop a destroyed sandbox's network pieces now (not when the last
+/// reference to it goes).
+pub async fn teardown(entry: &SandboxEntry) {
+    let mut net = entry.network.lock().await;
+    net.dns = None;
+    net.proxy = None;
+    if let Some(p) = net.pasta.take() {
+        p.stop();
+    }
+}

@@ -1,0 +1,84 @@
+//! The loops that run for as long as the server does: lifetimes and idle
+//! timeouts (and idle pauses), and the sweep of deleted subvolumes' quota
+//! groups.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::keys::Caller;
+use crate::sandbox::SandboxEntry;
+use crate::state::Service;
+use repl_host::events::now_ms;
+
+impl Service {
+    /// Remove the quota groups of deleted sandboxes' subvolumes once
+    /// nothing is charged to them (btrfs frees a deleted subvolume's
+    /// extents in the background, and a fork parent's only with its last
+    /// child's), every 10 s, forever.
+    pub async fn quota_sweep_loop(self) {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            tick.tick().await;
+            let engine = Arc::clone(&self.inner.engine);
+            let _ = tokio::task::spawn_blocking(move || engine.sweep()).await;
+        }
+    }
+
+    /// Enforce lifetimes and idle timeouts, twice a second, forever.
+    pub async fn expire_loop(self) {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            let now = now_ms();
+            let expired: Vec<(Arc<SandboxEntry>, bool)> = self
+                .inner
+                .sandboxes
+                .read()
+                .await
+                .values()
+                .filter_map(|e| {
+                    let idle = now.saturating_sub(e.last_active.load(Ordering::Relaxed));
+                    let idle_out = e.lifecycle().can_idle_out() && idle >= e.settings.idle_timeout.as_millis() as u64;
+                    // A persistent sandbox freezes at its idle timeout; its
+                    // lifetime's end destroys it like any other.
+                    if now >= e.expires_at() {
+                        Some((Arc::clone(e), false))
+                    } else {
+                        idle_out.then(|| (Arc::clone(e), e.settings.persistent))
+                    }
+                })
+                .collect();
+            for (entry, persistent) in expired {
+                if persistent {
+                    // A big freeze takes a while: the timers go on meanwhile,
+                    // and the sandbox counts as busy so it is not picked again.
+                    let busy = entry.hold_busy();
+                    let state = self.clone();
+                    tokio::spawn(async move {
+                        state.freeze_idle(&entry.id).await;
+                        drop(busy);
+                    });
+                } else {
+                    tracing::info!(sandbox = %entry.id, "timed out");
+                    let _ = self.destroy(&Caller::server(), &entry.id).await;
+                }
+            }
+            if let Some(after) = self.inner.config.idle_pause {
+                let idle: Vec<Arc<SandboxEntry>> = self
+                    .inner
+                    .sandboxes
+                    .read()
+                    .await
+                    .values()
+                    .filter(|e| e.lifecycle().can_pause() && now.saturating_sub(e.last_active.load(Ordering::Relaxed)) >= after.as_millis() as u64)
+                    .cloned()
+                    .collect();
+                for e in idle {
+                    // Busy ones are skipped (and tried again next tick).
+                    let _ = crate::sandbox::freezer::pause_idle(&e).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The warm pool's state (the operations on it are pool.rs's): per
+//! template and owner, a zygote and its spare members, and what the pool
+//! loop is asked to warm.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::Mutex;
+
+use crate::sandbox::{SandboxEntry, Settings};
+
+/// Whose zygote it is: one per template and API key (`owner` is the key's
+/// name, `None` on a server without keys).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub owner: Option<String>,
+    pub template: String,
+}
+
+impl PoolKey {
+    pub(crate) fn of(settings: &Settings) -> PoolKey {
+        PoolKey { owner: settings.owner.clone(), template: settings.template.clone() }
+    }
+}
+
+/// One template's zygote and spares, for one owner.
+pub struct Warm {
+    pub(crate) key: PoolKey,
+    pub(crate) zygote: Arc<SandboxEntry>,
+    pub(crate) spares: Mutex<Vec<crate::engine::Forked>>,
+    /// pasta already serving a spare's network (by spare id), so a create
+    /// with egress on finds its way out ready (docs/network.md).
+    pub(crate) pastas: std::sync::Mutex<HashMap<String, jail::net::Pasta>>,
+    pub(crate) served: AtomicUsize,
+    pub(crate) retiring: std::sync::atomic::AtomicBool,
+    /// The zygote's fork plan, read once: it runs no user code, so its
+    /// descriptors and mappings do not change.
+    pub(crate) plan: serde_json::Value,
+    /// When a create last took from it (idle pools are let go).
+    pub(crate) last_used: std::sync::Mutex<std::time::Instant>,
+    /// The trust layer its family stands on: when the host's CAs change,
+    /// creates stop using it (crates/jail/src/trust).
+    pub(crate) trust: Option<std::path::PathBuf>,
+}
+
+#[derive(Default)]
+pub struct Pool {
+    pub(crate) warm: std::sync::Mutex<HashMap<PoolKey, Arc<Warm>>>,
+    /// Pools asked for since start (they get warmed).
+    pub(crate) wanted: std::sync::Mutex<std::collections::HashSet<PoolKey>>,
+    /// Zygotes being made or retired, destroyed at shutdown.
+    pub(crate) retired: std::sync::Mutex<Vec<Arc<Warm>>>,
+    /// Set at shutdown: whatever is made after it is destroyed at once.
+    pub(crate) closing: std::sync::atomic::AtomicBool,
+    /// Held (shared) by pool work in flight; shutdown takes it exclusively
+    /// so nothing is cut off half-made.
+    pub(crate) busy: tokio::sync::RwLock<()>,
+    /// Zygotes being made (shown by `GET /v1/pool` until they serve).
+    pub(crate) warming: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+/// What `GET /v1/pool` shows: the hidden sandboxes, by template.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct PoolInfo {
+    /// The zygotes that serve the caller (with keys: its key's own).
+    pub templates: HashMap<String, PoolTemplate>,
+    /// Hollow members families keep for their next fork (docs/fork.md).
+    pub fork_spares: Vec<String>,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct PoolTemplate {
+    pub zygote: String,
+    pub spares: Vec<String>,
+    pub served: usize,
+    pub modules: Vec<String>,
+}
+
+impl Pool {
+    pub(crate) fn current(&self, key: &PoolKey) -> Option<Arc<Warm>> {
+        self.warm.lock().ok()?.get(key).cloned()
+    }
+
+    /// Take the pools `which` picks out of the map (creates stop using them).
+    pub(crate) fn take_warm(&self, which: impl Fn(&PoolKey, &Warm) -> bool) -> Vec<Arc<Warm>> {
+        let Ok(mut m) = self.warm.lock() else { return Vec::new() };
+        let keys: Vec<PoolKey> = m.iter().filter(|(k, w)| which(k, w)).map(|(k, _)| k.clone()).collect();
+        keys.iter().filter_map(|k| m.remove(k)).collect()
+    }
+
+    /// Warm `key`'s pool soon (the pool loop looks every half second).
+    pub(crate) fn want(&self, key: PoolKey) {
+        if let Ok(mut w) = self.wanted.lock() {
+            w.insert(key);
+        }
+    }
+
+    /// The pools `caller` may see: its own key's (all without keys).
+    pub async fn info(&self, caller: &crate::keys::Caller, known: &crate::templates::Templates, mut fork_spares: Vec<String>) -> PoolInfo {
+        // A zygote still warming up is as hidden as a spare.
+        fork_spares.extend(self.warming.lock().map(|w| w.iter().cloned().collect::<Vec<_>>()).unwrap_or_default());
+        let all: Vec<Arc<Warm>> = self.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        let mut templates = HashMap::new();
+        for w in all.into_iter().filter(|w| caller.may_use(w.key.owner.as_deref())) {
+            let spares = w.spares.lock().await.iter().map(|c| c.member.id().to_string()).collect();
+            templates.insert(
+                w.key.template.clone(),
+                PoolTemplate { zygote: w.zygote.id.clone(), spares, served: w.served.load(Ordering::Relaxed), modules: known.preimport(&w.key.template) },
+            );
+        }
+        PoolInfo { templates, fork_spares }
+    }
+}
