@@ -7,7 +7,7 @@ use protocol::CreateSandbox;
 
 use crate::error::Error;
 use crate::ids::new_id;
-use crate::keys::Caller;
+use crate::keys::{Caller, Reservation};
 use crate::sandbox::{new_entry, start_repl, SandboxEntry, Settings};
 use crate::state::Service;
 
@@ -37,14 +37,9 @@ impl Service {
         };
         match pooled {
             Ok(Some(entry)) => {
-                self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(&entry));
-                self.inner.capacity.registered(1);
-                quota.commit();
                 tracing::info!(sandbox = %entry.id, template = %entry.settings.template, pool = true,
                     total_ms = started.elapsed().as_millis() as u64, "created");
-                self.inner.metrics.observe_create("pool", started);
-                crate::sandbox::network::apply_soon(&entry, entry.settings.egress.clone()).await;
-                self.inner.records.save(&entry);
+                self.register_created(&entry, quota, "pool", started).await;
                 return Ok(entry);
             }
             Ok(None) => {}
@@ -74,15 +69,22 @@ impl Service {
                 return Err(Error::internal("could not start the template's REPL state", e));
             }
         }
-        let entry = new_entry(id.clone(), settings, engine, session, Vec::new());
-        self.inner.sandboxes.write().await.insert(id, Arc::clone(&entry));
-        self.inner.capacity.registered(1);
-        quota.commit();
+        let entry = new_entry(id, settings, engine, session, Vec::new());
         tracing::info!(sandbox = %entry.id, template = %entry.settings.template, jail_ms = jailed.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64, "created");
-        self.inner.metrics.observe_create(if from_space { "space" } else { "cold" }, started);
-        crate::sandbox::network::apply_soon(&entry, entry.settings.egress.clone()).await;
-        self.inner.records.save(&entry);
+        self.register_created(&entry, quota, if from_space { "space" } else { "cold" }, started).await;
         Ok(entry)
+    }
+
+    /// A made sandbox joins the registry: it counts against the caps and
+    /// its key's quota, its network comes up, and it is recorded so a
+    /// restarted server adopts it. `how`: the create metric's kind.
+    async fn register_created(&self, entry: &Arc<SandboxEntry>, quota: Reservation<'_>, how: &str, started: std::time::Instant) {
+        self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(entry));
+        self.inner.capacity.registered(1);
+        quota.commit();
+        self.inner.metrics.observe_create(how, started);
+        crate::sandbox::network::apply_soon(entry, entry.settings.egress.clone()).await;
+        self.inner.records.save(entry);
     }
 }
