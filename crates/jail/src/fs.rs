@@ -438,6 +438,23 @@ impl SandboxFs {
         rustix::fs::chmodat(rustix::fs::CWD, via.as_str(), Mode::from_raw_mode(mode), AtFlags::empty()).map_err(|e| FsError::at(&path.to_string(), e))
     }
 
+    /// Give `path` (not a symlink's target) to the sandbox's user `uid` and
+    /// group `gid`: what a front end writes as a user belongs to it.
+    pub fn chown(&self, path: &SandboxPath, uid_inside: u32, gid_inside: u32) -> FsResult<()> {
+        if uid_inside >= self.id_count || gid_inside >= self.id_count {
+            return Err(FsError::invalid(format!("owner {uid_inside}:{gid_inside} is outside the sandbox's ids")));
+        }
+        let fd = self.open(path, OFlags::PATH | OFlags::NOFOLLOW)?;
+        rustix::fs::chownat(
+            &fd,
+            "",
+            Some(uid(self.id_base + uid_inside)),
+            Some(gid(self.id_base + gid_inside)),
+            AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| FsError::at(&path.to_string(), e))
+    }
+
     /// A directory descriptor for watching (see `watch`).
     pub fn open_dir(&self, path: &SandboxPath) -> FsResult<OwnedFd> {
         self.open(path, OFlags::RDONLY | OFlags::DIRECTORY)

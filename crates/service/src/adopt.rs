@@ -105,7 +105,7 @@ impl Service {
     /// The entry of an adopted member: its settings, lifetime and lineage
     /// from the record, its REPL resumed where it was.
     async fn readopt(&self, record: SandboxRecord, adopted: crate::engine::Adoption) -> Arc<SandboxEntry> {
-        let mut slot = ReplSlot { session: None, lost_state: None, rebuilt: false, notice: None, oom_seen: adopted.member.oom_kills() };
+        let mut slot = ReplSlot { oom_seen: adopted.member.oom_kills(), ..ReplSlot::empty(true) };
         // A paused sandbox's REPL cannot answer: it runs just long enough.
         let paused = adopted.member.is_paused();
         if paused {
@@ -135,6 +135,9 @@ impl Service {
         let entry = entry_with(record.id.clone(), record.settings(&self.inner.setup), adopted.member, record.lineage.clone(), record.created_at, slot);
         entry.execs.store(record.execs, Ordering::Relaxed);
         entry.repl_restarts.store(record.repl_restarts, Ordering::Relaxed);
+        if let Some(at) = record.expires_at {
+            entry.set_expires_at(at);
+        }
         *entry.egress.lock().unwrap_or_else(|e| e.into_inner()) = record.egress.clone();
         tracing::info!(sandbox = %record.id, "adopted after a server restart");
         Arc::new(entry)

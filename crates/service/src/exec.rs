@@ -9,6 +9,7 @@ use protocol::{Event, ExecRequest, MAX_CODE_BYTES};
 use repl_host::events::EventSink;
 use tokio::sync::mpsc;
 
+pub use crate::contexts::Target;
 use crate::error::Error;
 use crate::keys::Caller;
 use crate::sandbox::{ExecBounds, SandboxEntry};
@@ -46,18 +47,33 @@ impl Service {
     /// runs in its own task, so a reader that goes away does not cancel it
     /// halfway (the REPL stays consistent); it just stops listening.
     pub async fn exec(&self, caller: &Caller, id: &str, req: ExecRequest) -> Result<mpsc::Receiver<Event>, Error> {
+        self.exec_with(caller, id, req, ExecOptions::default()).await
+    }
+
+    /// [`Service::exec`] with `options`: another target, environment
+    /// variables for this call only, a way to stop it.
+    pub async fn exec_with(&self, caller: &Caller, id: &str, req: ExecRequest, options: ExecOptions) -> Result<mpsc::Receiver<Event>, Error> {
+        let ExecOptions { target, env, cancel } = options;
+        for (k, v) in &env {
+            if !is_env_name(k) || v.contains('\0') {
+                return Err(Error::Invalid(format!("invalid environment variable `{}`", k.chars().take(64).collect::<String>())));
+            }
+        }
         let entry = self.get(caller, id).await?;
         if req.code.len() > MAX_CODE_BYTES {
             return Err(Error::TooLarge(format!("code is {} bytes; the limit is {MAX_CODE_BYTES}", req.code.len())));
         }
         let language = Language::parse(req.language.as_deref())?;
+        if language != Language::Python && matches!(target, Target::Context(_)) {
+            return Err(Error::Invalid("a context runs Python only".into()));
+        }
         let limits = &self.inner.config.limits;
         let timeout = match req.timeout_ms {
             None => limits.default_exec_timeout,
             Some(0) => return Err(Error::Invalid("timeout_ms must be at least 1".into())),
             Some(ms) => Duration::from_millis(ms).min(limits.max_exec_timeout),
         };
-        let bounds = ExecBounds { timeout, stop: self.inner.drain.stop_token() };
+        let bounds = ExecBounds { timeout, stop: self.inner.drain.stop_token(), cancel };
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let busy = entry.hold_busy();
         let state = self.clone();
@@ -67,7 +83,8 @@ impl Service {
             async move {
                 // Busy until the exec is over, however it ends.
                 let _busy = busy;
-                state.run_queued(&entry, language, &req.code, &bounds, EventSink::new(tx, entry.replay.clone())).await;
+                let run = Run { target: &target, language, code: &req.code, env: &env };
+                state.run_queued(&entry, run, &bounds, EventSink::new(tx, entry.replay.clone())).await;
             },
             span,
         ));
@@ -76,11 +93,12 @@ impl Service {
 
     /// Wait for the sandbox's exec slot, then run `code` unless the sandbox
     /// or the server went meanwhile.
-    async fn run_queued(&self, entry: &Arc<SandboxEntry>, language: Language, code: &str, bounds: &ExecBounds, mut sink: EventSink) {
+    async fn run_queued(&self, entry: &Arc<SandboxEntry>, run: Run<'_>, bounds: &ExecBounds, mut sink: EventSink) {
+        let Run { target, language, code, env } = run;
         let started = std::time::Instant::now();
         // A sandbox's network may still be coming up (sandbox/network.rs).
         let network_failed = entry.network.lock().await.failed.take();
-        let mut slot = entry.slot.lock().await;
+        let mut slot = target.slot(entry).await;
         if let Some(why) = network_failed {
             sink.warning(why).await;
         }
@@ -96,10 +114,16 @@ impl Service {
             // Queued behind another exec until after the drain ran out: it
             // never starts.
             crate::sandbox::never_started_for_shutdown(&mut sink).await;
-        } else if language == Language::Python {
+        } else if language == Language::Python && env.is_empty() {
             entry.run_python(&mut slot, code, bounds, &mut sink).await;
+        } else if language == Language::Python {
+            // The call's variables for this call only: set before it, put back after.
+            let _ = entry.run_hidden(&mut slot, &env_code(env), ENV_SWAP_TIMEOUT).await;
+            entry.run_python(&mut slot, code, bounds, &mut sink).await;
+            let _ = entry.run_hidden(&mut slot, RESTORE_ENV, ENV_SWAP_TIMEOUT).await;
         } else {
-            entry.run_bash(&mut slot, code, bounds, &mut sink).await;
+            let exports: String = env.iter().map(|(k, v)| format!("export {k}={}\n", shell_quote(v))).collect();
+            entry.run_bash(&mut slot, &format!("{exports}{code}"), bounds, &mut sink).await;
         }
         entry.execs.fetch_add(1, Ordering::Relaxed);
         entry.touch();
@@ -111,5 +135,77 @@ impl Service {
         let entry = self.get(caller, id).await?;
         let events = entry.replay.lock().map(|r| r.iter().cloned().collect()).unwrap_or_default();
         Ok(events)
+    }
+}
+
+/// How an exec runs beyond its request.
+#[derive(Default)]
+pub struct ExecOptions {
+    pub target: Target,
+    /// Environment variables for this call only.
+    pub env: Vec<(String, String)>,
+    /// Cancel to interrupt the call (its client went away).
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
+/// One exec's work, as `run_queued` takes it.
+struct Run<'a> {
+    target: &'a Target,
+    language: Language,
+    code: &'a str,
+    env: &'a [(String, String)],
+}
+
+/// How long setting or restoring a call's environment may take.
+const ENV_SWAP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Python that sets `env` in the REPL's `os.environ`, keeping what it
+/// replaces for [`RESTORE_ENV`].
+fn env_code(env: &[(String, String)]) -> String {
+    // A JSON string is a Python string literal too.
+    let pairs = serde_json::to_string(&serde_json::to_string(env).unwrap_or_else(|_| "[]".into())).unwrap_or_default();
+    format!(
+        "import os as _fb_os, json as _fb_json\n_fb_env_saved = {{k: _fb_os.environ.get(k) for k, _ in _fb_json.loads({pairs})}}\n_fb_os.environ.update(dict(_fb_json.loads({pairs})))\ndel _fb_os, _fb_json\n"
+    )
+}
+
+const RESTORE_ENV: &str = "import os as _fb_os\nfor _fb_k, _fb_v in globals().pop('_fb_env_saved', {}).items():\n    _fb_os.environ.pop(_fb_k, None) if _fb_v is None else _fb_os.environ.__setitem__(_fb_k, _fb_v)\ndel _fb_os\n";
+
+/// A shell variable name: a letter or `_`, then letters, digits and `_`.
+pub fn is_env_name(k: &str) -> bool {
+    let mut chars = k.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// `v` as one single-quoted shell word.
+fn shell_quote(v: &str) -> String {
+    format!("'{}'", v.replace('\'', "'\\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_words_are_quoted() {
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+    }
+
+    #[test]
+    fn env_names_are_shell_names() {
+        for ok in ["A", "_x", "PATH2"] {
+            assert!(is_env_name(ok), "{ok}");
+        }
+        for bad in ["", "2A", "A B", "A;rm", "A=B", "é"] {
+            assert!(!is_env_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn env_code_is_python_literal_json() {
+        let code = env_code(&[("A".into(), "x\"y".into())]);
+        assert!(code.contains(r#"_fb_json.loads("[[\"A\",\"x\\\"y\"]]")"#), "{code}");
+        assert!(!env_code(&[("A".into(), "\u{1b}".into())]).contains("\\u{"), "JSON escapes, not Rust's");
     }
 }

@@ -15,6 +15,7 @@ pub mod adopt;
 pub mod capacity;
 pub mod checkpoints;
 pub mod config;
+pub mod contexts;
 pub mod cpu_boost;
 pub mod create;
 pub mod custom_templates;

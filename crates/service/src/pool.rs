@@ -354,6 +354,10 @@ impl Service {
             persistent: false,
             owner: None,
             setup: Arc::clone(&self.inner.setup),
+            env: Vec::new(),
+            metadata: Default::default(),
+            pause_at_timeout: false,
+            public_ports: false,
         };
         // A template saved from a sandbox starts from its REPL state: the
         // zygote loads it once and every sandbox forks from it.

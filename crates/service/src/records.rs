@@ -35,6 +35,17 @@ pub struct SandboxRecord {
     /// without keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<(String, String)>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pause_at_timeout: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub public_ports: bool,
+    /// When its lifetime ends, unix ms (older records: `created_at + timeout_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
 }
 
 impl SandboxRecord {
@@ -57,6 +68,11 @@ impl SandboxRecord {
             execs: entry.execs.load(std::sync::atomic::Ordering::Relaxed),
             repl_restarts: entry.repl_restarts.load(std::sync::atomic::Ordering::Relaxed),
             owner: s.owner.clone(),
+            env: s.env.clone(),
+            metadata: s.metadata.clone(),
+            pause_at_timeout: s.pause_at_timeout,
+            public_ports: s.public_ports,
+            expires_at: Some(entry.expires_at()),
         }
     }
 
@@ -73,6 +89,10 @@ impl SandboxRecord {
             persistent: self.persistent,
             owner: self.owner.clone(),
             setup: std::sync::Arc::clone(setup),
+            env: self.env.clone(),
+            metadata: self.metadata.clone(),
+            pause_at_timeout: self.pause_at_timeout,
+            public_ports: self.public_ports,
         }
     }
 }

@@ -269,6 +269,10 @@ impl Service {
             persistent: req.persistent.unwrap_or(false),
             owner: caller.owner(),
             setup: Arc::clone(&self.inner.setup),
+            env: Vec::new(),
+            metadata: Default::default(),
+            pause_at_timeout: false,
+            public_ports: false,
         })
     }
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::error::Error;
 use crate::keys::Caller;
 use crate::sandbox::SandboxEntry;
 use crate::state::Service;
@@ -42,13 +43,26 @@ impl Service {
                     let idle_out = e.lifecycle().can_idle_out() && idle >= e.settings.idle_timeout.as_millis() as u64;
                     // A persistent sandbox freezes at its idle timeout; its
                     // lifetime's end destroys it like any other.
-                    if now >= e.expires_at() {
+                    if now >= e.expires_at() && e.settings.pause_at_timeout {
+                        // Paused below, not destroyed.
+                        None
+                    } else if now >= e.expires_at() {
                         Some((Arc::clone(e), false))
                     } else {
                         idle_out.then(|| (Arc::clone(e), e.settings.persistent))
                     }
                 })
                 .collect();
+            let to_pause: Vec<Arc<SandboxEntry>> =
+                self.inner.sandboxes.read().await.values().filter(|e| e.settings.pause_at_timeout && now >= e.expires_at()).cloned().collect();
+            for entry in to_pause {
+                // Busy now: tried again on the next tick.
+                if crate::sandbox::freezer::pause_idle(&entry).await.is_ok() {
+                    tracing::info!(sandbox = %entry.id, "paused at the end of its lifetime");
+                    entry.set_expires_at(u64::MAX);
+                    self.inner.records.save(&entry);
+                }
+            }
             for (entry, persistent) in expired {
                 if persistent {
                     // A big freeze takes a while: the timers go on meanwhile,
@@ -80,5 +94,16 @@ impl Service {
                 }
             }
         }
+    }
+}
+
+impl Service {
+    /// End sandbox `id`'s lifetime `from_now` from now (capped at the
+    /// server's longest lifetime), as E2B's `set_timeout` does.
+    pub async fn set_timeout(&self, caller: &Caller, id: &str, from_now: Duration) -> Result<(), Error> {
+        let entry = self.get(caller, id).await?;
+        entry.set_expiry(from_now.min(self.inner.config.limits.max_timeout));
+        self.inner.records.save(&entry);
+        Ok(())
     }
 }

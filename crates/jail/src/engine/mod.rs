@@ -120,6 +120,8 @@ pub struct ReplProcess {
 
 /// A command running in a sandbox (bash), its output on pipes.
 pub struct CommandProcess {
+    /// Its stdin, when it was started with one (`Sandbox::spawn_piped`).
+    pub stdin: Option<tokio::net::unix::pipe::Sender>,
     pub stdout: tokio::net::unix::pipe::Receiver,
     pub stderr: tokio::net::unix::pipe::Receiver,
     pub exited: oneshot::Receiver<ExitStatus>,
@@ -139,6 +141,7 @@ pub struct TerminalProcess {
 }
 
 /// Signals for a running command.
+#[derive(Clone)]
 pub struct CommandControl {
     shim: Arc<ShimHandle>,
     member: String,

@@ -151,13 +151,31 @@ impl Sandbox {
         })
     }
 
-    /// Run `argv` in the sandbox through its init (for bash calls).
+    /// Run `argv` in the sandbox through its init (for bash calls), its
+    /// stdin `/dev/null`.
     pub async fn spawn_command(&self, argv: Vec<String>, env: Vec<String>, cwd: &str) -> Result<CommandProcess> {
-        let (stdout_r, stdout_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
-        let (stderr_r, stderr_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
-        let null = OwnedFd::from(std::fs::File::open("/dev/null").map_err(|e| Error::io("open /dev/null", e))?);
-        let launched = self.launch(argv, env, cwd, [null.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()], false).await?;
+        self.spawn_piped(argv, env, cwd, false).await
+    }
+
+    /// Run `argv` through its init with its output on pipes, and its stdin
+    /// on a pipe too when `stdin` (`CommandProcess::stdin`), else `/dev/null`.
+    pub async fn spawn_piped(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, stdin: bool) -> Result<CommandProcess> {
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e));
+        let (stdout_r, stdout_w) = pipe()?;
+        let (stderr_r, stderr_w) = pipe()?;
+        let (stdin_r, stdin_w) = if stdin {
+            let (r, w) = pipe()?;
+            (r, Some(w))
+        } else {
+            (OwnedFd::from(std::fs::File::open("/dev/null").map_err(|e| Error::io("open /dev/null", e))?), None)
+        };
+        let launched = self.launch(argv, env, cwd, [stdin_r.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()], false).await?;
+        let stdin = match stdin_w {
+            Some(w) => Some(tokio::net::unix::pipe::Sender::from_owned_fd(w).map_err(|e| Error::io("register pipe", e))?),
+            None => None,
+        };
         Ok(CommandProcess {
+            stdin,
             stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r).map_err(|e| Error::io("register pipe", e))?,
             stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r).map_err(|e| Error::io("register pipe", e))?,
             exited: launched.exited,

@@ -412,6 +412,10 @@ impl Service {
             persistent: false,
             owner: None,
             setup: std::sync::Arc::clone(&self.inner.setup),
+            env: Vec::new(),
+            metadata: Default::default(),
+            pause_at_timeout: false,
+            public_ports: false,
         };
         crate::disk::ensure_room_for_sandboxes(&self.inner.config.state_dir, self.inner.engine.as_ref())?;
         let trust = self.trust_layer(&root)?;

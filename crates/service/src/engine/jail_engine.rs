@@ -170,6 +170,10 @@ impl Member for Sandbox {
         Sandbox::spawn_command(self, argv, env, cwd).await
     }
 
+    async fn spawn_piped(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, stdin: bool) -> jail::Result<jail::CommandProcess> {
+        Sandbox::spawn_piped(self, argv, env, cwd, stdin).await
+    }
+
     async fn spawn_terminal(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, size: jail::pty::Size) -> jail::Result<jail::TerminalProcess> {
         Sandbox::spawn_terminal(self, argv, env, cwd, size).await
     }

@@ -141,6 +141,10 @@ pub trait Member: Send + Sync + 'static {
     async fn spawn_command(&self, _argv: Vec<String>, _env: Vec<String>, _cwd: &str) -> jail::Result<jail::CommandProcess> {
         Err(unsupported("commands"))
     }
+    /// A command whose stdin is a pipe when `stdin` (E2B's processes).
+    async fn spawn_piped(&self, _argv: Vec<String>, _env: Vec<String>, _cwd: &str, _stdin: bool) -> jail::Result<jail::CommandProcess> {
+        Err(unsupported("commands"))
+    }
     async fn spawn_terminal(&self, _argv: Vec<String>, _env: Vec<String>, _cwd: &str, _size: jail::pty::Size) -> jail::Result<jail::TerminalProcess> {
         Err(unsupported("terminals"))
     }

@@ -19,6 +19,7 @@ pub mod checkpoint_list;
 pub mod files;
 pub mod freezer;
 pub mod network;
+pub mod processes;
 pub mod pty;
 
 /// Exit code of an exec stopped by its timeout (as GNU `timeout` does).
@@ -26,6 +27,8 @@ pub const TIMEOUT_EXIT: i32 = 124;
 /// Exit status of an exec the server interrupted because it was shutting
 /// down (128 + SIGTERM, as a shell reports a terminated command).
 pub const SHUTDOWN_EXIT: i32 = 143;
+/// Exit status of an exec interrupted because its client went away (128 + SIGINT).
+pub const CANCELLED_EXIT: i32 = 130;
 
 /// When an exec must stop early: at its timeout, or when the server's
 /// drain runs out (src/drain.rs).
@@ -33,13 +36,16 @@ pub const SHUTDOWN_EXIT: i32 = 143;
 pub struct ExecBounds {
     pub timeout: Duration,
     pub stop: tokio_util::sync::CancellationToken,
+    /// Cancelled when the client went away and the exec should stop (E2B's
+    /// code interpreter stops an execution whose client disconnected).
+    pub cancel: tokio_util::sync::CancellationToken,
 }
 
 impl ExecBounds {
     /// Only the timeout (the server's own hidden runs: a shutdown's freeze
     /// must not be interrupted by the shutdown).
     pub fn timeout_only(timeout: Duration) -> ExecBounds {
-        ExecBounds { timeout, stop: Default::default() }
+        ExecBounds { timeout, stop: Default::default(), cancel: Default::default() }
     }
 }
 
@@ -48,6 +54,8 @@ impl ExecBounds {
 enum Interrupt {
     Timeout,
     Shutdown,
+    /// The client went away.
+    Cancelled,
 }
 
 #[derive(Clone)]
@@ -67,6 +75,17 @@ pub struct Settings {
     pub owner: Option<String>,
     /// What the server's configuration gives every sandbox (src/setup.rs).
     pub setup: Arc<crate::setup::SandboxSetup>,
+    /// Environment variables asked for at create, for every process a
+    /// front end starts in it (E2B's `envVars`).
+    pub env: Vec<(String, String)>,
+    /// Labels asked for at create (E2B's `metadata`), listed and filtered on.
+    pub metadata: std::collections::BTreeMap<String, String>,
+    /// At the end of its lifetime, pause it (in memory, until a client
+    /// gives it a new lifetime) instead of destroying it (E2B's `autoPause`).
+    pub pause_at_timeout: bool,
+    /// Its ports answer through the Host-routed proxy without an API key
+    /// (E2B's public traffic, docs/e2b.md#ports).
+    pub public_ports: bool,
 }
 
 pub struct SandboxEntry {
@@ -96,6 +115,12 @@ pub struct SandboxEntry {
     pub watches: std::sync::atomic::AtomicUsize,
     /// PTY sessions (pty.rs); a merge hands the winner's to the parent's id.
     pub ptys: Arc<pty::PtyTable>,
+    /// Numbered processes a front end started (processes.rs), handed on as the PTYs are.
+    pub processes: Arc<processes::ProcessTable>,
+    /// Its code contexts besides its own REPL (src/contexts.rs).
+    pub contexts: crate::contexts::Contexts,
+    /// Unix milliseconds at which its lifetime ends (`Service::set_timeout` moves it).
+    expires: AtomicU64,
     /// The egress policy in force (network.rs).
     pub egress: std::sync::Mutex<protocol::Egress>,
     /// What runs for it (pasta, DNS proxy); held while it is being set up,
@@ -119,6 +144,16 @@ pub struct ReplSlot {
     /// The cgroup's OOM-kill count when the REPL was last seen alive, to tell
     /// an OOM kill between calls from other deaths.
     pub oom_seen: u64,
+    /// Its REPLs survive a server restart (the sandbox's own REPL does;
+    /// a code context's does not: docs/e2b.md#contexts).
+    pub keep_ends: bool,
+}
+
+impl ReplSlot {
+    /// A slot whose REPL is started on its first call.
+    pub fn empty(keep_ends: bool) -> ReplSlot {
+        ReplSlot { session: None, lost_state: None, rebuilt: false, notice: None, oom_seen: 0, keep_ends }
+    }
 }
 
 /// Every process's environment in sandbox `id`: the defaults, then what
@@ -161,6 +196,12 @@ pub enum ReplError {
 
 /// Spawn a REPL in `engine` and wait until it is ready.
 pub async fn start_repl(engine: &dyn crate::engine::Member, setup: &crate::setup::SandboxSetup) -> Result<ReplSession, ReplError> {
+    start_repl_with(engine, setup, true).await
+}
+
+/// [`start_repl`]; `keep_ends`: have the family's shim keep its ends, so
+/// it survives a server restart (one REPL per sandbox can be).
+pub async fn start_repl_with(engine: &dyn crate::engine::Member, setup: &crate::setup::SandboxSetup, keep_ends: bool) -> Result<ReplSession, ReplError> {
     let argv = vec!["/usr/bin/python3".to_string(), "-u".into(), "-c".into(), REPL_BOOTSTRAP.to_string()];
     let process = engine.start_repl(argv, sandbox_env(engine.id(), setup), "/root", REPL_SOURCE.as_bytes()).await.map_err(ReplError::Spawn)?;
     let mut session = ReplSession::start(process).await?;
@@ -172,7 +213,9 @@ pub async fn start_repl(engine: &dyn crate::engine::Member, setup: &crate::setup
         tracing::debug!(sandbox = %engine.id(), err = %e, "could not set the REPL's time slice");
     }
     if let Some(ends) = session.take_ends() {
-        keep_repl_ends(engine, session.host_pid, ends).await;
+        if keep_ends {
+            keep_repl_ends(engine, session.host_pid, ends).await;
+        }
     }
     if !session.ready.pidns {
         tracing::warn!(sandbox = %engine.id(), "the REPL could not switch pid namespaces: its subprocesses will not show in the sandbox's ps");
@@ -234,7 +277,16 @@ impl SandboxEntry {
     }
 
     pub fn expires_at(&self) -> u64 {
-        self.created_at + self.settings.timeout.as_millis() as u64
+        self.expires.load(Ordering::Relaxed)
+    }
+
+    pub fn set_expires_at(&self, unix_ms: u64) {
+        self.expires.store(unix_ms, Ordering::Relaxed);
+    }
+
+    /// End its lifetime `from_now` from now instead.
+    pub fn set_expiry(&self, from_now: Duration) {
+        self.expires.store(now_ms() + from_now.as_millis() as u64, Ordering::Relaxed);
     }
 
     pub fn info(&self) -> SandboxInfo {
@@ -283,7 +335,7 @@ impl SandboxEntry {
     pub async fn ensure_repl(&self, slot: &mut ReplSlot) -> Result<(), ReplError> {
         self.heal(slot).await?;
         if slot.session.is_none() {
-            slot.session = Some(self.restart_repl().await?);
+            slot.session = Some(self.restart_repl(slot.keep_ends).await?);
         }
         Ok(())
     }
@@ -303,7 +355,7 @@ impl SandboxEntry {
             sink.stderr(format!("{msg}\n").as_bytes()).await;
         }
         if slot.session.is_none() {
-            match self.restart_repl().await {
+            match self.restart_repl(slot.keep_ends).await {
                 Ok(s) => slot.session = Some(s),
                 Err(e) => {
                     sink.error(e.to_string(), None, None, None).await;
@@ -377,7 +429,7 @@ impl SandboxEntry {
                         return;
                     }
                 },
-                why = stop_reason(deadline, &bounds.stop), if interrupted.is_none() => {
+                why = stop_reason(deadline, bounds), if interrupted.is_none() => {
                     interrupted = Some(why);
                     session.signal(Signal::SIGINT);
                     kill_at.as_mut().reset(tokio::time::Instant::now() + self.settings.interrupt_grace);
@@ -408,6 +460,7 @@ impl SandboxEntry {
         let code = match interrupted {
             Some(Interrupt::Timeout) => TIMEOUT_EXIT,
             Some(Interrupt::Shutdown) => SHUTDOWN_EXIT,
+            Some(Interrupt::Cancelled) => CANCELLED_EXIT,
             None => status.map(|s| s.code()).filter(|c| *c != 0).unwrap_or(1),
         };
         let msg = match interrupted {
@@ -416,6 +469,7 @@ impl SandboxEntry {
                 timeout.as_millis()
             ),
             Some(Interrupt::Shutdown) => "the server is shutting down; the execution did not stop when interrupted, so the Python process was killed".into(),
+            Some(Interrupt::Cancelled) => "the client went away; the execution did not stop when interrupted, so the Python process was killed".into(),
             None => format!("the Python process {reason}; its state was lost"),
         };
         sink.error(msg, Some(if oom { "MemoryError".into() } else { "ReplDied".into() }), None, None).await;
@@ -424,19 +478,20 @@ impl SandboxEntry {
         slot.lost_state = Some(match interrupted {
             Some(Interrupt::Timeout) => "was killed after a timeout".into(),
             Some(Interrupt::Shutdown) => "was killed when the server shut down".into(),
+            Some(Interrupt::Cancelled) => "was killed when its client went away".into(),
             None => reason,
         });
-        if let Ok(s) = self.restart_repl().await {
+        if let Ok(s) = self.restart_repl(slot.keep_ends).await {
             slot.session = Some(s);
         }
         slot.oom_seen = self.engine.oom_kills();
     }
 
-    async fn restart_repl(&self) -> Result<ReplSession, ReplError> {
+    async fn restart_repl(&self, keep_ends: bool) -> Result<ReplSession, ReplError> {
         if self.is_destroyed() {
             return Err(ReplError::Destroyed);
         }
-        start_repl(self.engine.as_ref(), &self.settings.setup).await
+        start_repl_with(self.engine.as_ref(), &self.settings.setup, keep_ends).await
     }
 
     fn death_reason(&self, status: Option<ExitStatus>, oom: bool) -> String {
@@ -555,7 +610,7 @@ impl SandboxEntry {
                     Ok(n) => sink.stderr(&err[..n]).await,
                 },
                 s = &mut cmd.exited => break s.ok(),
-                why = stop_reason(deadline, &bounds.stop), if interrupted.is_none() => {
+                why = stop_reason(deadline, bounds), if interrupted.is_none() => {
                     interrupted = Some(why);
                     cmd.kill().await;
                 }
@@ -593,10 +648,11 @@ impl SandboxEntry {
 }
 
 /// Wait for whichever comes first: the exec's deadline or the drain's end.
-async fn stop_reason(deadline: tokio::time::Instant, stop: &tokio_util::sync::CancellationToken) -> Interrupt {
+async fn stop_reason(deadline: tokio::time::Instant, bounds: &ExecBounds) -> Interrupt {
     tokio::select! {
         _ = tokio::time::sleep_until(deadline) => Interrupt::Timeout,
-        _ = stop.cancelled() => Interrupt::Shutdown,
+        _ = bounds.stop.cancelled() => Interrupt::Shutdown,
+        _ = bounds.cancel.cancelled() => Interrupt::Cancelled,
     }
 }
 
@@ -611,6 +667,10 @@ async fn interrupted_error(why: Interrupt, timeout: Duration, sink: &mut EventSi
             let msg = "the server is shutting down and its drain time ran out, so this execution was interrupted";
             sink.error(msg.into(), Some("ServerShutdown".into()), None, None).await;
             SHUTDOWN_EXIT
+        }
+        Interrupt::Cancelled => {
+            sink.error("the client went away, so this execution was interrupted".into(), Some("KeyboardInterrupt".into()), None, None).await;
+            CANCELLED_EXIT
         }
     }
 }
@@ -648,12 +708,13 @@ async fn tell_rebuilt(slot: &mut ReplSlot, sink: &mut EventSink) {
 }
 
 pub fn new_entry(id: String, settings: Settings, engine: crate::engine::MemberRef, session: ReplSession, lineage: Vec<String>) -> Arc<SandboxEntry> {
-    let slot = ReplSlot { session: Some(session), lost_state: None, rebuilt: false, notice: None, oom_seen: 0 };
+    let slot = ReplSlot { session: Some(session), ..ReplSlot::empty(true) };
     Arc::new(entry_with(id, settings, engine, lineage, now_ms(), slot))
 }
 
 /// A sandbox entry with nothing run yet, created at `created_at`.
 pub fn entry_with(id: String, settings: Settings, engine: crate::engine::MemberRef, lineage: Vec<String>, created_at: u64, slot: ReplSlot) -> SandboxEntry {
+    let settings_timeout_ms = settings.timeout.as_millis() as u64;
     SandboxEntry {
         id,
         settings,
@@ -670,6 +731,9 @@ pub fn entry_with(id: String, settings: Settings, engine: crate::engine::MemberR
         port_connections: Default::default(),
         watches: Default::default(),
         ptys: Default::default(),
+        processes: Default::default(),
+        contexts: Default::default(),
+        expires: AtomicU64::new(created_at + settings_timeout_ms),
         egress: std::sync::Mutex::new(protocol::Egress::On(false)),
         network: Default::default(),
         checkpoints: Default::default(),
@@ -698,11 +762,15 @@ pub fn successor_entry(old: &SandboxEntry, new: &SandboxEntry, new_slot: &mut Re
             rebuilt: std::mem::take(&mut new_slot.rebuilt),
             notice: new_slot.notice.take(),
             oom_seen: new_slot.oom_seen,
+            keep_ends: true,
         }),
         busy: AtomicU64::new(0),
         port_connections: Default::default(),
         watches: Default::default(),
         ptys: Arc::clone(&new.ptys),
+        processes: Arc::clone(&new.processes),
+        contexts: Default::default(),
+        expires: AtomicU64::new(old.expires_at()),
         egress: std::sync::Mutex::new(new.egress.lock().unwrap_or_else(|e| e.into_inner()).clone()),
         network: Arc::clone(&new.network),
         checkpoints: Arc::clone(&old.checkpoints),

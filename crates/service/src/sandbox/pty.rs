@@ -79,6 +79,8 @@ pub struct PtySession {
     master: AsyncFd<OwnedFd>,
     size: Mutex<Size>,
     output: Mutex<Output>,
+    /// How the command ended, once it has.
+    status: Mutex<Option<ExitStatus>>,
     /// Bumped whenever output arrives or the command exits.
     changed: watch::Sender<u64>,
     control: CommandControl,
@@ -193,10 +195,18 @@ pub struct PtySpec {
 /// Start `spec` in `entry` on a new terminal: one more live session, read
 /// into its ring by a pump task until it ends.
 pub async fn start(entry: &Arc<SandboxEntry>, spec: PtySpec) -> Result<Arc<PtySession>, Error> {
+    let env = environment(&entry.id, &entry.settings.setup, &spec.env)?;
+    start_with_env(entry, spec, env).await
+}
+
+/// [`start`] with the whole environment given (`spec.env` is not used).
+pub async fn start_with_env(entry: &Arc<SandboxEntry>, spec: PtySpec, mut env: Vec<String>) -> Result<Arc<PtySession>, Error> {
     if spec.argv.is_empty() || spec.argv[0].is_empty() {
         return Err(Error::Invalid("argv must name a program".into()));
     }
-    let env = environment(&entry.id, &entry.settings.setup, &spec.env)?;
+    if !env.iter().any(|e| e.starts_with("TERM=")) {
+        env.push("TERM=xterm-256color".into());
+    }
     let cwd = match &spec.cwd {
         Some(c) => super::files::sandbox_path(c)?.to_string(),
         None => super::files::HOME.to_string(),
@@ -217,6 +227,7 @@ pub async fn start(entry: &Arc<SandboxEntry>, spec: PtySpec) -> Result<Arc<PtySe
         master,
         size: Mutex::new(spec.size),
         output: Mutex::new(Output::default()),
+        status: Mutex::new(None),
         changed: watch::channel(0).0,
         control: process.control,
     });
@@ -250,7 +261,9 @@ async fn pump(session: Arc<PtySession>, mut exited: tokio::sync::oneshot::Receiv
         tokio::select! {
             status = &mut exited, if code.is_none() => {
                 // An unknown end (the sandbox went) reads as -1.
+                let status = status.ok();
                 code = Some(status.map(|s| s.code()).unwrap_or(-1));
+                *session.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
                 drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
             }
             _ = drain => break,
@@ -267,7 +280,9 @@ async fn pump(session: Arc<PtySession>, mut exited: tokio::sync::oneshot::Receiv
                     // EIO: every holder of the terminal's other side is gone.
                     Err(_) => {
                         if code.is_none() {
-                            code = Some((&mut exited).await.map(|s| s.code()).unwrap_or(-1));
+                            let status = (&mut exited).await.ok();
+                            code = Some(status.map(|s| s.code()).unwrap_or(-1));
+                            *session.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
                         }
                         break;
                     }
@@ -357,9 +372,19 @@ impl PtySession {
 
     /// Kill the command (nothing if it has ended).
     pub async fn kill(&self) {
+        self.signal(libc::SIGKILL).await;
+    }
+
+    /// Send `signal` to the command's session (nothing if it has ended).
+    pub async fn signal(&self, signal: i32) {
         if self.exit_code().is_none() {
-            self.control.kill().await;
+            self.control.signal(signal).await;
         }
+    }
+
+    /// How the command ended (None: running, or its end is unknown).
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        *self.status.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn status(&self) -> PtyStatus {
