@@ -7,6 +7,7 @@
 //! → `repl_host::EventSink` → NDJSON response.
 
 pub mod error;
+pub mod front_door;
 pub mod http;
 pub mod keepalive;
 pub mod openapi;
@@ -40,8 +41,15 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().on_thread_start(short_slice).build()
 }
 
-/// The router, separate from any socket so tests can drive it directly.
+/// The router, separate from any socket so tests can drive it directly:
+/// forkbox's API, and E2B's in front of it (front_door.rs).
 pub fn app(state: AppState) -> Router {
+    let door = front_door::FrontDoor::new(state.clone());
+    forkbox_api(state).layer(axum::middleware::from_fn_with_state(door, front_door::dispatch))
+}
+
+/// The podflare/forkbox API alone.
+pub fn forkbox_api(state: AppState) -> Router {
     Router::new()
         .route("/v1/healthz", get(routes::healthz))
         .route("/metrics", get(routes::metrics::scrape))

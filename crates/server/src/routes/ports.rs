@@ -107,7 +107,10 @@ pub fn forward_headers(
 ) -> HeaderMap {
     let original_host = headers.get(header::HOST).cloned().or_else(|| authority.and_then(|a| HeaderValue::from_str(a).ok()));
     strip_hop_by_hop(&mut headers);
-    headers.remove(header::AUTHORIZATION);
+    // The caller's credentials are forkbox's, not the service's.
+    for secret in [header::AUTHORIZATION.as_str(), "x-api-key", "x-access-token", "e2b-traffic-access-token"] {
+        headers.remove(secret);
+    }
     if let Some(up) = upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, up);
@@ -130,7 +133,7 @@ pub fn forward_headers(
     if let (false, Some(h)) = (headers.contains_key("x-forwarded-host"), original_host) {
         headers.insert("x-forwarded-host", h);
     }
-    if let Ok(v) = HeaderValue::from_str(prefix) {
+    if let (false, Ok(v)) = (prefix.is_empty(), HeaderValue::from_str(prefix)) {
         headers.insert("x-forwarded-prefix", v);
     }
     headers
@@ -246,11 +249,27 @@ pub async fn proxy(
     State(state): State<AppState>,
     Key(caller): Key,
     path: Result<Path<PortPath>, axum::extract::rejection::PathRejection>,
-    mut req: Request,
+    req: Request,
 ) -> Result<Response, ApiError> {
     let Path(p) = path.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let entry = state.get(&caller, &p.id).await?;
     let port = parse_port(&p.port)?;
+    let target: Uri = service_path(req.uri()).parse().map_err(|_| ApiError::BadRequest("invalid path".into()))?;
+    forward(&state, entry, port, req, &prefix(&p.id, port), target).await
+}
+
+/// Proxy `req` to `port` in `entry` as `target` (path and query); the
+/// service sits under `prefix` on this server (`""`: at the root of its
+/// own host name, as E2B's `{port}-{id}.{domain}` hosts put it).
+pub async fn forward(
+    state: &AppState,
+    entry: std::sync::Arc<service::sandbox::SandboxEntry>,
+    port: u16,
+    mut req: Request,
+    prefix: &str,
+    target: Uri,
+) -> Result<Response, ApiError> {
+    let p = PortPath { id: entry.id.clone(), port: port.to_string() };
     let limits = &state.inner.config.limits;
     let max = limits.max_port_connections;
     let slot = CapSlot::take(&entry, |e| &e.port_connections, max, || format!("a sandbox may have at most {max} proxied connections open"))?;
@@ -268,18 +287,16 @@ pub async fn proxy(
         }
     });
 
-    let prefix = prefix(&p.id, port);
     let upgrade = wants_upgrade(req.headers()).then(|| req.headers().get(header::UPGRADE).cloned()).flatten();
     let client_upgrade = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
     let client = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
-    let target: Uri = service_path(req.uri()).parse().map_err(|_| ApiError::BadRequest("invalid path".into()))?;
     let (parts, body) = req.into_parts();
     let (sent_tx, sent_rx) = oneshot::channel();
     let mut out = hyper::Request::new(Sending { body, _sent: Some(sent_tx) });
     *out.method_mut() = parts.method;
     *out.uri_mut() = target;
     *out.version_mut() = Version::HTTP_11;
-    *out.headers_mut() = forward_headers(parts.headers, upgrade, &addr, client, &prefix, parts.uri.authority().map(|a| a.as_str()));
+    *out.headers_mut() = forward_headers(parts.headers, upgrade, &addr, client, prefix, parts.uri.authority().map(|a| a.as_str()));
 
     // The service has `port_response_timeout` from the end of the request
     // body (a slow upload is not its fault) to send its response headers.
@@ -297,7 +314,7 @@ pub async fn proxy(
     let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     let upgraded_to = resp.headers().get(header::UPGRADE).cloned();
     strip_hop_by_hop(resp.headers_mut());
-    if let Some(loc) = resp.headers().get(header::LOCATION).and_then(|v| v.to_str().ok()).and_then(|l| rewrite_location(l, &addr, &prefix)) {
+    if let Some(loc) = resp.headers().get(header::LOCATION).and_then(|v| v.to_str().ok()).and_then(|l| rewrite_location(l, &addr, prefix)) {
         if let Ok(v) = HeaderValue::from_str(&loc) {
             resp.headers_mut().insert(header::LOCATION, v);
         }

@@ -1,0 +1,185 @@
+//! The E2B front end (docs/e2b.md): the HTTP contract of the unchanged
+//! `e2b` and `e2b-code-interpreter` SDKs, translated into the same
+//! `service::Service` the podflare routes use. Three faces, one listener:
+//!
+//! - the control plane (`control`): `/sandboxes`, `/v2/sandboxes`,
+//!   `/snapshots`, `/templates`, authenticated by `X-API-KEY`;
+//! - envd, a sandbox's port 49983 (`envd`): Connect RPCs for processes
+//!   (`process`) and files (`filesystem`), and REST `/files`, `/health`;
+//! - the code interpreter, port 49999 (`interpreter`), on forkbox's REPL.
+//!
+//! Sandbox traffic names its sandbox and port in the `E2b-Sandbox-Id` and
+//! `E2b-Sandbox-Port` headers (with `E2B_SANDBOX_URL` set) or in the Host
+//! (`{port}-{id}.{domain}`); the server's front door (crates/server) reads
+//! them with [`routed`] and hands the request to [`envd_router`],
+//! [`interpreter_router`] or its port proxy.
+
+pub mod auth;
+pub mod connect;
+pub mod control;
+pub mod envd;
+pub mod error;
+pub mod filesystem;
+pub mod interpreter;
+pub mod process;
+pub mod wire;
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::{request::Parts, HeaderMap};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use service::keys::Caller;
+use service::sandbox::SandboxEntry;
+use service::Service;
+
+pub use auth::Tokens;
+
+/// envd's port in every E2B sandbox.
+pub const ENVD_PORT: u16 = 49983;
+/// The code interpreter's port.
+pub const INTERPRETER_PORT: u16 = 49999;
+/// The envd version forkbox answers as. The SDKs switch features on by it
+/// (docs/design/e2b-wire-contract.md §2.6): 0.6.1 turns on everything
+/// served here — octet-stream, gzip and streamed uploads, `CloseStdin`,
+/// metrics — and nothing that is not (file metadata, `include_entry`).
+pub const ENVD_VERSION: &str = "0.6.1";
+
+/// What every E2B handler gets.
+#[derive(Clone)]
+pub struct E2b {
+    pub service: Service,
+    pub tokens: Arc<Tokens>,
+    /// envd's polled watchers (filesystem.rs).
+    pub watchers: Arc<filesystem::Watchers>,
+}
+
+impl E2b {
+    pub fn new(service: Service, tokens: Tokens) -> E2b {
+        E2b { service, tokens: Arc::new(tokens), watchers: Default::default() }
+    }
+}
+
+/// Where a sandbox request goes: its sandbox and port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Routed {
+    pub sandbox: String,
+    pub port: u16,
+}
+
+/// The sandbox and port a request is for, from E2B's routing headers or
+/// a `{port}-{id}.{domain}` Host; None: not sandbox traffic.
+pub fn routed(headers: &HeaderMap) -> Option<Routed> {
+    if let Some(id) = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) {
+        let port = headers.get("e2b-sandbox-port").and_then(|v| v.to_str().ok()).and_then(|p| p.trim().parse().ok()).unwrap_or(ENVD_PORT);
+        return Some(Routed { sandbox: id.trim().to_string(), port });
+    }
+    let host = headers.get(axum::http::header::HOST).and_then(|v| v.to_str().ok())?;
+    from_host(host)
+}
+
+/// `8000-sb-abc.localhost:7070` → sandbox `sb-abc`, port 8000.
+pub fn from_host(host: &str) -> Option<Routed> {
+    let label = host.split('.').next()?;
+    if label.len() == host.len() {
+        return None; // no domain after it: a plain host name
+    }
+    let (port, id) = label.split_once('-')?;
+    let port: u16 = port.parse().ok().filter(|p| *p > 0)?;
+    (!id.is_empty()).then(|| Routed { sandbox: id.to_string(), port })
+}
+
+/// The sandbox an envd or interpreter request is for, its access token
+/// checked (`authorize`); handlers take it as an argument.
+#[derive(Clone)]
+pub struct Sandbox(pub Arc<SandboxEntry>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Sandbox {
+    type Rejection = error::ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        parts.extensions.get::<Sandbox>().cloned().ok_or_else(|| error::ApiError::new(axum::http::StatusCode::UNAUTHORIZED, "no access token"))
+    }
+}
+
+/// The answer E2B's own proxy gives for a sandbox that is not there; the
+/// SDKs read "was not found" as "the sandbox is not running".
+fn not_running(id: &str) -> Response {
+    error::ApiError::new(axum::http::StatusCode::BAD_GATEWAY, format!("The sandbox {id} was not found")).into_response()
+}
+
+/// Look the routed sandbox up and check the request's access token (a
+/// signed `/files` link stands in for it: envd::files checks those).
+async fn authorize(State(e2b): State<E2b>, mut req: Request, next: Next) -> Response {
+    let Some(routed) = req.extensions().get::<Routed>().cloned() else {
+        return not_running("?");
+    };
+    // Any caller first: the token, not the key, says who may use it.
+    let entry = match e2b.service.get(&Caller::anonymous(), &routed.sandbox).await {
+        Ok(e) => e,
+        Err(_) => return not_running(&routed.sandbox),
+    };
+    let token_ok = auth::presented(req.headers()).is_some_and(|t| e2b.tokens.check(&entry.id, t));
+    let signed = req.uri().path() == "/files" && req.uri().query().is_some_and(|q| q.contains("signature="));
+    let open = req.uri().path() == "/health";
+    if !token_ok && !signed && !open {
+        return error::ApiError::new(axum::http::StatusCode::UNAUTHORIZED, "missing or invalid access token (X-Access-Token)").into_response();
+    }
+    if token_ok {
+        req.extensions_mut().insert(Sandbox(Arc::clone(&entry)));
+    } else {
+        req.extensions_mut().insert(envd::Unverified(entry));
+    }
+    next.run(req).await
+}
+
+/// envd (port 49983): processes, files, health.
+pub fn envd_router(e2b: E2b) -> axum::Router {
+    envd::router().layer(axum::middleware::from_fn_with_state(e2b.clone(), authorize)).with_state(e2b)
+}
+
+/// The code interpreter (port 49999).
+pub fn interpreter_router(e2b: E2b) -> axum::Router {
+    interpreter::router().layer(axum::middleware::from_fn_with_state(e2b.clone(), authorize)).with_state(e2b)
+}
+
+/// The control plane.
+pub fn control_router(e2b: E2b) -> axum::Router {
+    control::router().with_state(e2b)
+}
+
+/// Whether `path` is one of the control plane's.
+pub fn is_control_path(path: &str) -> bool {
+    ["/sandboxes", "/v2/sandboxes", "/snapshots", "/templates"].iter().any(|p| path == *p || path.strip_prefix(p).is_some_and(|rest| rest.starts_with('/')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_by_header_and_host() {
+        let mut h = HeaderMap::new();
+        h.insert("host", "127.0.0.1:7070".parse().unwrap());
+        assert_eq!(routed(&h), None);
+        h.insert("host", "8000-sb-abc.localhost:7070".parse().unwrap());
+        assert_eq!(routed(&h), Some(Routed { sandbox: "sb-abc".into(), port: 8000 }));
+        h.insert("e2b-sandbox-id", "sb-x".parse().unwrap());
+        h.insert("e2b-sandbox-port", "49999".parse().unwrap());
+        assert_eq!(routed(&h), Some(Routed { sandbox: "sb-x".into(), port: 49999 }));
+        for host in ["localhost:7070", "x-y", "0-sb.localhost", "99999-sb.localhost", "80-.localhost", "abc-sb.localhost"] {
+            assert_eq!(from_host(host), None, "{host}");
+        }
+    }
+
+    #[test]
+    fn control_paths() {
+        for p in ["/sandboxes", "/sandboxes/sb-1/pause", "/v2/sandboxes", "/snapshots", "/templates/x"] {
+            assert!(is_control_path(p), "{p}");
+        }
+        for p in ["/v1/sandboxes", "/sandboxesx", "/", "/files", "/v2"] {
+            assert!(!is_control_path(p), "{p}");
+        }
+    }
+}
