@@ -1,5 +1,6 @@
 //! envd, the agent E2B runs in every sandbox on port 49983, served from
-//! outside the sandbox: the Connect services (process.rs, filesystem.rs),
+//! outside the sandbox: the Connect services (process.rs, filesystem.rs,
+//! routed in lib.rs),
 //! `GET /health`, and `/files`, the REST path for file bytes, streamed
 //! through `service::files` both ways (a 1 GiB file costs the server a few
 //! chunks of memory), gzip either way, multipart or raw uploads, and the
@@ -12,7 +13,7 @@ use axum::body::Body;
 use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
@@ -23,7 +24,7 @@ use service::sandbox::SandboxEntry;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::error::{ApiError, RpcError};
+use crate::error::ApiError;
 use crate::{auth, E2b, Sandbox};
 
 /// The user E2B runs everything as unless told otherwise.
@@ -34,12 +35,7 @@ const CHUNK: usize = 256 * 1024;
 const QUEUE: usize = 8;
 
 pub fn router() -> Router<E2b> {
-    Router::new()
-        .route("/health", get(health))
-        .route("/files", get(download).post(upload))
-        .route("/process.Process/{method}", post(crate::process::call))
-        .route("/filesystem.Filesystem/{method}", post(crate::filesystem::call))
-        .fallback(|| async { RpcError::new(crate::error::Code::Unimplemented, "no such envd method") })
+    Router::new().route("/health", get(health)).route("/files", get(download).post(upload))
 }
 
 /// A sandbox reached without its token, by a signed link: `/files` checks

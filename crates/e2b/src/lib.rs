@@ -136,7 +136,12 @@ async fn authorize(State(e2b): State<E2b>, mut req: Request, next: Next) -> Resp
 
 /// envd (port 49983): processes, files, health.
 pub fn envd_router(e2b: E2b) -> axum::Router {
-    envd::router().layer(axum::middleware::from_fn_with_state(e2b.clone(), authorize)).with_state(e2b)
+    envd::router()
+        .route("/process.Process/{method}", axum::routing::post(process::call))
+        .route("/filesystem.Filesystem/{method}", axum::routing::post(filesystem::call))
+        .fallback(|| async { error::RpcError::new(error::Code::Unimplemented, "no such envd method") })
+        .layer(axum::middleware::from_fn_with_state(e2b.clone(), authorize))
+        .with_state(e2b)
 }
 
 /// The code interpreter (port 49999).

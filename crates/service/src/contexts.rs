@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::keys::Caller;
+pub use crate::sandbox::contexts::{Context, Contexts, Target};
 use crate::sandbox::{ReplSlot, SandboxEntry};
 use crate::state::Service;
 
@@ -16,33 +17,6 @@ use crate::state::Service;
 pub const MAX_CONTEXTS: usize = 16;
 /// How long a new context's REPL may take to start.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
-
-pub struct Context {
-    pub id: String,
-    pub language: String,
-    pub cwd: String,
-    /// Executions run in it (E2B's `execution_count`).
-    pub execs: std::sync::atomic::AtomicU64,
-    pub(crate) slot: tokio::sync::Mutex<ReplSlot>,
-}
-
-/// A sandbox's extra contexts.
-#[derive(Default)]
-pub struct Contexts(std::sync::Mutex<Vec<Arc<Context>>>);
-
-impl Contexts {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Context>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn get(&self, id: &str) -> Result<Arc<Context>, Error> {
-        self.lock().iter().find(|c| c.id == id).cloned().ok_or_else(|| Error::NotFound(format!("context `{id}` not found")))
-    }
-
-    pub fn list(&self) -> Vec<Arc<Context>> {
-        self.lock().clone()
-    }
-}
 
 /// Python that moves a REPL to `cwd` (a JSON string is a Python literal).
 fn chdir_code(cwd: &str) -> String {
@@ -101,23 +75,6 @@ async fn start_in(entry: &Arc<SandboxEntry>, context: &Context, cwd: &str) -> Re
     let mut slot = context.slot.lock().await;
     entry.run_hidden(&mut slot, &chdir_code(cwd), START_TIMEOUT).await.map_err(|e| Error::Conflict(format!("the context's REPL did not start: {e}")))?;
     Ok(())
-}
-
-/// What an exec runs on: the sandbox's own REPL or one of its contexts.
-#[derive(Clone, Default)]
-pub enum Target {
-    #[default]
-    Sandbox,
-    Context(Arc<Context>),
-}
-
-impl Target {
-    pub(crate) async fn slot<'a>(&'a self, entry: &'a SandboxEntry) -> tokio::sync::MutexGuard<'a, ReplSlot> {
-        match self {
-            Target::Sandbox => entry.slot.lock().await,
-            Target::Context(c) => c.slot.lock().await,
-        }
-    }
 }
 
 #[cfg(test)]

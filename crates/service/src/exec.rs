@@ -9,9 +9,9 @@ use protocol::{Event, ExecRequest, MAX_CODE_BYTES};
 use repl_host::events::EventSink;
 use tokio::sync::mpsc;
 
-pub use crate::contexts::Target;
 use crate::error::Error;
 use crate::keys::Caller;
+pub use crate::sandbox::contexts::Target;
 use crate::sandbox::{ExecBounds, SandboxEntry};
 use crate::state::Service;
 

@@ -16,6 +16,7 @@ use repl_host::events::{now_ms, EventSink, Replay};
 use repl_host::session::{ReplItem, ReplSession, REPL_BOOTSTRAP, REPL_SOURCE};
 
 pub mod checkpoint_list;
+pub mod contexts;
 pub mod files;
 pub mod freezer;
 pub mod network;
@@ -118,7 +119,7 @@ pub struct SandboxEntry {
     /// Numbered processes a front end started (processes.rs), handed on as the PTYs are.
     pub processes: Arc<processes::ProcessTable>,
     /// Its code contexts besides its own REPL (src/contexts.rs).
-    pub contexts: crate::contexts::Contexts,
+    pub contexts: contexts::Contexts,
     /// Unix milliseconds at which its lifetime ends (`Service::set_timeout` moves it).
     expires: AtomicU64,
     /// The egress policy in force (network.rs).
