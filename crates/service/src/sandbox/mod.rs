@@ -157,6 +157,15 @@ impl ReplSlot {
     }
 }
 
+/// Refuse an environment variable no process could be given: an empty
+/// name, `=` in the name, or a NUL anywhere.
+pub fn check_env_var(name: &str, value: &str) -> Result<(), crate::Error> {
+    if name.is_empty() || name.contains('=') || name.contains('\0') || value.contains('\0') {
+        return Err(crate::Error::Invalid(format!("invalid environment variable name or value `{name}`")));
+    }
+    Ok(())
+}
+
 /// Every process's environment in sandbox `id`: the defaults, then what
 /// the server's configuration adds.
 pub fn sandbox_env(id: &str, setup: &crate::setup::SandboxSetup) -> Vec<String> {

@@ -308,9 +308,7 @@ fn environment(entry: &SandboxEntry, user: &User, extra: &[(String, String)]) ->
     set("USER", &user.name);
     set("LOGNAME", &user.name);
     for (k, v) in entry.settings.env.iter().chain(extra.iter()) {
-        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return Err(Error::Invalid(format!("invalid environment variable name or value `{k}`")));
-        }
+        super::check_env_var(k, v)?;
         set(k, v);
     }
     Ok(env)

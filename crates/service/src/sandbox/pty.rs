@@ -169,9 +169,7 @@ fn environment(id: &str, setup: &crate::setup::SandboxSetup, extra: &[(String, S
     let mut env: Vec<String> = sandbox_env(id, setup).into_iter().filter(|v| !v.starts_with("TERM=")).collect();
     env.push("TERM=xterm-256color".into());
     for (k, v) in extra {
-        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return Err(Error::Invalid(format!("invalid environment variable name or value `{k}`")));
-        }
+        super::check_env_var(k, v)?;
         env.retain(|e| !e.starts_with(&format!("{k}=")));
         env.push(format!("{k}={v}"));
     }
