@@ -27,6 +27,10 @@ pub const UPLOAD_TEMP_PREFIX: &str = ".forkbox-upload-";
 /// Longest path the API accepts (Linux's PATH_MAX).
 pub const MAX_PATH: usize = 4096;
 
+/// Linux's limits on one file's list of xattr names and on one value.
+const XATTR_LIST_MAX: usize = 65536;
+const XATTR_VALUE_MAX: usize = 65536;
+
 /// What went wrong, by kind (the server maps kinds to HTTP statuses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FsErrorKind {
@@ -455,6 +459,47 @@ impl SandboxFs {
         .map_err(|e| FsError::at(&path.to_string(), e))
     }
 
+    /// The user extended attributes of `path` (followed inside the root)
+    /// whose names start with `prefix` (e.g. `user.e2b.`), the prefix cut:
+    /// a front end's per-file metadata. Values that are not UTF-8 are skipped.
+    pub fn xattrs(&self, path: &SandboxPath, prefix: &str) -> FsResult<Vec<(String, String)>> {
+        let fd = self.open(path, OFlags::PATH)?;
+        // The *xattr calls refuse O_PATH descriptors; its /proc link names
+        // exactly the inode resolved above (as in `chmod`).
+        let via = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let at = |e| FsError::at(&path.to_string(), e);
+        let names = match read_growing(XATTR_LIST_MAX, |buf| rustix::fs::listxattr(via.as_str(), buf)) {
+            Ok(n) => n,
+            Err(Errno::NOTSUP) => return Ok(Vec::new()),
+            Err(e) => return Err(at(e)),
+        };
+        let mut out = Vec::new();
+        for name in names.split(|b| *b == 0).filter_map(|n| std::str::from_utf8(n).ok()) {
+            let Some(key) = name.strip_prefix(prefix) else { continue };
+            // Raced with a removal: skip it.
+            let Ok(value) = read_growing(XATTR_VALUE_MAX, |buf| rustix::fs::getxattr(via.as_str(), name, buf)) else { continue };
+            if let Ok(v) = String::from_utf8(value) {
+                out.push((key.to_string(), v));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Set user extended attribute `name` of `path` (followed inside the root).
+    pub fn set_xattr(&self, path: &SandboxPath, name: &str, value: &[u8]) -> FsResult<()> {
+        if !name.starts_with("user.") {
+            return Err(FsError::invalid(format!("{name}: only user.* attributes are set through the API")));
+        }
+        let fd = self.open(path, OFlags::PATH)?;
+        let via = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        rustix::fs::setxattr(via.as_str(), name, value, rustix::fs::XattrFlags::empty()).map_err(|e| match e {
+            Errno::NOTSUP | Errno::PERM => FsError::invalid(format!("{path}: this file cannot carry extended attributes")),
+            Errno::RANGE | Errno::TOOBIG => FsError::invalid(format!("{path}: attribute {name} is too long")),
+            e => FsError::at(&path.to_string(), e),
+        })
+    }
+
     /// A directory descriptor for watching (see `watch`).
     pub fn open_dir(&self, path: &SandboxPath) -> FsResult<OwnedFd> {
         self.open(path, OFlags::RDONLY | OFlags::DIRECTORY)
@@ -471,6 +516,21 @@ impl SandboxFs {
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
         )
     }
+}
+
+/// What `call` fills into a buffer: a small one first (most files carry
+/// few or no xattrs), the kernel's maximum if that is too short.
+fn read_growing(max: usize, call: impl Fn(&mut [u8]) -> Result<usize, Errno>) -> Result<Vec<u8>, Errno> {
+    let mut buf = vec![0u8; 1024];
+    let n = match call(&mut buf) {
+        Err(Errno::RANGE) => {
+            buf = vec![0u8; max];
+            call(&mut buf)?
+        }
+        r => r?,
+    };
+    buf.truncate(n);
+    Ok(buf)
 }
 
 fn check_mode(mode: u32) -> FsResult<()> {
@@ -653,5 +713,24 @@ mod tests {
         let (entries, truncated) = fs.list(&sp("/"), 10).unwrap();
         assert_eq!(entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["g"]);
         assert!(!truncated);
+    }
+
+    #[test]
+    fn user_xattrs_round_trip_and_stay_inside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), "x").unwrap();
+        std::fs::write(outside.path().join("host"), "h").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("host"), tmp.path().join("escape")).unwrap();
+        let fs = fs_over(tmp.path());
+        let sp = |s: &str| SandboxPath::parse(s, "/").unwrap();
+        let long = "v".repeat(2000); // past the first, small read buffer (and within ext4's one block)
+        fs.set_xattr(&sp("/f"), "user.e2b.a", b"1").unwrap();
+        fs.set_xattr(&sp("/f"), "user.e2b.long", long.as_bytes()).unwrap();
+        fs.set_xattr(&sp("/f"), "user.other", b"no").unwrap();
+        assert_eq!(fs.xattrs(&sp("/f"), "user.e2b.").unwrap(), vec![("a".to_string(), "1".to_string()), ("long".to_string(), long)]);
+        assert_eq!(fs.set_xattr(&sp("/f"), "trusted.overlay.opaque", b"y").unwrap_err().kind, FsErrorKind::Invalid);
+        assert_eq!(fs.set_xattr(&sp("/escape"), "user.e2b.a", b"1").unwrap_err().kind, FsErrorKind::NotFound);
+        assert_eq!(fs.xattrs(&sp("/escape"), "user.").unwrap_err().kind, FsErrorKind::NotFound);
     }
 }
