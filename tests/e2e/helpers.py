@@ -437,6 +437,53 @@ def wait_gone(client: httpx.Client, sandbox_id: str, timeout: float) -> float:
         time.sleep(0.1)
 
 
+def numbered_mibs(size: int, digest):
+    """`size` bytes of random data, one MiB at a time, fed to `digest` as
+    they go out. Each MiB differs (its index in front), so a reordered or
+    repeated chunk cannot pass the checksum."""
+    block = os.urandom(1 << 20)
+    for i in range(size >> 20):
+        chunk = i.to_bytes(8, "little") + block[8:]
+        digest.update(chunk)
+        yield chunk
+
+
+def rss_kib(pid: int) -> int:
+    """A process's resident memory (VmRSS), in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+class RssSampler:
+    """Samples a process's RSS every 50 ms while in its `with` block:
+    `.before` at the start, `.peak` over the block (for "memory stays flat")."""
+
+    def __init__(self, pid: int):
+        self.pid, self.samples, self._stop = pid, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(rss_kib(self.pid))
+            time.sleep(0.05)
+
+    def __enter__(self) -> "RssSampler":
+        self.before = rss_kib(self.pid)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak(self) -> int:
+        return max(self.samples, default=self.before)
+
+
 def assert_json_error(r: httpx.Response, status: int) -> dict:
     assert r.status_code == status, (r.status_code, r.text)
     assert r.headers.get("content-type", "").startswith("application/json"), r.headers

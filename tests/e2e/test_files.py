@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from helpers import assert_json_error, create_raw, delete_raw, exec_ok, exec_raw
+from helpers import RssSampler, assert_json_error, create_raw, delete_raw, exec_ok, exec_raw, numbered_mibs
 
 
 def files(sid: str) -> str:
@@ -245,63 +245,36 @@ def test_upload_limit_at_its_edge(say):
         srv.cleanup()
 
 
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
 def test_two_gigabytes_round_trip_with_flat_server_memory(server, http, sid, say):
     size = 2 << 30
-    block = os.urandom(1 << 20)
-    samples = []
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            samples.append(rss_kib(server.proc.pid))
-            time.sleep(0.05)
-    sampler = threading.Thread(target=sample)
-    before = rss_kib(server.proc.pid)
-    sampler.start()
+    rss = RssSampler(server.proc.pid)
     up = hashlib.sha256()
-
-    def body():
-        # Each MiB differs (its index in front), so a reordered or repeated
-        # chunk cannot pass the checksum.
-        for i in range(size >> 20):
-            chunk = i.to_bytes(8, "little") + block[8:]
-            up.update(chunk)
-            yield chunk
     try:
-        t0 = time.time()
-        with httpx.Client(base_url=server.url, timeout=600) as c:
-            r = c.put(files(sid), params={"path": "/root/big.bin"}, content=body(), headers={"Content-Length": str(size)})
-        assert r.status_code == 200, r.text
-        assert r.json()["bytes"] == size
-        say(f"    uploaded 2 GiB in {time.time() - t0:.1f} s")
-        inside = exec_raw(http, sid, "sha256sum /root/big.bin | cut -d' ' -f1", language="bash").stdout.strip()
-        assert inside == up.hexdigest()
-        down = hashlib.sha256()
-        n = 0
-        t0 = time.time()
-        with httpx.Client(base_url=server.url, timeout=600) as c:
-            with c.stream("GET", files(sid), params={"path": "/root/big.bin"}) as resp:
-                assert resp.status_code == 200
-                assert int(resp.headers["content-length"]) == size
-                for chunk in resp.iter_raw(1 << 20):
-                    down.update(chunk)
-                    n += len(chunk)
-        say(f"    downloaded 2 GiB in {time.time() - t0:.1f} s")
-        assert n == size and down.hexdigest() == up.hexdigest()
+        with rss:
+            t0 = time.time()
+            with httpx.Client(base_url=server.url, timeout=600) as c:
+                r = c.put(files(sid), params={"path": "/root/big.bin"}, content=numbered_mibs(size, up), headers={"Content-Length": str(size)})
+            assert r.status_code == 200, r.text
+            assert r.json()["bytes"] == size
+            say(f"    uploaded 2 GiB in {time.time() - t0:.1f} s")
+            inside = exec_raw(http, sid, "sha256sum /root/big.bin | cut -d' ' -f1", language="bash").stdout.strip()
+            assert inside == up.hexdigest()
+            down = hashlib.sha256()
+            n = 0
+            t0 = time.time()
+            with httpx.Client(base_url=server.url, timeout=600) as c:
+                with c.stream("GET", files(sid), params={"path": "/root/big.bin"}) as resp:
+                    assert resp.status_code == 200
+                    assert int(resp.headers["content-length"]) == size
+                    for chunk in resp.iter_raw(1 << 20):
+                        down.update(chunk)
+                        n += len(chunk)
+            say(f"    downloaded 2 GiB in {time.time() - t0:.1f} s")
+            assert n == size and down.hexdigest() == up.hexdigest()
     finally:
-        stop.set()
-        sampler.join()
         http.delete(files(sid), params={"path": "/root/big.bin"})
-    peak = max(samples)
-    say(f"    server RSS: {before // 1024} MiB before, peak {peak // 1024} MiB during ({len(samples)} samples)")
+    before, peak = rss.before, rss.peak
+    say(f"    server RSS: {before // 1024} MiB before, peak {peak // 1024} MiB during ({len(rss.samples)} samples)")
     assert peak - before < 128 * 1024, f"server RSS grew by {(peak - before) // 1024} MiB during a 2 GiB transfer"
 
 

@@ -82,7 +82,7 @@ impl Envelopes {
         let flags = self.buf[0];
         let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
         if len > MAX_MESSAGE {
-            return Err(RpcError::new(Code::ResourceExhausted, format!("a message is larger than {MAX_MESSAGE} bytes")));
+            return Err(too_large());
         }
         if flags & COMPRESSED != 0 {
             return Err(RpcError::new(Code::Unimplemented, "compressed messages are not served"));
@@ -99,12 +99,30 @@ impl Envelopes {
     }
 }
 
+fn too_large() -> RpcError {
+    RpcError::new(Code::ResourceExhausted, format!("a message is larger than {MAX_MESSAGE} bytes"))
+}
+
+/// A unary request's whole body, at most [`MAX_MESSAGE`] bytes.
+pub async fn body_bytes(body: Body) -> Result<Bytes, RpcError> {
+    let mut stream = body.into_data_stream();
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| RpcError::invalid(format!("request body: {e}")))?;
+        if buf.len() + chunk.len() > MAX_MESSAGE {
+            return Err(too_large());
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
 /// The first message of a server-streaming call's request.
 pub async fn first_message<T: DeserializeOwned + Default>(headers: &HeaderMap, body: Body) -> Result<T, RpcError> {
     let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     if !ct.starts_with("application/connect+json") {
         // Some clients send a stream's request as plain JSON.
-        let bytes = axum::body::to_bytes(body, MAX_MESSAGE).await.map_err(|e| RpcError::invalid(format!("request body: {e}")))?;
+        let bytes = body_bytes(body).await?;
         return unary(headers, &bytes);
     }
     let mut stream = body.into_data_stream();

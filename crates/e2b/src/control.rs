@@ -125,16 +125,13 @@ fn egress(allow_internet: Option<bool>, network: Option<&wire::Network>) -> Resu
 
 fn checked_env(vars: BTreeMap<String, String>) -> Result<Vec<(String, String)>, ApiError> {
     for (k, v) in &vars {
-        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return Err(ApiError::bad_request(format!("invalid environment variable `{k}`")));
-        }
+        service::sandbox::check_env_var(k, v)?;
     }
     Ok(vars.into_iter().collect())
 }
 
 fn rfc3339(unix_ms: u64) -> String {
-    let ms = unix_ms.min(253_402_300_799_000) as i64; // year 9999: a lifetime without end
-    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    crate::wire::rfc3339(unix_ms.min(253_402_300_799_000) as i64) // year 9999: a lifetime without end
 }
 
 impl E2b {
@@ -209,6 +206,12 @@ async fn create(State(e2b): State<E2b>, Key(caller): Key, Body(req): Body<NewSan
 struct ListQuery {
     metadata: Option<String>,
     state: Option<String>,
+    /// E2B's name or forkbox's for the template.
+    template: Option<String>,
+    /// RFC 3339: only sandboxes started at or after it.
+    started_after: Option<String>,
+    /// `asc` (oldest first, the default) or `desc`.
+    order: Option<String>,
     limit: Option<usize>,
     next_token: Option<String>,
 }
@@ -236,12 +239,32 @@ async fn matching(e2b: &E2b, caller: &Caller, q: &ListQuery, default_states: &[&
     if let Some(bad) = states.iter().find(|s| *s != "running" && *s != "paused") {
         return Err(ApiError::bad_request(format!("state must be running or paused, not `{bad}`")));
     }
+    let after_ms = match q.started_after.as_deref().filter(|s| !s.is_empty()) {
+        Some(t) => Some(
+            chrono::DateTime::parse_from_rfc3339(t)
+                .map_err(|e| ApiError::bad_request(format!("startedAfter `{t}` is not an RFC 3339 time: {e}")))?
+                .timestamp_millis(),
+        ),
+        None => None,
+    };
+    let descending = match q.order.as_deref() {
+        None | Some("") | Some("asc") => false,
+        Some("desc") => true,
+        Some(other) => return Err(ApiError::bad_request(format!("order must be asc or desc, not `{other}`"))),
+    };
+    let template = q.template.as_deref().filter(|t| !t.is_empty());
     let mut all = e2b.service.list(caller).await;
     all.retain(|e| {
         let state = if e.info().state == "paused" { "paused" } else { "running" };
-        states.iter().any(|s| s == state) && filter.iter().all(|(k, v)| e.settings.metadata.get(k) == Some(v))
+        states.iter().any(|s| s == state)
+            && filter.iter().all(|(k, v)| e.settings.metadata.get(k) == Some(v))
+            && template.is_none_or(|t| t == e.settings.template || t == e2b_template(&e.settings.template))
+            && after_ms.is_none_or(|ms| e.created_at as i64 >= ms)
     });
     all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    if descending {
+        all.reverse();
+    }
     Ok(all)
 }
 

@@ -33,6 +33,16 @@ pub const DEFAULT_USER: &str = "user";
 const CHUNK: usize = 256 * 1024;
 /// Chunks queued between the disk and the socket.
 const QUEUE: usize = 8;
+/// Where a file's E2B metadata lives: user extended attributes
+/// `user.e2b.<key>`, as envd keeps them.
+pub const METADATA_XATTR_PREFIX: &str = "user.e2b.";
+/// An upload's metadata headers: `X-Metadata-<key>: <value>`.
+const METADATA_HEADER_PREFIX: &str = "x-metadata-";
+/// Most metadata entries on one upload, and the longest key and value
+/// (a key's xattr name stays under Linux's 255 bytes).
+pub const MAX_METADATA_ENTRIES: usize = 32;
+pub const MAX_METADATA_KEY: usize = 128;
+pub const MAX_METADATA_VALUE: usize = 4096;
 
 pub fn router() -> Router<E2b> {
     Router::new().route("/health", get(health)).route("/files", get(download).post(upload))
@@ -85,21 +95,40 @@ fn files_sandbox(req: &Request, q: &FilesQuery, operation: &str, e2b: &E2b) -> R
     let Some(Unverified(entry)) = req.extensions().get::<Unverified>() else {
         return Err(ApiError::new(StatusCode::UNAUTHORIZED, "missing access token"));
     };
-    let (Some(sig), Some(path)) = (&q.signature, &q.path) else {
+    if q.signature.is_none() || q.path.is_none() {
         return Err(ApiError::new(StatusCode::UNAUTHORIZED, "missing access token or signature"));
-    };
-    if let Some(exp) = q.signature_expiration {
-        if exp < chrono::Utc::now().timestamp() {
-            return Err(ApiError::new(StatusCode::UNAUTHORIZED, "the signed link has expired"));
-        }
     }
-    let expected = auth::file_signature(path, operation, q.username.as_deref().unwrap_or(""), &e2b.tokens.token(&entry.id), q.signature_expiration);
-    // Both are public-length strings; compare without an early exit anyway.
-    let same = expected.len() == sig.len() && expected.bytes().zip(sig.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-    if !same {
+    if q.signature_expiration.is_some_and(|exp| exp < chrono::Utc::now().timestamp()) {
+        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "the signed link has expired"));
+    }
+    if !q.signed_by(operation, &e2b.tokens.token(&entry.id)) {
         return Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid signature"));
     }
     Ok(Arc::clone(entry))
+}
+
+impl FilesQuery {
+    pub fn is_signed(&self) -> bool {
+        self.signature.is_some()
+    }
+
+    /// Whether this link's signature was made with `token` for `operation`
+    /// (`read` or `write`); expiry is checked apart.
+    pub fn signed_by(&self, operation: &str, token: &str) -> bool {
+        let (Some(sig), Some(path)) = (&self.signature, &self.path) else { return false };
+        let expected = auth::file_signature(path, operation, self.username.as_deref().unwrap_or(""), token, self.signature_expiration);
+        // Both are public-length strings; compare without an early exit anyway.
+        expected.len() == sig.len() && expected.bytes().zip(sig.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+
+    /// The operation a `/files` method signs for.
+    pub fn operation(method: &axum::http::Method) -> Option<&'static str> {
+        match *method {
+            axum::http::Method::GET => Some("read"),
+            axum::http::Method::POST => Some("write"),
+            _ => None,
+        }
+    }
 }
 
 /// The SDKs read `/files` errors by status (404 file not found, 507 a
@@ -144,34 +173,20 @@ impl Write for ChannelWriter {
 
 /// Read `file` into the channel (gzipped when asked), one chunk at a time.
 fn read_out(mut file: std::fs::File, gzip: bool, tx: mpsc::Sender<Result<Bytes, std::io::Error>>) {
+    let sink = ChannelWriter(tx.clone());
+    // Dropping the encoder finishes the gzip stream (and flushes its buffer).
+    let mut out: Box<dyn Write> = if gzip {
+        Box::new(flate2::write::GzEncoder::new(std::io::BufWriter::with_capacity(CHUNK, sink), flate2::Compression::fast()))
+    } else {
+        Box::new(sink)
+    };
     let mut buf = vec![0u8; CHUNK];
-    if gzip {
-        let mut enc = flate2::write::GzEncoder::new(std::io::BufWriter::with_capacity(CHUNK, ChannelWriter(tx.clone())), flate2::Compression::fast());
-        loop {
-            match file.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => {
-                    if enc.write_all(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.blocking_send(Err(e));
-                    return;
-                }
-            }
-        }
-        if let Ok(mut w) = enc.finish() {
-            let _ = w.flush();
-        }
-        return;
-    }
     loop {
         match file.read(&mut buf) {
             Ok(0) => return,
             Ok(n) => {
-                if tx.blocking_send(Ok(Bytes::copy_from_slice(&buf[..n]))).is_err() {
-                    return;
+                if out.write_all(&buf[..n]).is_err() {
+                    return; // the client went
                 }
             }
             Err(e) => {
@@ -189,6 +204,33 @@ struct WrittenInfo {
     #[serde(rename = "type")]
     kind: &'static str,
     path: String,
+    #[serde(skip_serializing_if = "Metadata::is_empty")]
+    metadata: Metadata,
+}
+
+/// A file's E2B metadata, key → value (keys lowercased).
+pub type Metadata = std::collections::BTreeMap<String, String>;
+
+/// An upload's `X-Metadata-*` headers, checked: keys are HTTP tokens
+/// (lowercased, as envd keeps them), values printable ASCII, within limits.
+fn upload_metadata(headers: &HeaderMap) -> Result<Metadata, ApiError> {
+    let mut out = Metadata::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER_PREFIX) else { continue };
+        if key.is_empty() || key.len() > MAX_METADATA_KEY {
+            return Err(ApiError::bad_request(format!("metadata keys are 1 to {MAX_METADATA_KEY} characters")));
+        }
+        let value = value.to_str().ok().filter(|v| v.bytes().all(|b| (0x20..0x7f).contains(&b)));
+        let Some(value) = value else { return Err(ApiError::bad_request(format!("metadata value of {key} is not printable ASCII"))) };
+        if value.len() > MAX_METADATA_VALUE {
+            return Err(ApiError::bad_request(format!("metadata value of {key} is longer than {MAX_METADATA_VALUE} bytes")));
+        }
+        out.insert(key.to_string(), value.to_string());
+    }
+    if out.len() > MAX_METADATA_ENTRIES {
+        return Err(ApiError::bad_request(format!("at most {MAX_METADATA_ENTRIES} metadata entries per upload")));
+    }
+    Ok(out)
 }
 
 async fn upload(State(e2b): State<E2b>, q: Result<Query<FilesQuery>, axum::extract::rejection::QueryRejection>, req: Request) -> Result<Response, ApiError> {
@@ -201,27 +243,32 @@ async fn upload(State(e2b): State<E2b>, q: Result<Query<FilesQuery>, axum::extra
     if req.headers().get(header::CONTENT_ENCODING).is_some() && gzip != Some(true) {
         return Err(ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "only gzip content encoding is accepted"));
     }
+    let metadata = upload_metadata(req.headers())?;
     let body = req.into_body().into_data_stream();
     let mut written = Vec::new();
     if ct.starts_with("multipart/form-data") {
         let boundary = multer::parse_boundary(&ct).map_err(|e| ApiError::bad_request(format!("multipart: {e}")))?;
         let mut form = multer::Multipart::new(body, boundary);
         while let Some(field) = form.next_field().await.map_err(|e| ApiError::bad_request(format!("multipart: {e}")))? {
-            // Each part's file name is its path (?path= stands in for a part without one).
-            let raw = match (field.file_name().filter(|f| !f.is_empty()), &q.path) {
-                (Some(f), _) => f.to_string(),
-                (None, Some(p)) => p.clone(),
+            // ?path= names the file (an upload link signs it); without it,
+            // each part's file name is its path, as the SDKs' multi-file writes send.
+            let raw = match (&q.path, field.file_name().filter(|f| !f.is_empty())) {
+                (Some(p), _) => p.clone(),
+                (None, Some(f)) => f.to_string(),
                 (None, None) => return Err(ApiError::bad_request("a multipart part needs a file name (its path)")),
             };
             let path = path_for(&raw, &user).map_err(files_error)?;
-            written.push(write_one(&entry, &user, path, field.map(|c| c.map_err(|e| e.to_string())), limit).await?);
+            written.push(write_one(&entry, &user, path, &metadata, field.map(|c| c.map_err(|e| e.to_string())), limit).await?);
         }
     } else {
         let raw = q.path.clone().ok_or_else(|| ApiError::bad_request("path is required"))?;
         let path = path_for(&raw, &user).map_err(files_error)?;
         let body = body.map(|c| c.map_err(|e| e.to_string()));
-        let info =
-            if gzip == Some(true) { write_one(&entry, &user, path, gunzip(body), limit).await? } else { write_one(&entry, &user, path, body, limit).await? };
+        let info = if gzip == Some(true) {
+            write_one(&entry, &user, path, &metadata, gunzip(body), limit).await?
+        } else {
+            write_one(&entry, &user, path, &metadata, body, limit).await?
+        };
         written.push(info);
     }
     if written.is_empty() {
@@ -234,6 +281,7 @@ async fn write_one(
     entry: &Arc<SandboxEntry>,
     user: &User,
     path: SandboxPath,
+    metadata: &Metadata,
     body: impl Stream<Item = Result<Bytes, String>> + Send + Unpin,
     limit: u64,
 ) -> Result<WrittenInfo, ApiError> {
@@ -241,11 +289,19 @@ async fn write_one(
     let name = path.name().unwrap_or("/").to_string();
     let upload = Upload::begin(entry, path.clone(), UploadOptions { append: false, mode: None, parents: true, limit }).await.map_err(files_error)?;
     upload.write(body).await.map_err(files_error)?;
-    if user.uid != 0 {
-        let (uid, gid) = (user.uid, user.gid);
-        with_fs(entry, move |fs| fs.chown(&path, uid, gid)).await.map_err(files_error)?;
-    }
-    Ok(WrittenInfo { name, kind: "file", path: shown })
+    let (uid, gid, attrs) = (user.uid, user.gid, metadata.clone());
+    with_fs(entry, move |fs| {
+        for (key, value) in &attrs {
+            fs.set_xattr(&path, &format!("{METADATA_XATTR_PREFIX}{key}"), value.as_bytes())?;
+        }
+        if uid != 0 {
+            fs.chown(&path, uid, gid)?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(files_error)?;
+    Ok(WrittenInfo { name, kind: "file", path: shown, metadata: metadata.clone() })
 }
 
 /// Gunzip a body as it streams: decoded on the blocking pool, in chunks.

@@ -86,9 +86,9 @@ pub async fn call(State(e2b): State<E2b>, Sandbox(entry): Sandbox, Path(method):
             Err(e) => connect::failed_stream(e).await,
         };
     }
-    let bytes = match axum::body::to_bytes(body, connect::MAX_MESSAGE).await {
+    let bytes = match connect::body_bytes(body).await {
         Ok(b) => b,
-        Err(e) => return RpcError::invalid(format!("request body: {e}")).into_response(),
+        Err(e) => return e.into_response(),
     };
     match unary(&e2b, &entry, &user, &method, &headers, &bytes).await {
         Ok(v) => connect::ok(v),
@@ -147,7 +147,7 @@ async fn unary(e2b: &E2b, entry: &Arc<SandboxEntry>, user: &User, method: &str, 
         "CreateWatcher" => {
             let req: WatchRequest = connect::unary(headers, body)?;
             let path = path_of(&req.path)?;
-            let id = create_watcher(e2b, entry, path, req.recursive).await?;
+            let id = create_watcher(e2b, entry, path, req.recursive, req.include_entry).await?;
             Ok(json!({"watcherId": id}))
         }
         "GetWatcherEvents" => {
@@ -237,9 +237,7 @@ fn permissions(kind: EntryType, mode: u32) -> String {
     s
 }
 
-fn rfc3339(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
+use crate::wire::rfc3339;
 
 /// An EntryInfo: a symlink reports its target's type, with `isSymlink`.
 fn describe(fs: &SandboxFs, m: &Metadata, names: &Names) -> serde_json::Value {
@@ -253,6 +251,12 @@ fn describe(fs: &SandboxFs, m: &Metadata, names: &Names) -> serde_json::Value {
     });
     if let Some(t) = &m.target {
         info["symlinkTarget"] = json!(t);
+    }
+    if matches!(kind, EntryType::File | EntryType::Dir) {
+        let attrs = SandboxPath::parse(&m.path, "/").ok().and_then(|p| fs.xattrs(&p, envd::METADATA_XATTR_PREFIX).ok()).unwrap_or_default();
+        if !attrs.is_empty() {
+            info["metadata"] = json!(attrs.into_iter().collect::<envd::Metadata>());
+        }
     }
     info
 }
@@ -305,11 +309,37 @@ fn events_of(root: &str, ev: &protocol::FileEvent) -> Vec<serde_json::Value> {
     kinds.iter().map(|k| json!({"name": name, "type": k})).collect()
 }
 
-async fn watch_dir(entry: Arc<SandboxEntry>, _user: User, headers: &HeaderMap, req: WatchRequest) -> Response {
-    if req.include_entry {
-        return connect::failed_stream(RpcError::new(Code::Unimplemented, "includeEntry is not offered")).await;
+/// With `includeEntry`: each event's EntryInfo, read as the event is
+/// sent (none for a removal, or for an entry gone again by then).
+async fn add_entries(entry: &Arc<SandboxEntry>, names: &Arc<Names>, root: &str, events: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    let (names, root, fallback) = (Arc::clone(names), root.to_string(), events.clone());
+    with_fs(entry, move |fs| {
+        let mut events = events;
+        for ev in &mut events {
+            if ev["type"] == "EVENT_TYPE_REMOVE" {
+                continue;
+            }
+            let full = format!("{}/{}", root.trim_end_matches('/'), ev["name"].as_str().unwrap_or(""));
+            if let Some(info) = SandboxPath::parse(&full, "/").ok().and_then(|p| entry_info(fs, &p, &names).ok()) {
+                ev["entry"] = info;
+            }
+        }
+        Ok(events)
+    })
+    .await
+    .unwrap_or(fallback)
+}
+
+/// The owner names an `includeEntry` watch reports with, read once.
+async fn watch_names(entry: &Arc<SandboxEntry>, include_entry: bool) -> Option<Arc<Names>> {
+    if !include_entry {
+        return None;
     }
-    let path = match envd::path_for(&req.path, &_user) {
+    Some(Arc::new(with_fs(entry, |fs| Ok(Names::read(fs))).await.unwrap_or_default()))
+}
+
+async fn watch_dir(entry: Arc<SandboxEntry>, user: User, headers: &HeaderMap, req: WatchRequest) -> Response {
+    let path = match envd::path_for(&req.path, &user) {
         Ok(p) => p,
         Err(e) => return connect::failed_stream(e.into()).await,
     };
@@ -318,6 +348,7 @@ async fn watch_dir(entry: Arc<SandboxEntry>, _user: User, headers: &HeaderMap, r
         Ok(rx) => rx,
         Err(e) => return connect::failed_stream(e.into()).await,
     };
+    let names = watch_names(&entry, req.include_entry).await;
     let keepalive = connect::keepalive(headers);
     let (resp, writer) = connect::stream();
     tokio::spawn(async move {
@@ -330,7 +361,11 @@ async fn watch_dir(entry: Arc<SandboxEntry>, _user: User, headers: &HeaderMap, r
                         if !writer.send(&json!({"start": {}})).await { return }
                     }
                     Some(ev) => {
-                        for e in events_of(&root, &ev) {
+                        let mut out = events_of(&root, &ev);
+                        if let Some(names) = &names {
+                            out = add_entries(&entry, names, &root, out).await;
+                        }
+                        for e in out {
                             if !writer.send(&json!({"filesystem": e})).await { return }
                         }
                     }
@@ -349,9 +384,11 @@ async fn watch_dir(entry: Arc<SandboxEntry>, _user: User, headers: &HeaderMap, r
     resp
 }
 
-async fn create_watcher(e2b: &E2b, entry: &Arc<SandboxEntry>, path: SandboxPath, recursive: bool) -> Result<String, RpcError> {
+async fn create_watcher(e2b: &E2b, entry: &Arc<SandboxEntry>, path: SandboxPath, recursive: bool, include_entry: bool) -> Result<String, RpcError> {
     let root = path.to_string();
     let mut rx = service::watch::watch(entry, path, recursive).await?;
+    let names = watch_names(entry, include_entry).await;
+    let sandbox = Arc::clone(entry);
     // Its first event says the watch is in place: events after this call count.
     let _ = rx.recv().await;
     let events: Arc<Mutex<Vec<serde_json::Value>>> = Default::default();
@@ -359,8 +396,12 @@ async fn create_watcher(e2b: &E2b, entry: &Arc<SandboxEntry>, path: SandboxPath,
     let task_root = root.clone();
     let task = tokio::spawn(async move {
         while let Some(ev) = rx.recv().await {
+            let mut out = events_of(&task_root, &ev);
+            if let Some(names) = &names {
+                out = add_entries(&sandbox, names, &task_root, out).await;
+            }
             let mut b = buffer.lock().unwrap_or_else(|e| e.into_inner());
-            for e in events_of(&task_root, &ev) {
+            for e in out {
                 if b.len() >= MAX_BUFFERED_EVENTS {
                     b.remove(0);
                 }

@@ -41,10 +41,11 @@ pub const ENVD_PORT: u16 = 49983;
 /// The code interpreter's port.
 pub const INTERPRETER_PORT: u16 = 49999;
 /// The envd version forkbox answers as. The SDKs switch features on by it
-/// (docs/design/e2b-wire-contract.md §2.6): 0.6.1 turns on everything
-/// served here — octet-stream, gzip and streamed uploads, `CloseStdin`,
-/// metrics — and nothing that is not (file metadata, `include_entry`).
-pub const ENVD_VERSION: &str = "0.6.1";
+/// (docs/design/e2b-wire-contract.md §2.6): 0.6.4 turns on all of them —
+/// octet-stream, gzip and streamed uploads, `CloseStdin`, metrics, file
+/// metadata, `include_entry` and `allow_network_mounts` watches (forkbox
+/// sandboxes mount no network filesystems, so that flag changes nothing).
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// What every E2B handler gets.
 #[derive(Clone)]
@@ -88,6 +89,24 @@ pub fn from_host(host: &str) -> Option<Routed> {
     let (port, id) = label.split_once('-')?;
     let port: u16 = port.parse().ok().filter(|p| *p > 0)?;
     (!id.is_empty()).then(|| Routed { sandbox: id.to_string(), port })
+}
+
+impl E2b {
+    /// The sandbox a signed `/files` link is for when it names none: the
+    /// SDKs build those links from `E2B_SANDBOX_URL` alone, with no id in
+    /// host or headers, so the sandbox is the one whose token signed it.
+    pub async fn signed_link(&self, method: &axum::http::Method, uri: &axum::http::Uri) -> Option<Routed> {
+        let operation = envd::FilesQuery::operation(method)?;
+        if uri.path() != "/files" {
+            return None;
+        }
+        let axum::extract::Query(q) = axum::extract::Query::<envd::FilesQuery>::try_from_uri(uri).ok()?;
+        if !q.is_signed() {
+            return None;
+        }
+        let entry = self.service.list(&Caller::anonymous()).await.into_iter().find(|e| q.signed_by(operation, &self.tokens.token(&e.id)))?;
+        Some(Routed { sandbox: entry.id.clone(), port: ENVD_PORT })
+    }
 }
 
 /// The sandbox an envd or interpreter request is for, its access token

@@ -112,9 +112,9 @@ pub async fn call(Sandbox(entry): Sandbox, Path(method): Path<String>, headers: 
         },
         "StreamInput" => stream_input(entry, &headers, body).await,
         _ => {
-            let bytes = match axum::body::to_bytes(body, connect::MAX_MESSAGE).await {
+            let bytes = match connect::body_bytes(body).await {
                 Ok(b) => b,
-                Err(e) => return RpcError::invalid(format!("request body: {e}")).into_response(),
+                Err(e) => return e.into_response(),
             };
             match unary(&entry, &method, &headers, &bytes).await {
                 Ok(v) => connect::ok(v),
@@ -292,6 +292,7 @@ async fn follow(
     if !writer.send(&json!({"event": {"start": {"pid": process.pid}}})).await {
         return;
     }
+    let deadline_set = deadline.is_some();
     let deadline = async {
         match deadline {
             Some(d) => tokio::time::sleep(d).await,
@@ -320,12 +321,12 @@ async fn follow(
                     }
                 };
                 if !writer.send(&msg).await {
-                    return; // the client went; the process runs on
+                    break; // the client went; the process runs on
                 }
             }
             _ = ping.tick(), if keepalive.is_some() => {
                 if !writer.send(&json!({"event": {"keepalive": {}}})).await {
-                    return;
+                    break;
                 }
             }
             () = &mut deadline => {
@@ -335,7 +336,16 @@ async fn follow(
                 writer.end(Some(RpcError::new(Code::DeadlineExceeded, "the call's deadline (Connect-Timeout-Ms) passed"))).await;
                 return;
             }
-            () = writer.closed() => return,
+            () = writer.closed() => break,
+        }
+    }
+    // The client went first (its own clock ends its call at the same
+    // deadline): the deadline still ends the process that call started.
+    drop(events);
+    if owns && deadline_set {
+        tokio::select! {
+            () = &mut deadline => process.signal(libc::SIGKILL).await,
+            _ = process.wait() => {}
         }
     }
 }

@@ -143,3 +143,8 @@ pub struct ForkItem {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<serde_json::Value>,
 }
+
+/// Unix milliseconds as RFC 3339 (what proto3 JSON and E2B's API send).
+pub fn rfc3339(unix_ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(unix_ms).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}

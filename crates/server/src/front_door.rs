@@ -45,7 +45,16 @@ impl FrontDoor {
 
 /// Send E2B's requests to E2B's routers; the rest on to forkbox's.
 pub async fn dispatch(State(door): State<FrontDoor>, mut req: Request, next: Next) -> Response {
-    if let Some(routed) = e2b::routed(req.headers()) {
+    let mut routed = e2b::routed(req.headers());
+    if routed.is_none() && req.uri().path() == "/files" {
+        // forkbox's own API has no `/files`: this is a signed E2B link
+        // that names no sandbox, or nothing it may reach.
+        routed = door.e2b.signed_link(req.method(), req.uri()).await;
+        if routed.is_none() {
+            return e2b::error::ApiError::new(StatusCode::UNAUTHORIZED, "invalid signature, or no sandbox signed this link").into_response();
+        }
+    }
+    if let Some(routed) = routed {
         if door.state.inner.drain.is_draining() {
             return e2b::error::ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down").into_response();
         }
