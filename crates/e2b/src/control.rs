@@ -134,28 +134,25 @@ fn rfc3339(unix_ms: u64) -> String {
     crate::wire::rfc3339(unix_ms.min(253_402_300_799_000) as i64) // year 9999: a lifetime without end
 }
 
+fn names(entry: &SandboxEntry) -> wire::Names {
+    wire::Names {
+        template_id: e2b_template(&entry.settings.template).to_string(),
+        sandbox_id: entry.id.clone(),
+        client_id: CLIENT_ID.into(),
+        alias: Some(entry.settings.template.clone()),
+    }
+}
+
 impl E2b {
     fn sandbox(&self, entry: &SandboxEntry) -> wire::Sandbox {
         let token = self.tokens.token(&entry.id);
-        wire::Sandbox {
-            template_id: e2b_template(&entry.settings.template).to_string(),
-            sandbox_id: entry.id.clone(),
-            client_id: CLIENT_ID.into(),
-            envd_version: ENVD_VERSION.into(),
-            envd_access_token: token.clone(),
-            traffic_access_token: token,
-            alias: Some(entry.settings.template.clone()),
-            domain: None,
-        }
+        wire::Sandbox { names: names(entry), envd_version: ENVD_VERSION.into(), envd_access_token: token.clone(), traffic_access_token: token, domain: None }
     }
 
     fn detail(&self, entry: &SandboxEntry) -> Detail {
         let info = entry.info();
         Detail {
-            template_id: e2b_template(&entry.settings.template).to_string(),
-            sandbox_id: entry.id.clone(),
-            client_id: CLIENT_ID.into(),
-            alias: Some(entry.settings.template.clone()),
+            names: names(entry),
             started_at: rfc3339(entry.created_at),
             end_at: rfc3339(entry.expires_at()),
             envd_version: ENVD_VERSION.into(),

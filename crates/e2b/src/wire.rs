@@ -67,10 +67,9 @@ pub struct NewSnapshot {
     pub name: Option<String>,
 }
 
-/// What create, connect and fork answer.
+/// What names a sandbox in every answer about it.
 #[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Sandbox {
+pub struct Names {
     #[serde(rename = "templateID")]
     pub template_id: String,
     #[serde(rename = "sandboxID")]
@@ -78,10 +77,18 @@ pub struct Sandbox {
     /// Deprecated by E2B, still required by its Python SDK.
     #[serde(rename = "clientID")]
     pub client_id: String,
+    pub alias: Option<String>,
+}
+
+/// What create, connect and fork answer.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sandbox {
+    #[serde(flatten)]
+    pub names: Names,
     pub envd_version: String,
     pub envd_access_token: String,
     pub traffic_access_token: String,
-    pub alias: Option<String>,
     /// Null: the SDK keeps the domain it was configured with.
     pub domain: Option<String>,
 }
@@ -90,13 +97,8 @@ pub struct Sandbox {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Detail {
-    #[serde(rename = "templateID")]
-    pub template_id: String,
-    #[serde(rename = "sandboxID")]
-    pub sandbox_id: String,
-    #[serde(rename = "clientID")]
-    pub client_id: String,
-    pub alias: Option<String>,
+    #[serde(flatten)]
+    pub names: Names,
     pub started_at: String,
     pub end_at: String,
     pub envd_version: String,
