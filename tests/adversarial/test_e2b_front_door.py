@@ -1,6 +1,7 @@
-"""Attacks on the E2B front door: what one sandbox's token, a forged Host,
-a replayed signed link or a hostile message can reach. Raw HTTP, the way a
-hostile client would send it, against the same live server."""
+"""Attacks on the E2B front door (docs/e2b.md#access): what one sandbox's
+token, a forged Host, a replayed signed link or a hostile message can
+reach. Raw HTTP, the way a hostile client would send it, against the
+suite's live server; no E2B SDK is needed."""
 import base64
 import hashlib
 import json
