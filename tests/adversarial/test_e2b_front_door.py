@@ -36,11 +36,15 @@ def envd(server, sb, method, body=None, token=None, **headers):
     return httpx.post(f"{server.url}/{method}", json=body or {}, headers=h, timeout=60)
 
 
-def sh(server, sb, script):
-    """Run `script` as root in sandbox `sb` through Process.Start; its stdout."""
+def sh(server, sb, script, user="root", pty=False):
+    """Run `script` as `user` in sandbox `sb` through Process.Start (on a
+    terminal with `pty`); its stdout (the terminal's output with `pty`)."""
     h = {"E2b-Sandbox-Id": sb["sandboxID"], "E2b-Sandbox-Port": ENVD, "X-Access-Token": sb["envdAccessToken"],
-         "Content-Type": "application/connect+json", "Authorization": "Basic " + base64.b64encode(b"root:").decode()}
-    msg = b'{"process": {"cmd": "/bin/bash", "args": ["-c", %s]}}' % json.dumps(script).encode()
+         "Content-Type": "application/connect+json", "Authorization": "Basic " + base64.b64encode(f"{user}:".encode()).decode()}
+    start = {"process": {"cmd": "/bin/bash", "args": ["-c", script]}}
+    if pty:
+        start["pty"] = {"size": {"cols": 200, "rows": 50}}
+    msg = json.dumps(start).encode()
     r = httpx.post(f"{server.url}/process.Process/Start", content=b"\0" + len(msg).to_bytes(4, "big") + msg,
                    headers=h, timeout=60)
     assert r.status_code == 200, r.text
@@ -52,8 +56,9 @@ def sh(server, sb, script):
             assert frame in (b"{}", b""), frame
             break
         ev = json.loads(frame)["event"]
-        if "data" in ev and "stdout" in ev["data"]:
-            out += base64.b64decode(ev["data"]["stdout"])
+        for stream in ("stdout", "pty"):
+            if stream in ev.get("data", {}):
+                out += base64.b64decode(ev["data"][stream])
     return out.decode()
 
 
@@ -137,6 +142,50 @@ def test_the_access_token_and_its_secret_are_not_inside(server, pair):
                           "grep -rslF -D skip -f - / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev 2>/dev/null | head; "
                           "find / -xdev -name 'e2b-token-secret*' 2>/dev/null")
     assert found == "", f"the token or its secret is in the sandbox's files: {found}"
+
+
+# Run as user `user` (the SDKs' default): every way back to root, and what
+# root's ids or capabilities would open, reported one per line.
+REGAIN_ROOT = r"""
+import os, ctypes
+def status(field):
+    return next(l.split()[1:] for l in open("/proc/self/status") if l.startswith(field + ":"))
+print("uids:", *os.getresuid()); print("gids:", *os.getresgid())
+for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+    print(cap + ":", status(cap)[0])
+print("NoNewPrivs:", status("NoNewPrivs")[0], "Seccomp", status("Seccomp")[0])
+for name, call in [("setuid", lambda: os.setuid(0)), ("setresuid", lambda: os.setresuid(0, 0, 0)),
+                   ("setgid", lambda: os.setgid(0)), ("setgroups", lambda: os.setgroups([0])),
+                   ("read /root", lambda: os.listdir("/root")), ("init's environ", lambda: open("/proc/1/environ").read()),
+                   ("write /etc", lambda: open("/etc/forkbox-owned", "w")), ("chown", lambda: os.chown(os.path.expanduser("~"), 0, 0))]:
+    try:
+        call(); print(name + ":", "ALLOWED")
+    except OSError as e:
+        print(name + ":", "refused", e.errno)
+libc = ctypes.CDLL(None, use_errno=True)
+# prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_SETUID): needs it permitted.
+print("ambient raise:", libc.prctl(47, 2, 7, 0, 0), ctypes.get_errno())
+"""
+
+
+@pytest.mark.parametrize("pty", [False, True], ids=["pipes", "pty"])
+def test_a_users_command_holds_nothing_of_root(server, pair, pty):
+    """The sandbox's init drops a command to its user between fork and exec
+    (no setpriv): real, effective and saved ids are the user's, no
+    capability is left in any set, and nothing switches back."""
+    a, _ = pair
+    script = base64.b64encode(REGAIN_ROOT.encode()).decode()
+    out = sh(server, a, f"echo {script} | base64 -d > /tmp/regain.py; python3 /tmp/regain.py", user="user", pty=pty).replace("\r", "")
+    lines = dict(line.split(": ", 1) for line in out.strip().splitlines())
+    assert lines["uids"] == "1000 1000 1000" and lines["gids"] == "1000 1000 1000", out
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert int(lines[cap], 16) == 0, out
+    assert lines["NoNewPrivs"] == "1 Seccomp 2", out
+    for name in ("setuid", "setresuid", "setgid", "setgroups", "read /root", "init's environ", "write /etc", "chown"):
+        assert lines[name].startswith("refused"), f"{name}: {lines[name]}"
+    assert lines["ambient raise"] == "-1 1", out
+    # Root's commands in the same sandbox keep root (the check above is the user's).
+    assert sh(server, a, "id -u").strip() == "0"
 
 
 def test_files_through_a_symlink_stay_inside_the_sandbox(server, pair, tmp_path):

@@ -37,10 +37,15 @@ pub(crate) struct ShimHandle {
     pub(crate) range: crate::ids::IdRange,
     /// Host pid of a shim we did not start (adopted after a restart).
     adopted_pid: Option<i32>,
+    /// The shim's `messages::PROTOCOL`: ours for a shim we started; an
+    /// adopted one's says so in `Reply::Members` (`set_protocol`).
+    protocol: std::sync::atomic::AtomicU32,
 }
 
 impl ShimHandle {
     fn new(sock: AsyncFd<OwnedFd>, child: Option<std::process::Child>, range: crate::ids::IdRange, adopted_pid: Option<i32>) -> Arc<ShimHandle> {
+        // A shim we did not start is the oldest until it says its number.
+        let protocol = if child.is_some() { crate::shim::messages::PROTOCOL } else { 1 };
         Arc::new(ShimHandle {
             sock,
             child: StdMutex::new(child),
@@ -52,7 +57,16 @@ impl ShimHandle {
             closed: std::sync::atomic::AtomicBool::new(false),
             range,
             adopted_pid,
+            protocol: std::sync::atomic::AtomicU32::new(protocol),
         })
+    }
+
+    pub(crate) fn protocol(&self) -> u32 {
+        self.protocol.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_protocol(&self, protocol: u32) {
+        self.protocol.store(protocol, std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) async fn start(exe: &Path, config: &ShimConfig, range: crate::ids::IdRange) -> Result<Arc<ShimHandle>> {

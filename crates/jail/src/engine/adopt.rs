@@ -130,7 +130,10 @@ impl Jail {
             }
         };
         let present = match shim.call(Request::ListMembers, &[]).await {
-            Ok((Reply::Members { members }, _)) => members,
+            Ok((Reply::Members { members, protocol }, _)) => {
+                shim.set_protocol(protocol);
+                members
+            }
             other => {
                 shim.shutdown().await;
                 release();

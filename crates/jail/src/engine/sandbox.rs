@@ -154,12 +154,13 @@ impl Sandbox {
     /// Run `argv` in the sandbox through its init (for bash calls), its
     /// stdin `/dev/null`.
     pub async fn spawn_command(&self, argv: Vec<String>, env: Vec<String>, cwd: &str) -> Result<CommandProcess> {
-        self.spawn_piped(argv, env, cwd, false).await
+        self.spawn_piped(argv, env, cwd, false, RunAs::ROOT).await
     }
 
-    /// Run `argv` through its init with its output on pipes, and its stdin
-    /// on a pipe too when `stdin` (`CommandProcess::stdin`), else `/dev/null`.
-    pub async fn spawn_piped(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, stdin: bool) -> Result<CommandProcess> {
+    /// Run `argv` as `run_as` through its init with its output on pipes, and
+    /// its stdin on a pipe too when `stdin` (`CommandProcess::stdin`), else
+    /// `/dev/null`.
+    pub async fn spawn_piped(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, stdin: bool, run_as: RunAs) -> Result<CommandProcess> {
         let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e));
         let (stdout_r, stdout_w) = pipe()?;
         let (stderr_r, stderr_w) = pipe()?;
@@ -169,7 +170,7 @@ impl Sandbox {
         } else {
             (OwnedFd::from(std::fs::File::open("/dev/null").map_err(|e| Error::io("open /dev/null", e))?), None)
         };
-        let launched = self.launch(argv, env, cwd, [stdin_r.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()], false).await?;
+        let launched = self.launch(argv, env, cwd, [stdin_r.as_raw_fd(), stdout_w.as_raw_fd(), stderr_w.as_raw_fd()], false, run_as).await?;
         let stdin = match stdin_w {
             Some(w) => Some(tokio::net::unix::pipe::Sender::from_owned_fd(w).map_err(|e| Error::io("register pipe", e))?),
             None => None,
@@ -184,24 +185,26 @@ impl Sandbox {
         })
     }
 
-    /// Run `argv` on a new terminal of the sandbox's own devpts, as the
-    /// leader of its session with the terminal as its controlling tty.
-    pub async fn spawn_terminal(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, size: crate::pty::Size) -> Result<TerminalProcess> {
+    /// Run `argv` as `run_as` on a new terminal of the sandbox's own devpts,
+    /// as the leader of its session with the terminal as its controlling tty.
+    pub async fn spawn_terminal(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, size: crate::pty::Size, run_as: RunAs) -> Result<TerminalProcess> {
         let terminal = self.fs()?.open_terminal(size)?;
         let slave = terminal.slave.as_raw_fd();
-        let launched = self.launch(argv, env, cwd, [slave, slave, slave], true).await?;
+        let launched = self.launch(argv, env, cwd, [slave, slave, slave], true, run_as).await?;
         drop(terminal.slave);
         Ok(TerminalProcess { master: terminal.master, exited: launched.exited, control: launched.control })
     }
 
-    /// Have init start `argv` with `stdio` as fds 0-2 (a terminal when `tty`).
-    async fn launch(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, stdio: [i32; 3], tty: bool) -> Result<Launched> {
+    /// Have init start `argv` as `run_as` with `stdio` as fds 0-2 (a
+    /// terminal when `tty`).
+    async fn launch(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, stdio: [i32; 3], tty: bool, run_as: RunAs) -> Result<Launched> {
         let id = self.next_command.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let (started_tx, started_rx) = oneshot::channel();
         let shim = self.shim();
+        let (argv, run_as) = run_as.for_protocol(shim.protocol(), argv);
         shim.commands.lock().await.insert((self.id.clone(), id), crate::supervisor::CommandWaiters { started: Some(started_tx), exited: tx });
-        let req = Request::SpawnCommand { member: self.id.clone(), id, argv, env, cwd: cwd.to_string(), tty };
+        let req = Request::SpawnCommand { member: self.id.clone(), id, argv, env, cwd: cwd.to_string(), tty, run_as };
         if let Err(e) = shim.call(req, &stdio).await {
             shim.commands.lock().await.remove(&(self.id.clone(), id));
             return Err(e);

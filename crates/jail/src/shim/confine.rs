@@ -6,6 +6,7 @@ use std::ffi::CString;
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal};
 
+use super::messages::RunAs;
 use crate::policy::SeccompPolicy;
 use crate::sys;
 
@@ -44,13 +45,22 @@ impl Confinement {
 
     /// Drop privileges and exec `argv` with `env`. Only returns on failure.
     pub fn exec(&self, role: Role, argv: &[String], env: &[String]) -> String {
-        match self.exec_inner(role, argv, env) {
+        match self.exec_inner(role, RunAs::ROOT, argv, env) {
             Ok(never) => match never {},
             Err(e) => e,
         }
     }
 
-    fn exec_inner(&self, role: Role, argv: &[String], env: &[String]) -> Result<std::convert::Infallible, String> {
+    /// [`exec`](Self::exec) a member's command as `user`: one exec where
+    /// `setpriv` in front of the command cost a second one.
+    pub fn exec_as(&self, user: RunAs, argv: &[String], env: &[String]) -> String {
+        match self.exec_inner(Role::Member, user, argv, env) {
+            Ok(never) => match never {},
+            Err(e) => e,
+        }
+    }
+
+    fn exec_inner(&self, role: Role, user: RunAs, argv: &[String], env: &[String]) -> Result<std::convert::Infallible, String> {
         let keep = if role == Role::Repl { &self.repl_capabilities } else { &self.capabilities };
         reset_signals();
         let argv_c: Vec<CString> = argv.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().map_err(|_| "NUL in argv")?;
@@ -63,6 +73,14 @@ impl Confinement {
         }
         caps::clear(None, caps::CapSet::Inheritable).map_err(|e| format!("clear inheritable: {e}"))?;
         caps::clear(None, caps::CapSet::Ambient).map_err(|e| format!("clear ambient: {e}"))?;
+        // After the bounding set (dropping from it needs CAP_SETPCAP) and
+        // before the filter. Leaving uid 0 for another clears the permitted
+        // and effective sets; real, effective and saved ids all change, so
+        // nothing can switch back.
+        if user != RunAs::ROOT {
+            nix::unistd::setresgid(user.gid.into(), user.gid.into(), user.gid.into()).map_err(|e| format!("setresgid {}: {e}", user.gid))?;
+            nix::unistd::setresuid(user.uid.into(), user.uid.into(), user.uid.into()).map_err(|e| format!("setresuid {}: {e}", user.uid))?;
+        }
         sys::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
         match role {
             Role::Member => crate::policy::install(&self.seccomp),

@@ -212,8 +212,8 @@ fn reap(sock: &OwnedFd, running: &mut HashMap<i32, u64>) {
 }
 
 fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Confinement, running: &mut HashMap<i32, u64>) {
-    let (id, argv, env, cwd, tty) = match req {
-        InitRequest::Spawn { id, argv, env, cwd, tty } => (id, argv, env, cwd, tty),
+    let (id, argv, env, cwd, tty, run_as) = match req {
+        InitRequest::Spawn { id, argv, env, cwd, tty, run_as } => (id, argv, env, cwd, tty, run_as),
         InitRequest::Root { root } => {
             let msg = match enter_root(&root) {
                 Ok(()) => InitMessage::Rooted,
@@ -268,7 +268,7 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
             if chdir(cwd.as_str()).is_err() {
                 let _ = chdir("/");
             }
-            let err = confinement.exec(super::confine::Role::Member, &argv, &env);
+            let err = confinement.exec_as(run_as, &argv, &env);
             let msg = format!("forkbox: {err}\n");
             // SAFETY: writing a buffer to stderr, then leaving the forked child.
             unsafe {

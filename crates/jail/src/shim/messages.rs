@@ -44,6 +44,39 @@ impl ShimConfig {
     }
 }
 
+/// What this binary's shim and init understand. A new server adopting a
+/// family an older binary started learns the family's number from
+/// `Reply::Members` and sends it nothing the family would misread: serde
+/// drops fields it does not know, so a `SpawnCommand`'s `run_as` sent to a
+/// protocol-1 shim would run the command as root.
+/// 2: `SpawnCommand::run_as` (init drops to the user itself).
+pub const PROTOCOL: u32 = 2;
+
+/// Who a command runs as inside the sandbox. Supplementary groups stay
+/// init's (as `setpriv --keep-groups`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl RunAs {
+    pub const ROOT: RunAs = RunAs { uid: 0, gid: 0 };
+
+    /// `argv` and who to ask init to run it as, for a family of `protocol`.
+    /// One older than 2 would drop `run_as` unread and run the command as
+    /// root: there util-linux's setpriv (in every Debian root) drops to the
+    /// user in front of the command instead.
+    pub fn for_protocol(self, protocol: u32, mut argv: Vec<String>) -> (Vec<String>, RunAs) {
+        if self == RunAs::ROOT || protocol >= 2 {
+            return (argv, self);
+        }
+        let drop_to = ["/usr/bin/setpriv".to_string(), format!("--reuid={}", self.uid), format!("--regid={}", self.gid), "--keep-groups".into(), "--".into()];
+        argv.splice(0..0, drop_to);
+        (argv, RunAs::ROOT)
+    }
+}
+
 /// The socket in a family's run directory where an orphaned shim waits.
 pub const SHIM_SOCKET_NAME: &str = "shim.sock";
 
@@ -80,7 +113,17 @@ pub enum Request {
     SpawnRepl { member: String, cgroup_procs: Vec<PathBuf>, argv: Vec<String>, env: Vec<String>, cwd: String },
     /// Run a command through the member's init. fds: [stdin, stdout, stderr]
     /// (with `tty`, all three are a terminal that becomes its controlling tty).
-    SpawnCommand { member: String, id: u64, argv: Vec<String>, env: Vec<String>, cwd: String, tty: bool },
+    /// `run_as` from protocol 2 on (see [`PROTOCOL`]).
+    SpawnCommand {
+        member: String,
+        id: u64,
+        argv: Vec<String>,
+        env: Vec<String>,
+        cwd: String,
+        tty: bool,
+        #[serde(default)]
+        run_as: RunAs,
+    },
     /// Send a signal to every process of a command's session.
     SignalCommand { member: String, id: u64, signal: i32 },
     /// Kill every process of the member and release its mounts.
@@ -157,6 +200,9 @@ pub enum Reply {
     },
     Members {
         members: Vec<MemberState>,
+        /// The family's [`PROTOCOL`] (absent, so 1, from older shims).
+        #[serde(default = "protocol_1")]
+        protocol: u32,
     },
     Reattached {
         repl_host_pid: Option<i32>,
@@ -203,7 +249,9 @@ pub struct Envelope {
 pub enum InitRequest {
     /// fds: [stdin, stdout, stderr]; with `tty` they are a terminal, made
     /// the command's controlling terminal.
-    Spawn { id: u64, argv: Vec<String>, env: Vec<String>, cwd: String, tty: bool },
+    /// The command runs as `run_as` (shim and init are one binary, so they
+    /// always agree on this message).
+    Spawn { id: u64, argv: Vec<String>, env: Vec<String>, cwd: String, tty: bool, run_as: RunAs },
     /// Signal every process of a running command's session.
     Signal { id: u64, signal: i32 },
     /// A hollow member gets its root: an overlay the shim mounted at `root`
@@ -232,4 +280,54 @@ pub enum InitMessage {
         id: u64,
         status: ExitStatus,
     },
+}
+
+fn protocol_1() -> u32 {
+    1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `SpawnCommand` as protocol-1 binaries declare it.
+    #[derive(Deserialize)]
+    enum OldRequest {
+        SpawnCommand {
+            #[allow(dead_code)]
+            argv: Vec<String>,
+        },
+    }
+
+    fn spawn(run_as: RunAs) -> Request {
+        Request::SpawnCommand { member: "m".into(), id: 1, argv: vec!["id".into()], env: vec![], cwd: "/".into(), tty: false, run_as }
+    }
+
+    #[test]
+    fn an_old_shim_would_read_a_users_command_without_its_user() {
+        // Why the protocol number exists: serde drops the unknown field.
+        let json = serde_json::to_string(&spawn(RunAs { uid: 1000, gid: 1000 })).unwrap();
+        assert!(matches!(serde_json::from_str::<OldRequest>(&json), Ok(OldRequest::SpawnCommand { .. })));
+    }
+
+    #[test]
+    fn old_families_get_setpriv_and_new_ones_run_as() {
+        let user = RunAs { uid: 1000, gid: 1001 };
+        let (argv, sent) = user.for_protocol(1, vec!["id".into()]);
+        assert_eq!(sent, RunAs::ROOT);
+        assert_eq!(argv, ["/usr/bin/setpriv", "--reuid=1000", "--regid=1001", "--keep-groups", "--", "id"]);
+        assert_eq!(user.for_protocol(PROTOCOL, vec!["id".into()]), (vec!["id".to_string()], user));
+        assert_eq!(RunAs::ROOT.for_protocol(1, vec!["id".into()]), (vec!["id".to_string()], RunAs::ROOT));
+    }
+
+    #[test]
+    fn members_from_an_old_shim_say_protocol_1() {
+        let old = r#"{"Members":{"members":[]}}"#;
+        assert!(matches!(serde_json::from_str::<Reply>(old), Ok(Reply::Members { protocol: 1, .. })));
+        let new = serde_json::to_string(&Reply::Members { members: vec![], protocol: PROTOCOL }).unwrap();
+        assert!(matches!(serde_json::from_str::<Reply>(&new), Ok(Reply::Members { protocol: PROTOCOL, .. })));
+        // An old server's SpawnCommand (no run_as) still reads, as root.
+        let old_spawn = r#"{"SpawnCommand":{"member":"m","id":1,"argv":["id"],"env":[],"cwd":"/","tty":false}}"#;
+        assert!(matches!(serde_json::from_str::<Request>(old_spawn), Ok(Request::SpawnCommand { run_as: RunAs::ROOT, .. })));
+    }
 }

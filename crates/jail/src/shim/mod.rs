@@ -636,10 +636,10 @@ impl Shim {
                 let pidfd = self.spawn_repl(&name, &cgroup_procs, &argv, &env, &cwd, fds)?;
                 Ok((Reply::ReplSpawned { host_pid: pidfd.0 }, vec![pidfd.1]))
             }
-            Request::SpawnCommand { member: name, id, argv, env, cwd, tty } => {
+            Request::SpawnCommand { member: name, id, argv, env, cwd, tty, run_as } => {
                 let m = self.members.get(&name).ok_or_else(|| Error::Invalid(format!("no member {name}")))?;
                 let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
-                channel::send(m.init.as_fd(), &InitRequest::Spawn { id, argv, env, cwd, tty }, &raw)?;
+                channel::send(m.init.as_fd(), &InitRequest::Spawn { id, argv, env, cwd, tty, run_as }, &raw)?;
                 Ok((Reply::Done, vec![]))
             }
             Request::SignalCommand { member: name, id, signal } => {
@@ -669,7 +669,7 @@ impl Shim {
                         repl: self.repl_of(name),
                     })
                     .collect();
-                Ok((Reply::Members { members }, vec![]))
+                Ok((Reply::Members { members, protocol: messages::PROTOCOL }, vec![]))
             }
             Request::Reattach { member } => self.reattach(&member),
             Request::Attached => {

@@ -104,8 +104,15 @@ pub async fn create(State(state): State<AppState>, Key(caller): Key, Path(id): P
     let entry = state.get(&caller, &id).await?;
     let (argv, label) = command(&req)?;
     let size = service::pty::size(req.cols, req.rows)?;
-    let spec =
-        PtySpec { argv, label, size, env: req.env.unwrap_or_default(), cwd: req.cwd, timeout: req.timeout_ms.filter(|ms| *ms > 0).map(Duration::from_millis) };
+    let spec = PtySpec {
+        argv,
+        label,
+        size,
+        env: req.env.unwrap_or_default(),
+        cwd: req.cwd,
+        timeout: req.timeout_ms.filter(|ms| *ms > 0).map(Duration::from_millis),
+        run_as: service::pty::RunAs::ROOT,
+    };
     let session = service::pty::start(&entry, spec).await?;
     let (tx, rx) = mpsc::channel(64);
     let _ = tx.send(json!({"type": "pty_ready", "session_id": session.id})).await;

@@ -170,12 +170,19 @@ impl Member for Sandbox {
         Sandbox::spawn_command(self, argv, env, cwd).await
     }
 
-    async fn spawn_piped(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, stdin: bool) -> jail::Result<jail::CommandProcess> {
-        Sandbox::spawn_piped(self, argv, env, cwd, stdin).await
+    async fn spawn_piped(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, stdin: bool, run_as: jail::RunAs) -> jail::Result<jail::CommandProcess> {
+        Sandbox::spawn_piped(self, argv, env, cwd, stdin, run_as).await
     }
 
-    async fn spawn_terminal(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, size: jail::pty::Size) -> jail::Result<jail::TerminalProcess> {
-        Sandbox::spawn_terminal(self, argv, env, cwd, size).await
+    async fn spawn_terminal(
+        &self,
+        argv: Vec<String>,
+        env: Vec<String>,
+        cwd: &str,
+        size: jail::pty::Size,
+        run_as: jail::RunAs,
+    ) -> jail::Result<jail::TerminalProcess> {
+        Sandbox::spawn_terminal(self, argv, env, cwd, size, run_as).await
     }
 
     fn netns(&self) -> jail::Result<OwnedFd> {

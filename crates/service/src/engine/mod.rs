@@ -142,10 +142,17 @@ pub trait Member: Send + Sync + 'static {
         Err(unsupported("commands"))
     }
     /// A command whose stdin is a pipe when `stdin` (E2B's processes).
-    async fn spawn_piped(&self, _argv: Vec<String>, _env: Vec<String>, _cwd: &str, _stdin: bool) -> jail::Result<jail::CommandProcess> {
+    async fn spawn_piped(&self, _argv: Vec<String>, _env: Vec<String>, _cwd: &str, _stdin: bool, _run_as: jail::RunAs) -> jail::Result<jail::CommandProcess> {
         Err(unsupported("commands"))
     }
-    async fn spawn_terminal(&self, _argv: Vec<String>, _env: Vec<String>, _cwd: &str, _size: jail::pty::Size) -> jail::Result<jail::TerminalProcess> {
+    async fn spawn_terminal(
+        &self,
+        _argv: Vec<String>,
+        _env: Vec<String>,
+        _cwd: &str,
+        _size: jail::pty::Size,
+        _run_as: jail::RunAs,
+    ) -> jail::Result<jail::TerminalProcess> {
         Err(unsupported("terminals"))
     }
     fn netns(&self) -> jail::Result<OwnedFd> {

@@ -329,18 +329,14 @@ pub async fn start(entry: &Arc<SandboxEntry>, spec: ProcessSpec) -> Result<(Arc<
         None => user.home.clone(),
     };
     let env = environment(entry, &user, &spec.env)?;
-    // Dropping to the user is setpriv's job inside the sandbox (util-linux,
-    // in every Debian root): init forks every command as root.
-    let mut argv = spec.argv.clone();
-    if user.uid != 0 {
-        let drop_to = ["/usr/bin/setpriv".to_string(), format!("--reuid={}", user.uid), format!("--regid={}", user.gid), "--keep-groups".into(), "--".into()];
-        argv.splice(0..0, drop_to);
-    }
+    // The sandbox's init drops to the user between its fork and the exec.
+    let run_as = jail::RunAs { uid: user.uid, gid: user.gid };
+    let argv = spec.argv.clone();
     let pid = entry.processes.next_pid();
     let exit = watch::channel(None).0;
     let (kind, source) = match spec.pty {
         Some(size) => {
-            let pty = PtySpec { argv, label: format!("process {pid}"), size, env: Vec::new(), cwd: Some(cwd.clone()), timeout: None };
+            let pty = PtySpec { argv, label: format!("process {pid}"), size, env: Vec::new(), cwd: Some(cwd.clone()), timeout: None, run_as };
             let session = super::pty::start_with_env(entry, pty, env).await?;
             (Kind::Terminal(Arc::clone(&session)), Source::Terminal(session))
         }
@@ -351,7 +347,7 @@ pub async fn start(entry: &Arc<SandboxEntry>, spec: ProcessSpec) -> Result<(Arc<
                 return Err(Error::Invalid(format!("cwd {cwd} is not a directory")));
             }
             crate::sandbox::freezer::ensure_running(entry).await?;
-            let mut cmd = entry.engine.spawn_piped(argv, env, &cwd, spec.stdin).await.map_err(|e| Error::internal("could not start the process", e))?;
+            let mut cmd = entry.engine.spawn_piped(argv, env, &cwd, spec.stdin, run_as).await.map_err(|e| Error::internal("could not start the process", e))?;
             let stdin = cmd.stdin.take();
             let control = cmd.control.clone();
             (Kind::Piped { stdin: tokio::sync::Mutex::new(stdin), control }, Source::Pipes(cmd))

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use jail::pty::Size;
+pub use jail::RunAs;
 use jail::{CommandControl, ExitStatus};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
@@ -188,6 +189,8 @@ pub struct PtySpec {
     pub cwd: Option<String>,
     /// Kill the session after this long.
     pub timeout: Option<Duration>,
+    /// Who it runs as (root unless a front end names a user).
+    pub run_as: jail::RunAs,
 }
 
 /// Start `spec` in `entry` on a new terminal: one more live session, read
@@ -215,7 +218,8 @@ pub async fn start_with_env(entry: &Arc<SandboxEntry>, spec: PtySpec, mut env: V
         return Err(Error::Invalid(format!("cwd {cwd} is not a directory")));
     }
     entry.ptys.admit()?;
-    let process = entry.engine.spawn_terminal(spec.argv, env, &cwd, spec.size).await.map_err(|e| Error::internal("could not start the PTY session", e))?;
+    let process =
+        entry.engine.spawn_terminal(spec.argv, env, &cwd, spec.size, spec.run_as).await.map_err(|e| Error::internal("could not start the PTY session", e))?;
     // SAFETY: the AsyncFd owns the master, which stays open and the same for its life.
     let master = unsafe { AsyncFd::register(process.master) }.map_err(|e| Error::internal("register terminal", e.into_parts().1))?;
     let session = Arc::new(PtySession {
