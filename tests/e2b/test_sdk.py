@@ -33,6 +33,25 @@ def test_commands_files_and_lifecycle(server):
     assert not Sandbox.kill(sb.sandbox_id), "a second kill finds nothing"
 
 
+def test_a_login_shell_forks_nothing_before_the_command(server):
+    """The SDK runs each command as `bash -l -c`. In forkbox's templates the
+    login shell's start-up starts no process (Debian's /etc/profile ran
+    `id -u` and `run-parts`: docs/templates.md#login-shells), so the
+    command's first child gets the pid after the shell's own, in a
+    sandbox where nothing else runs. PATH is still root's or the user's."""
+    from e2b import Sandbox
+
+    sb = Sandbox.create(timeout=120)
+    try:
+        for user, path in [("user", "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"),
+                           ("root", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")]:
+            shell, child, seen = sb.commands.run('echo $$; sh -c \'echo $$\'; echo "$PATH"', user=user).stdout.split()
+            assert int(child) == int(shell) + 1, f"as {user}, the login shell started {int(child) - int(shell) - 1} processes"
+            assert seen == path, (user, seen)
+    finally:
+        sb.kill()
+
+
 def test_envd_refuses_calls_without_the_access_token(server):
     from e2b import Sandbox
 
