@@ -108,8 +108,13 @@ fn files_sandbox(req: &Request, q: &FilesQuery, operation: &str, e2b: &E2b) -> R
 }
 
 impl FilesQuery {
-    pub fn is_signed(&self) -> bool {
-        self.signature.is_some()
+    /// The query of a signed `/files` link (`None` for any other request).
+    pub fn signed_link(uri: &axum::http::Uri) -> Option<FilesQuery> {
+        if uri.path() != "/files" {
+            return None;
+        }
+        let axum::extract::Query(q) = axum::extract::Query::<FilesQuery>::try_from_uri(uri).ok()?;
+        q.signature.is_some().then_some(q)
     }
 
     /// Whether this link's signature was made with `token` for `operation`
@@ -290,6 +295,10 @@ async fn write_one(
     let upload = Upload::begin(entry, path.clone(), UploadOptions { append: false, mode: None, parents: true, limit }).await.map_err(files_error)?;
     upload.write(body).await.map_err(files_error)?;
     let (uid, gid, attrs) = (user.uid, user.gid, metadata.clone());
+    if uid == 0 && attrs.is_empty() {
+        // Nothing to set or chown: no trip into the sandbox's files.
+        return Ok(WrittenInfo { name, kind: "file", path: shown, metadata: attrs });
+    }
     with_fs(entry, move |fs| {
         for (key, value) in &attrs {
             fs.set_xattr(&path, &format!("{METADATA_XATTR_PREFIX}{key}"), value.as_bytes())?;

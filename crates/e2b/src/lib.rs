@@ -97,13 +97,7 @@ impl E2b {
     /// host or headers, so the sandbox is the one whose token signed it.
     pub async fn signed_link(&self, method: &axum::http::Method, uri: &axum::http::Uri) -> Option<Routed> {
         let operation = envd::FilesQuery::operation(method)?;
-        if uri.path() != "/files" {
-            return None;
-        }
-        let axum::extract::Query(q) = axum::extract::Query::<envd::FilesQuery>::try_from_uri(uri).ok()?;
-        if !q.is_signed() {
-            return None;
-        }
+        let q = envd::FilesQuery::signed_link(uri)?;
         let entry = self.service.list(&Caller::anonymous()).await.into_iter().find(|e| q.signed_by(operation, &self.tokens.token(&e.id)))?;
         Some(Routed { sandbox: entry.id.clone(), port: ENVD_PORT })
     }
@@ -140,7 +134,7 @@ async fn authorize(State(e2b): State<E2b>, mut req: Request, next: Next) -> Resp
         Err(_) => return not_running(&routed.sandbox),
     };
     let token_ok = auth::presented(req.headers()).is_some_and(|t| e2b.tokens.check(&entry.id, t));
-    let signed = req.uri().path() == "/files" && req.uri().query().is_some_and(|q| q.contains("signature="));
+    let signed = envd::FilesQuery::signed_link(req.uri()).is_some();
     let open = req.uri().path() == "/health";
     if !token_ok && !signed && !open {
         return error::ApiError::new(axum::http::StatusCode::UNAUTHORIZED, "missing or invalid access token (X-Access-Token)").into_response();
