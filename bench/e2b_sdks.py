@@ -77,8 +77,8 @@ def main() -> int:
             expect((r.stdout, r.exit_code), ("1\n", 0), "e2b commands.run as root")
 
         def pf_login():
-            # The work commands.run asks for: a login shell (`bash -l -c`), as user `user`.
-            r = pf.run_code("exec setpriv --reuid=1000 --regid=1000 --keep-groups -- bash -l -c 'echo 1'", language="bash")
+            # The work commands.run asks for: a login shell (`bash -l -c`).
+            r = pf.run_code("exec bash -l -c 'echo 1'", language="bash")
             expect((r.stdout.strip(), r.exit_code), ("1", 0), "podflare login shell")
 
         # The same work over the wire, one httpx keep-alive client, no SDK:
@@ -124,7 +124,7 @@ def main() -> int:
             (Series("e2b_cmd", 'e2b `commands.run("echo 1")`'), e2b_cmd),
             (Series("pf_cmd", 'podflare `run_code("echo 1", language="bash")`'), pf_cmd),
             (Series("e2b_cmd_root", 'e2b `commands.run("echo 1", user="root")` (no switch to `user`)'), e2b_cmd_root),
-            (Series("pf_login", "podflare bash exec of the same login shell as `user` (`setpriv … bash -l -c 'echo 1'`)"), pf_login),
+            (Series("pf_login", "podflare bash exec of the same login shell (`exec bash -l -c 'echo 1'`, as root)"), pf_login),
             (Series("host_cmd", 'host `subprocess.run(["bash", "-c", "echo 1"])` (no sandbox)'), host_cmd),
             (Series("wire_exec_bash", "wire: `POST /v1/sandboxes/{id}/exec` bash `echo 1`"), wire_exec_bash),
             (Series("wire_start", "wire: envd `Process.Start` `bash -c 'echo 1'` as root"), wire_start),
@@ -194,9 +194,10 @@ def main() -> int:
         "`commands.run` is a Connect server stream (the process's start, output and end events, then an "
         "end-of-stream envelope) where podflare's bash exec is one NDJSON stream; `run_code` is the "
         "interpreter's JSON-lines `/execute` over the same REPL that podflare's `run_code` drives. "
-        "The SDK runs every command as `/bin/bash -l -c <cmd>` as user `user`: a login shell (Debian's "
-        "/etc/profile runs `id -u` and `run-parts`, two more processes) behind `setpriv`. The same work through "
-        f"podflare's SDK is the `setpriv … bash -l` row; the E2B SDK path differs from it by {front_end:+.2f} ms. "
+        "The SDK runs every command as `/bin/bash -l -c <cmd>` as user `user`: a login shell, which in forkbox's "
+        "templates starts no process before the command (docs/templates.md#login-shells), dropped to `user` by "
+        "the sandbox's init between its fork and the exec. The same work through podflare's SDK is the "
+        f"`bash -l` row; the E2B SDK path differs from it by {front_end:+.2f} ms. "
         "The `wire` rows send the same work with one httpx client and no SDK, each ratio against forkbox's own "
         f"route: the E2B front end's own cost (commands {wire_cmd:.2f}×, code {wire_code:.2f}×); the rest of the "
         "SDK-level gap is the SDKs' own Python and the login shell they ask for.",
