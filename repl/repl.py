@@ -509,6 +509,7 @@ def _spawning(fn, forks):
     (0, fd)) and the child must stay in the leaf."""
     def wrapper(*args, **kwargs):
         _flush_now()          # output held so far goes before what the process writes
+        _until_read()
         _to_leaf()
         child = False
         try:
@@ -520,6 +521,34 @@ def _spawning(fn, forks):
             if not child:
                 _to_family()
     return _like(fn, wrapper)
+
+
+_SIOCOUTQ = 0x5411            # bytes sent on a socket that its reader has not read yet
+_sleep = __import__('time').sleep
+
+
+def _until_read():
+    """Until the server has read all we sent on the control socket (at most
+    50 ms). Output sent there and what a process started next writes to
+    fd 1/2 reach the server by two ways; the server puts pipe output that
+    is waiting when a frame arrives before the frame, so without this a
+    slow server saw the child's first line before the output that preceded
+    it."""
+    queued = bytearray(4)
+    deadline = None
+    while True:
+        try:
+            _ioctl(_CTL, _SIOCOUTQ, queued)
+        except OSError:
+            return
+        if not any(queued):
+            return
+        now = _monotonic()
+        if deadline is None:
+            deadline = now + 0.05
+        elif now >= deadline:
+            return
+        _sleep(0.00005)
 
 
 def _flushing(fn):
