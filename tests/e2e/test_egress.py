@@ -10,6 +10,7 @@ namespace this file creates (`testnet`)."""
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -142,6 +143,31 @@ print(probe({testnet['ns_ip']!r}, 8080))
     finally:
         listener.close()
         delete_raw(http, sid)
+
+
+def test_host_addresses_that_appear_later_are_blocked_too(http):
+    """The firewall of a running sandbox, and of a warm spare made ahead of
+    its create, was written before this host address existed (a bridge or
+    VPN coming up); the server rewrites them when the host's addresses
+    change (docs/network.md#the-host-is-never-reached)."""
+    listener = HostListener()
+    running = create_raw(http, egress=True)
+    later = None
+    try:
+        assert py(http, running, "print(1)") == "1\n"
+        with NetNs(217) as net:
+            # The spare behind this create got its firewall before the address.
+            later = create_raw(http, egress=True)
+            time.sleep(0.5)  # the kernel's notification, then one nft per sandbox
+            for sid in (running, later):
+                out = py(http, sid, PROBE + f"print(probe({net.host_ip!r}, {listener.port}))\nprint(probe({net.link_local!r}, {listener.port}))")
+                assert all(line.startswith("('ECONNREFUSED'") for line in out.splitlines()), f"{sid}: {out}"
+        assert listener.accepted == []
+    finally:
+        listener.close()
+        delete_raw(http, running)
+        if later:
+            delete_raw(http, later)
 
 
 def test_allow_lists_let_out_only_their_names_and_networks(http, testnet):

@@ -16,6 +16,7 @@ mod error;
 pub mod fork_fds;
 mod forkplan;
 pub mod fs;
+pub mod host_addrs;
 mod ids;
 mod layer_copy;
 pub mod net;

@@ -113,6 +113,20 @@ pub fn nft(netns: BorrowedFd<'_>, program: &str) -> Result<()> {
     Ok(())
 }
 
+/// The nftables program that replaces the blocked sets of a firewall
+/// `ruleset` wrote (one transaction: the sandbox never sees them empty).
+pub fn blocked_update(blocked: &[IpNet]) -> String {
+    let mut program = String::new();
+    for (name, v4) in [("blocked4", true), ("blocked6", false)] {
+        program += &format!("flush set inet forkbox {name}\n");
+        let els = elements(blocked, v4);
+        if !els.is_empty() {
+            program += &format!("add element inet forkbox {name} {{ {els} }}\n");
+        }
+    }
+    program
+}
+
 /// Let the sandbox reach `addrs` (answers of allowed names; allow-lists only).
 pub fn allow_learned(netns: BorrowedFd<'_>, addrs: &[IpAddr]) -> Result<()> {
     let (v4, v6): (Vec<IpNet>, Vec<IpNet>) = addrs.iter().map(|a| IpNet::from(*a)).partition(|n| matches!(n, IpNet::V4(_)));
@@ -282,6 +296,16 @@ mod tests {
         let (e, b) = (allow.find("@explicit4 accept").unwrap(), allow.find("@blocked4 goto").unwrap());
         assert!(e < b);
         assert!(allow.trim_end().contains("@learned6 accept\n    goto refuse"));
+    }
+
+    #[test]
+    fn blocked_sets_are_replaced_in_one_program() {
+        let blocked: Vec<IpNet> = vec!["127.0.0.0/8".parse().unwrap(), "10.9.8.7/32".parse().unwrap()];
+        let program = blocked_update(&blocked);
+        assert_eq!(
+            program,
+            "flush set inet forkbox blocked4\nadd element inet forkbox blocked4 { 127.0.0.0/8, 10.9.8.7/32 }\nflush set inet forkbox blocked6\n"
+        );
     }
 
     #[test]

@@ -125,12 +125,12 @@ impl Service {
         let (member, session) = forked.remove(0);
         let entry = new_entry(member.id().to_string(), settings.clone(), member, session, Vec::new());
         match pasta {
-            Some(p) if !settings.egress.is_off() => crate::sandbox::network::adopt_pasta(&entry, p),
+            Some(p) if !settings.egress.is_off() => crate::sandbox::network::adopt_pasta(&entry, p).await,
             // No way out for this one: pasta (and with it the interface)
             // must be gone before the sandbox is handed out. Stopping reaps
             // it, so not on this task.
             Some(p) => {
-                let _ = tokio::task::spawn_blocking(move || drop(p)).await;
+                let _ = tokio::task::spawn_blocking(move || drop(p.pasta)).await;
             }
             None => {}
         }
@@ -194,9 +194,10 @@ impl Service {
                 break;
             }
             // A background task: blocking it ~30 ms is fine.
+            let blocked_gen = jail::host_addrs::current().generation;
             match tokio::task::block_in_place(|| s.member.prepare_spare()) {
-                Ok(p) => {
-                    ready.insert(s.member.id().to_string(), p);
+                Ok(pasta) => {
+                    ready.insert(s.member.id().to_string(), crate::sandbox::network::ReadyNet { pasta, blocked_gen });
                 }
                 Err(e) => tracing::debug!(err = %e, "no pasta ahead of time for a spare"),
             }

@@ -86,6 +86,7 @@ impl Service {
         tokio::spawn(state.clone().pool_loop());
         tokio::spawn(state.clone().quota_sweep_loop());
         tokio::spawn(state.clone().cpu_boost_loop());
+        tokio::spawn(crate::sandbox::network::follow_host_addrs(state.clone()));
         Ok(state)
     }
 

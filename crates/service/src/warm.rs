@@ -31,7 +31,7 @@ pub struct Warm {
     pub(crate) spares: Mutex<Vec<crate::engine::Forked>>,
     /// pasta already serving a spare's network (by spare id), so a create
     /// with egress on finds its way out ready (docs/network.md).
-    pub(crate) pastas: std::sync::Mutex<HashMap<String, jail::net::Pasta>>,
+    pub(crate) pastas: std::sync::Mutex<HashMap<String, crate::sandbox::network::ReadyNet>>,
     pub(crate) served: AtomicUsize,
     pub(crate) retiring: std::sync::atomic::AtomicBool,
     /// The zygote's fork plan, read once: it runs no user code, so its

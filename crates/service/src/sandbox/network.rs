@@ -27,6 +27,10 @@ pub struct NetState {
     pub failed: Option<String>,
     /// The firewall rules in force in the sandbox's namespace.
     rules: Option<Rules>,
+    /// The generation of the host's addresses its firewall blocks
+    /// (`jail::host_addrs`); older than the latest, its blocked sets are
+    /// rewritten.
+    blocked_gen: u64,
 }
 
 /// Put `egress` in force for `entry` (the caller holds its network lock).
@@ -55,13 +59,19 @@ pub async fn apply(entry: &SandboxEntry, state: &mut NetState, egress: &Egress) 
         }
         Plan::On { rules, names } => {
             let need_pasta = !state.pasta.as_ref().is_some_and(|p| p.alive());
-            let need_rules = need_pasta || state.rules.as_ref() != Some(&rules);
+            // Read before the firewall is written, which reads the addresses
+            // again: a change in between leaves it marked stale, not current.
+            let blocked_gen = jail::host_addrs::current().generation;
+            let need_rules = need_pasta || state.rules.as_ref() != Some(&rules) || state.blocked_gen < blocked_gen;
             let in_force = rules.clone();
             let (pasta, netns) = tokio::task::spawn_blocking(move || engine.set_up_network(&rules, need_pasta, need_rules))
                 .await
                 .map_err(|e| Error::internal("egress task failed", e))?
                 .map_err(|e| Error::internal("could not set up the sandbox's network", e))?;
             state.rules = Some(in_force.clone());
+            if need_rules {
+                state.blocked_gen = blocked_gen;
+            }
             if let Some(p) = pasta {
                 state.pasta = Some(p);
             }
@@ -140,11 +150,57 @@ pub async fn apply_soon(entry: &Arc<SandboxEntry>, egress: Egress) {
 
 /// Give a new sandbox the way out the warm pool made for it ahead of time
 /// (`prepare_spare`): with the default policy, `apply` then only starts the
-/// DNS proxy.
-pub fn adopt_pasta(entry: &SandboxEntry, pasta: jail::net::Pasta) {
-    if let Ok(mut net) = entry.network.try_lock() {
-        net.pasta = Some(pasta);
+/// DNS proxy (and rewrites the firewall if the host's addresses changed
+/// since).
+pub async fn adopt_pasta(entry: &SandboxEntry, ready: ReadyNet) {
+    {
+        let mut net = entry.network.lock().await;
+        net.pasta = Some(ready.pasta);
         net.rules = Some(Rules::Open);
+        net.blocked_gen = ready.blocked_gen;
+    }
+    // A firewall written before the host's addresses last changed is
+    // brought up to date before the sandbox is handed out, not after.
+    refresh_blocked(entry, &jail::host_addrs::current()).await;
+}
+
+/// A warm spare's way out, made ahead of its create.
+pub struct ReadyNet {
+    pub pasta: jail::net::Pasta,
+    /// What its firewall blocks (`NetState::blocked_gen`).
+    pub blocked_gen: u64,
+}
+
+/// Keep every sandbox's firewall blocking the host's addresses as they
+/// change (docs/network.md#the-host-is-never-reached). Runs for the
+/// server's life.
+pub async fn follow_host_addrs(service: crate::Service) {
+    if service.inner.config.egress_proxy.is_some() {
+        // No firewall: the namespaces have no way out but their proxy.
+        return;
+    }
+    let mut changes = jail::host_addrs::subscribe();
+    while changes.changed().await.is_ok() {
+        let blocked = Arc::clone(&changes.borrow_and_update());
+        let entries: Vec<Arc<SandboxEntry>> = service.inner.sandboxes.read().await.values().cloned().collect();
+        for entry in entries {
+            refresh_blocked(&entry, &blocked).await;
+        }
+    }
+}
+
+async fn refresh_blocked(entry: &SandboxEntry, blocked: &Arc<jail::host_addrs::Blocked>) {
+    let mut net = entry.network.lock().await;
+    if net.rules.is_none() || net.blocked_gen >= blocked.generation {
+        return;
+    }
+    let (engine, program) = (Arc::clone(&entry.engine), jail::net::blocked_update(&blocked.nets));
+    let done = tokio::task::spawn_blocking(move || engine.netns().and_then(|ns| jail::net::nft(std::os::fd::AsFd::as_fd(&ns), &program))).await;
+    match done {
+        Ok(Ok(())) => net.blocked_gen = blocked.generation,
+        // Gone or rebuilding: a rebuild writes the whole firewall again.
+        Ok(Err(e)) => tracing::warn!(sandbox = %entry.id, error = %e, "could not block the host's new addresses"),
+        Err(e) => tracing::warn!(sandbox = %entry.id, error = %e, "could not block the host's new addresses"),
     }
 }
 
