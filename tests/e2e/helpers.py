@@ -671,6 +671,7 @@ def pool_ids(server: ForkboxServer) -> set[str]:
         for t in r.json()["templates"].values():
             ids.add(t["zygote"])
             ids.update(t["spares"])
+            ids.update(t["ready"])
     return ids
 
 

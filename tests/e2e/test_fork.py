@@ -10,7 +10,7 @@ import time
 import pytest
 from podflare import Sandbox
 
-from helpers import assert_json_error, create_raw, delete_raw, exec_raw, sandbox_cgroup_dirs
+from helpers import assert_json_error, create_raw, delete_raw, exec_raw, sandbox_cgroup_dirs, wait_until
 
 
 def py(sb, code: str) -> str:
@@ -337,6 +337,36 @@ def test_merge_a_grandchild_and_its_children_follow(http):
 
 # ── the warm pool ───────────────────────────────────────────────────────
 
+def test_a_create_takes_a_sandbox_forked_ahead_of_demand(http):
+    """The pool keeps sandboxes the zygote already forked (`ready`), so a
+    create waits for no fork. Such a sandbox is new from its create: its
+    lifetime, random streams and name are its own, and the time it waited
+    in the pool is not counted."""
+    wait_until(lambda: len(http.get("/v1/pool").json()["templates"].get("default", {}).get("ready", [])) >= 2,
+               300, "no sandboxes forked ahead of demand")
+    ready = set(http.get("/v1/pool").json()["templates"]["default"]["ready"])
+    time.sleep(3)    # longer than the lifetime asked for below
+    started_ms = time.time() * 1000
+    a, b = create_raw(http, timeout_seconds=2), create_raw(http, timeout_seconds=2)
+    try:
+        assert {a, b} <= ready, (a, b, ready)
+        info = http.get(f"/v1/sandboxes/{a}").json()
+        assert info["created_at"] >= started_ms - 50 and info["expires_at"] == info["created_at"] + 2000, info
+        listed = {s["id"] for s in http.get("/v1/sandboxes").json()["sandboxes"]}
+        assert {a, b} <= listed
+        draw = "import random, numpy, socket\nprint(random.random(), numpy.random.rand(), socket.gethostname())"
+        (ra, na, ha), (rb, nb, hb) = (exec_raw(http, s, draw).stdout.split() for s in (a, b))
+        assert (ha, hb) == (a, b) and ra != rb and na != nb
+        # Its own lifetime: gone 2 s after its create, not after it was forked.
+        wait_until(lambda: http.get(f"/v1/sandboxes/{a}").status_code == 404, 30, "the lifetime did not end it")
+        # The pool forks more behind the creates.
+        wait_until(lambda: len(set(http.get("/v1/pool").json()["templates"]["default"]["ready"]) - ready) >= 1,
+                   60, "the pool did not fork new sandboxes ahead of demand")
+    finally:
+        for s in (a, b):
+            http.delete(f"/v1/sandboxes/{s}")
+
+
 def test_created_sandboxes_come_from_the_warm_pool(http):
     pool = {}
     for _ in range(600):
@@ -354,7 +384,7 @@ def test_created_sandboxes_come_from_the_warm_pool(http):
         after = http.get("/v1/pool").json()["templates"]["default"]
         assert after["served"] > served or after["zygote"] != zygote, (pool, after)
         listed = {s["id"] for s in http.get("/v1/sandboxes").json()["sandboxes"]}
-        assert after["zygote"] not in listed and not set(after["spares"]) & listed
+        assert after["zygote"] not in listed and not set(after["spares"]) & listed and not set(after["ready"]) & listed
         assert exec_raw(http, sid, "echo $(hostname) $HOSTNAME", "bash").stdout.split() == [sid, sid]
         assert exec_raw(http, sid, "import os\nprint(os.environ['HOSTNAME'])").stdout == f"{sid}\n"
     finally:

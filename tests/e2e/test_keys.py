@@ -330,7 +330,7 @@ def test_each_key_forks_its_sandboxes_from_warm_zygotes_of_its_own(srv):
         mine, theirs = pooled_sandbox(a), pooled_sandbox(b)
         try:
             pa, pb = (c.get("/v1/pool").json()["templates"]["default"] for c in (a, b))
-            assert not {pa["zygote"], *pa["spares"]} & {pb["zygote"], *pb["spares"]}, (pa, pb)
+            assert not {pa["zygote"], *pa["spares"], *pa["ready"]} & {pb["zygote"], *pb["spares"], *pb["ready"]}, (pa, pb)
             assert uid_base(a, mine) != uid_base(b, theirs), "one family serves two keys"
             # A sibling from the same key's pool is in the same family.
             sibling = create_raw(a)

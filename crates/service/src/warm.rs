@@ -24,11 +24,24 @@ impl PoolKey {
     }
 }
 
+/// A sandbox the zygote already forked into a spare, waiting for a create:
+/// a whole sandbox (its REPL ready, reseeded, in its own namespaces and
+/// cgroup) but no entry yet, so no timer, list or quota sees it.
+pub(crate) struct Born {
+    pub(crate) member: crate::engine::MemberRef,
+    pub(crate) session: repl_host::session::ReplSession,
+    /// Its way out, started ahead of time (see `Warm::pastas`).
+    pub(crate) pasta: Option<crate::sandbox::network::ReadyNet>,
+}
+
 /// One template's zygote and spares, for one owner.
 pub struct Warm {
     pub(crate) key: PoolKey,
     pub(crate) zygote: Arc<SandboxEntry>,
     pub(crate) spares: Mutex<Vec<crate::engine::Forked>>,
+    /// Sandboxes forked ahead of demand: a create takes one without
+    /// waiting for the zygote's fork (docs/fork.md#the-warm-pool).
+    pub(crate) born: std::sync::Mutex<Vec<Born>>,
     /// pasta already serving a spare's network (by spare id), so a create
     /// with egress on finds its way out ready (docs/network.md).
     pub(crate) pastas: std::sync::Mutex<HashMap<String, crate::sandbox::network::ReadyNet>>,
@@ -73,8 +86,20 @@ pub struct PoolInfo {
 pub struct PoolTemplate {
     pub zygote: String,
     pub spares: Vec<String>,
+    /// Sandboxes already forked from the zygote, each the next create's.
+    pub ready: Vec<String>,
     pub served: usize,
     pub modules: Vec<String>,
+}
+
+impl Warm {
+    /// A sandbox forked ahead of demand, with its way out ready when
+    /// `wants_net` and one has it (else any).
+    pub(crate) fn take_born(&self, wants_net: bool) -> Option<Born> {
+        let mut born = self.born.lock().ok()?;
+        let i = born.iter().rposition(|b| b.pasta.is_some() == wants_net).or_else(|| born.len().checked_sub(1))?;
+        Some(born.remove(i))
+    }
 }
 
 impl Pool {
@@ -104,9 +129,16 @@ impl Pool {
         let mut templates = HashMap::new();
         for w in all.into_iter().filter(|w| caller.may_use(w.key.owner.as_deref())) {
             let spares = w.spares.lock().await.iter().map(|c| c.member.id().to_string()).collect();
+            let ready = w.born.lock().map(|b| b.iter().map(|b| b.member.id().to_string()).collect()).unwrap_or_default();
             templates.insert(
                 w.key.template.clone(),
-                PoolTemplate { zygote: w.zygote.id.clone(), spares, served: w.served.load(Ordering::Relaxed), modules: known.preimport(&w.key.template) },
+                PoolTemplate {
+                    zygote: w.zygote.id.clone(),
+                    spares,
+                    ready,
+                    served: w.served.load(Ordering::Relaxed),
+                    modules: known.preimport(&w.key.template),
+                },
             );
         }
         PoolInfo { templates, fork_spares }
