@@ -1,4 +1,5 @@
-//! The warm pool: creates fork a zygote's spares, the pool refills, and a
+//! The warm pool: creates take sandboxes forked ahead of demand or fork a
+//! zygote's spares, the pool refills, and a
 //! pool that fails falls back to a cold create without leaking members.
 
 use std::time::Duration;
@@ -23,6 +24,22 @@ async fn spares(h: &Harness) -> Vec<String> {
     info.templates.get("default").map(|t| t.spares.clone()).unwrap_or_default()
 }
 
+async fn ready(h: &Harness) -> Vec<String> {
+    let info = h.service.pool_info(&Caller::anonymous()).await;
+    info.templates.get("default").map(|t| t.ready.clone()).unwrap_or_default()
+}
+
+/// Wait until the pool holds `n` sandboxes forked ahead of demand again.
+async fn until_ready(h: &Harness, n: usize) {
+    let filled = tokio::time::timeout(Duration::from_secs(10), async {
+        while ready(h).await.len() != n {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(filled.is_ok(), "the pool has {:?} ready, not {n}", ready(h).await);
+}
+
 /// Wait until the pool holds `n` spares again.
 async fn until_spares(h: &Harness, n: usize) {
     let filled = tokio::time::timeout(Duration::from_secs(10), async {
@@ -36,22 +53,46 @@ async fn until_spares(h: &Harness, n: usize) {
 
 // Multi-threaded: the pool starts spares' networks with `block_in_place`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_create_takes_a_spare_and_the_pool_refills() {
+async fn a_create_takes_a_sandbox_forked_ahead_and_the_pool_refills() {
     let h = warm().await;
+    until_ready(&h, 2).await;
     until_spares(&h, 2).await;
-    let before = spares(&h).await;
+    let before = ready(&h).await;
+    let forks = |h: &Harness| h.fake.calls().iter().filter(|c| c.starts_with("adopt_forks")).count();
+    let forked = forks(&h);
     let id = h.create().await;
-    assert!(before.contains(&id), "{id} is not one of the spares {before:?}");
+    assert!(before.contains(&id), "{id} is not one of the ready sandboxes {before:?}");
+    assert_eq!(forks(&h), forked, "the create waited for a fork: {:?}", h.fake.calls());
     assert_eq!(h.fake.calls().iter().filter(|c| c.starts_with("create")).count(), 1, "only the zygote was made cold: {:?}", h.fake.calls());
     assert_eq!(h.run(&id, "x").await.1, 0);
+    until_ready(&h, 2).await;
     until_spares(&h, 2).await;
+    assert!(!ready(&h).await.contains(&id));
+}
+
+// Multi-threaded: the pool starts spares' networks with `block_in_place`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_sandbox_ready_a_create_forks_a_spare() {
+    let h = warm().await;
+    until_ready(&h, 2).await;
+    until_spares(&h, 2).await;
+    let (a, b) = (h.create().await, h.create().await);
+    let before = spares(&h).await;
+    // Within the refill's delay: nothing forked ahead is left.
+    let id = h.create().await;
+    assert!(before.contains(&id), "{id} is not one of the spares {before:?} ({a}, {b} were ready)");
+    assert_eq!(h.run(&id, "x").await.1, 0);
 }
 
 // Multi-threaded: the pool starts spares' networks with `block_in_place`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooled_create_that_fails_is_made_cold_and_leaks_nothing() {
     let h = warm().await;
+    until_ready(&h, 2).await;
     until_spares(&h, 2).await;
+    // The ready ones first: the third create forks (within the refill's delay).
+    h.create().await;
+    h.create().await;
     h.fake.fail(Fault::AdoptForks, 1);
     let id = h.create().await;
     assert_eq!(h.run(&id, "x").await.1, 0);
