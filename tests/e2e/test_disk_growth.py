@@ -63,7 +63,10 @@ def test_a_full_volume_gives_enospc_and_507_never_read_only_and_room_comes_back(
         try:
             exec_ok(c, sid, "x = 'kept'")
             written, err = fill(c, sid, "/root/big", 4000)
-            assert err == "ENOSPC" and 2000 < written < 3 * 1024, (written, err)
+            # Well past the 1 GiB the image started at, short of its 3 GiB
+            # cap: btrfs's metadata and the warm pool's hidden sandboxes
+            # (spares and two forked ahead of demand) hold the rest.
+            assert err == "ENOSPC" and 1800 < written < 3 * 1024, (written, err)
             assert image(growing)[0] == 3 * GIB, "at its cap, not past it"
             # New work is refused clearly; what runs goes on.
             r = c.post("/v1/sandboxes", json={})
