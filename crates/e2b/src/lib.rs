@@ -34,12 +34,10 @@ use service::keys::Caller;
 use service::sandbox::SandboxEntry;
 use service::Service;
 
+pub use protocol::e2b_routing::{is_control_path, Routed, ENVD_PORT, INTERPRETER_PORT};
+
 pub use auth::Tokens;
 
-/// envd's port in every E2B sandbox.
-pub const ENVD_PORT: u16 = 49983;
-/// The code interpreter's port.
-pub const INTERPRETER_PORT: u16 = 49999;
 /// The envd version forkbox answers as. The SDKs switch features on by it
 /// (docs/design/e2b-wire-contract.md §2.6): 0.6.4 turns on all of them —
 /// octet-stream, gzip and streamed uploads, `CloseStdin`, metrics, file
@@ -62,33 +60,9 @@ impl E2b {
     }
 }
 
-/// Where a sandbox request goes: its sandbox and port.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Routed {
-    pub sandbox: String,
-    pub port: u16,
-}
-
-/// The sandbox and port a request is for, from E2B's routing headers or
-/// a `{port}-{id}.{domain}` Host; None: not sandbox traffic.
+/// The sandbox and port a request is for (E2B's routing headers or Host).
 pub fn routed(headers: &HeaderMap) -> Option<Routed> {
-    if let Some(id) = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) {
-        let port = headers.get("e2b-sandbox-port").and_then(|v| v.to_str().ok()).and_then(|p| p.trim().parse().ok()).unwrap_or(ENVD_PORT);
-        return Some(Routed { sandbox: id.trim().to_string(), port });
-    }
-    let host = headers.get(axum::http::header::HOST).and_then(|v| v.to_str().ok())?;
-    from_host(host)
-}
-
-/// `8000-sb-abc.localhost:7070` → sandbox `sb-abc`, port 8000.
-pub fn from_host(host: &str) -> Option<Routed> {
-    let label = host.split('.').next()?;
-    if label.len() == host.len() {
-        return None; // no domain after it: a plain host name
-    }
-    let (port, id) = label.split_once('-')?;
-    let port: u16 = port.parse().ok().filter(|p| *p > 0)?;
-    (!id.is_empty()).then(|| Routed { sandbox: id.to_string(), port })
+    protocol::e2b_routing::routed(|name| headers.get(name).and_then(|v| v.to_str().ok()))
 }
 
 impl E2b {
@@ -165,39 +139,4 @@ pub fn interpreter_router(e2b: E2b) -> axum::Router {
 /// The control plane.
 pub fn control_router(e2b: E2b) -> axum::Router {
     control::router().with_state(e2b)
-}
-
-/// Whether `path` is one of the control plane's.
-pub fn is_control_path(path: &str) -> bool {
-    ["/sandboxes", "/v2/sandboxes", "/snapshots", "/templates"].iter().any(|p| path == *p || path.strip_prefix(p).is_some_and(|rest| rest.starts_with('/')))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn routing_by_header_and_host() {
-        let mut h = HeaderMap::new();
-        h.insert("host", "127.0.0.1:7070".parse().unwrap());
-        assert_eq!(routed(&h), None);
-        h.insert("host", "8000-sb-abc.localhost:7070".parse().unwrap());
-        assert_eq!(routed(&h), Some(Routed { sandbox: "sb-abc".into(), port: 8000 }));
-        h.insert("e2b-sandbox-id", "sb-x".parse().unwrap());
-        h.insert("e2b-sandbox-port", "49999".parse().unwrap());
-        assert_eq!(routed(&h), Some(Routed { sandbox: "sb-x".into(), port: 49999 }));
-        for host in ["localhost:7070", "x-y", "0-sb.localhost", "99999-sb.localhost", "80-.localhost", "abc-sb.localhost"] {
-            assert_eq!(from_host(host), None, "{host}");
-        }
-    }
-
-    #[test]
-    fn control_paths() {
-        for p in ["/sandboxes", "/sandboxes/sb-1/pause", "/v2/sandboxes", "/snapshots", "/templates/x"] {
-            assert!(is_control_path(p), "{p}");
-        }
-        for p in ["/v1/sandboxes", "/sandboxesx", "/", "/files", "/v2"] {
-            assert!(!is_control_path(p), "{p}");
-        }
-    }
 }

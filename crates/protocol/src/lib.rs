@@ -5,9 +5,11 @@
 //! additions it ignores.
 
 pub mod api;
+pub mod e2b_routing;
 pub mod egress;
 pub mod event;
 pub mod files;
+pub mod keys;
 pub mod state;
 pub mod templates;
 
