@@ -135,6 +135,28 @@ pub async fn ls(args: ClientArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// `forkbox node list`: a cluster's nodes and their load, from a gateway.
+pub async fn nodes(args: &ClientArgs) -> anyhow::Result<i32> {
+    let api = Api::new(args);
+    let body: serde_json::Value = Api::check(api.req(reqwest::Method::GET, "/v1/cluster/nodes").send().await?).await?.json().await?;
+    println!("{:<24} {:>9} {:>12} {:>8} WARM", "NODE", "SANDBOXES", "MEMORY_MIB", "DRAINING");
+    for n in body["nodes"].as_array().into_iter().flatten() {
+        let load = &n["load"];
+        let warm: Vec<&str> = load["warm"].as_array().into_iter().flatten().filter_map(|w| w.as_str()).collect();
+        println!(
+            "{:<24} {:>4}/{:<4} {:>5}/{:<6} {:>8} {}",
+            n["name"].as_str().unwrap_or("?"),
+            load["sandboxes"],
+            load["max_sandboxes"],
+            load["memory_mib"],
+            load["max_memory_mib"],
+            n["draining"],
+            warm.join(",")
+        );
+    }
+    Ok(0)
+}
+
 /// `forkbox top`: live sandboxes with their CPU (from two readings
 /// `interval` apart) and memory, busiest first; redrawn until ^C, or
 /// printed once with `once`.

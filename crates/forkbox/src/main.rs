@@ -1,6 +1,7 @@
 //! `forkbox`: the server and its command-line client in one binary.
 
 mod client;
+mod node;
 mod recipe_file;
 
 use std::net::SocketAddr;
@@ -53,12 +54,26 @@ enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
-    /// Manage API keys in <state-dir>/keys.json (stored as hashes; docs/operations.md#api-keys).
+    /// Manage API keys in <state-dir>/keys.json, or a cluster's with
+    /// --cluster-etcd (stored as hashes; docs/operations.md#api-keys).
     Key {
         #[command(subcommand)]
         command: KeyCommand,
         #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox", global = true)]
         state_dir: PathBuf,
+        /// A cluster's etcd endpoints: manage its keys instead.
+        #[arg(long = "cluster-etcd", env = "FORKBOX_CLUSTER_ETCD", value_delimiter = ',', global = true)]
+        cluster_etcd: Vec<String>,
+        #[arg(long = "cluster-prefix", env = "FORKBOX_CLUSTER_PREFIX", default_value = "/forkbox", global = true)]
+        cluster_prefix: String,
+    },
+    /// The stateless front of a cluster: serves every API forkbox speaks
+    /// and routes each call to the node that holds its sandbox (docs/cluster.md).
+    Gateway(GatewayArgs),
+    /// A cluster's nodes, and draining one (docs/cluster.md).
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
     },
     /// MCP server for models, a client of a running forkbox server (docs/mcp.md).
     Mcp(McpArgs),
@@ -134,6 +149,21 @@ fn parse_egress_proxy(raw: &str) -> Result<egress_proxy::Upstream, String> {
 /// built-in's name: a built-in's name wins over a file of that name.
 fn is_recipe_path(arg: &str) -> bool {
     arg.contains('/') || arg.ends_with(".toml") || (template::builtin(arg).is_none() && std::path::Path::new(arg).is_file())
+}
+
+#[derive(Args)]
+struct GatewayArgs {
+    /// Address to listen on.
+    #[arg(long, env = "FORKBOX_LISTEN", default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    #[command(flatten)]
+    cluster: node::ClusterArgs,
+}
+
+#[derive(Subcommand)]
+enum NodeCommand {
+    /// The cluster's nodes with their load.
+    List(ClientArgs),
 }
 
 #[derive(Subcommand)]
@@ -266,6 +296,9 @@ struct ServeArgs {
     /// run ahead of busy neighbours'. 1 turns both off.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=100))]
     cpu_boost: u64,
+    /// Join a cluster as one of its nodes (docs/cluster.md).
+    #[command(flatten)]
+    node: node::NodeArgs,
     /// Largest file one files-API upload may write (MiB).
     #[arg(long, default_value_t = 16384)]
     max_file_mib: u64,
@@ -394,11 +427,32 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Shim { .. } => unreachable!("handled before the runtime starts"),
         Command::Serve(args) => {
-            let config = server_config(*args)?;
+            let node_args = args.node.clone();
+            let mut config = server_config(*args)?;
             let rt = server::runtime()?;
-            rt.block_on(server::serve(config))?;
+            if !node_args.cluster.enabled() {
+                rt.block_on(server::serve(config))?;
+                return Ok(0);
+            }
+            rt.block_on(async move {
+                let node = std::sync::Arc::new(node::join(&node_args, &mut config).await?);
+                let started = std::sync::Arc::clone(&node);
+                server::serve_then(config, move |state| started.started(state)).await?;
+                node.stopped().await;
+                anyhow::Ok(())
+            })?;
             Ok(0)
         }
+        Command::Gateway(args) => {
+            let rt = server::runtime()?;
+            rt.block_on(async move {
+                let config = args.cluster.etcd_only();
+                let secret = args.cluster.secret()?;
+                gateway::serve(gateway::GatewayConfig { listen: args.listen, cluster: config, secret }).await
+            })?;
+            Ok(0)
+        }
+        Command::Node { command: NodeCommand::List(client) } => tokio::runtime::Runtime::new()?.block_on(client::nodes(&client)),
         Command::Template { command: TemplateCommand::Build { name, client, .. } } if is_recipe_path(&name) => {
             tokio::runtime::Runtime::new()?.block_on(client::templates::build(&client, std::path::Path::new(&name)))
         }
@@ -436,7 +490,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             tokio::runtime::Runtime::new()?.block_on(client::top(client, interval, once))
         }
         Command::Rm { client, ids } => tokio::runtime::Runtime::new()?.block_on(client::rm(client, ids)),
-        Command::Key { command, state_dir } => key(command, &state_dir),
+        Command::Key { command, cluster_etcd, cluster_prefix, .. } if !cluster_etcd.is_empty() => {
+            tokio::runtime::Runtime::new()?.block_on(cluster_key(command, cluster_etcd, cluster_prefix))
+        }
+        Command::Key { command, state_dir, .. } => key(command, &state_dir),
         Command::Mcp(args) => {
             let config = mcp::Config { url: args.client.url, api_key: args.client.api_key, template: args.template };
             let rt = tokio::runtime::Runtime::new()?;
@@ -469,6 +526,38 @@ fn key(command: KeyCommand, state_dir: &std::path::Path) -> anyhow::Result<i32> 
             file.remove(&name)?;
             file.save(&path)?;
             eprintln!("removed key `{name}`");
+        }
+    }
+    Ok(0)
+}
+
+/// `forkbox key` against a cluster's etcd: the same keys, stored hashed,
+/// which every node follows.
+async fn cluster_key(command: KeyCommand, etcd: Vec<String>, prefix: String) -> anyhow::Result<i32> {
+    // Keys need etcd only: the object store is not opened.
+    let cluster = cluster::Cluster::connect(&cluster::ClusterConfig { etcd, prefix, store: None }).await.context("connect to the cluster")?;
+    match command {
+        KeyCommand::Add { name, limits } => {
+            // Made as a single server makes them: same names, same hashes.
+            let mut file = server::keys::KeyFile::default();
+            let key = file.add(&name, limits.limits())?;
+            let made = &file.keys[0];
+            let record = cluster::keys::ClusterKey { name: made.name.clone(), sha256: made.sha256.clone(), created: made.created, limits: made.limits };
+            cluster.add_key(&record).await?;
+            eprintln!("added key `{name}` to the cluster ({}); it is shown this once and stored only as a hash:", limits.limits());
+            println!("{key}");
+        }
+        KeyCommand::List => {
+            for k in cluster.keys().await? {
+                let (n, mib) = cluster.usage(&k.name).await.unwrap_or((0, 0));
+                println!("{}\tcreated={}\tsandboxes={n}\tmemory_mib={mib}", k.name, k.created);
+            }
+        }
+        KeyCommand::Remove { name } => {
+            if !cluster.remove_key(&name).await? {
+                anyhow::bail!("no key named `{name}` in the cluster");
+            }
+            eprintln!("removed key `{name}` from the cluster");
         }
     }
     Ok(0)
@@ -524,5 +613,7 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         orphan_grace: Duration::from_secs(a.orphan_grace_seconds),
         drain: Duration::from_secs(a.drain_seconds),
         cpu_boost: a.cpu_boost,
+        directory: Default::default(),
+        cluster_secret_sha256: None,
     })
 }

@@ -54,6 +54,8 @@ fn fixture() -> &'static Fixture {
             idle_pause: None,
             orphan_grace: std::time::Duration::ZERO,
             cpu_boost: 1,
+            directory: Default::default(),
+            cluster_secret_sha256: None,
             drain: std::time::Duration::from_secs(30),
         };
         let jail =

@@ -45,7 +45,33 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// forkbox's API, and E2B's in front of it (front_door.rs).
 pub fn app(state: AppState) -> Router {
     let door = front_door::FrontDoor::new(state.clone());
-    forkbox_api(state).layer(axum::middleware::from_fn_with_state(door, front_door::dispatch))
+    let secret = state.inner.config.cluster_secret_sha256;
+    let app = forkbox_api(state).layer(axum::middleware::from_fn_with_state(door, front_door::dispatch));
+    match secret {
+        // Outermost: no route, E2B's included, answers without it.
+        Some(sha256) => app.layer(axum::middleware::from_fn_with_state(sha256, cluster_gate)),
+        None => app,
+    }
+}
+
+/// The header a cluster's gateways show the cluster secret in.
+pub const CLUSTER_HEADER: &str = "x-forkbox-cluster";
+
+/// A cluster node answers its gateways only: every request shows the
+/// cluster secret (compared by hash, in constant time).
+async fn cluster_gate(
+    axum::extract::State(sha256): axum::extract::State<[u8; 32]>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use sha2::Digest;
+    let shown = req.headers().get(CLUSTER_HEADER).map(|v| sha2::Sha256::digest(v.as_bytes()));
+    let ok = shown.is_some_and(|h| h.iter().zip(sha256.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0);
+    if !ok {
+        let body = protocol::ErrorBody { error: "this node serves its cluster's gateways only (missing or wrong cluster secret)".into(), progress: None };
+        return axum::response::IntoResponse::into_response((axum::http::StatusCode::UNAUTHORIZED, axum::Json(body)));
+    }
+    next.run(req).await
 }
 
 /// The podflare/forkbox API alone.
@@ -113,11 +139,20 @@ pub fn check_exposure(listen: &SocketAddr, has_keys: bool) -> Result<(), String>
 
 /// Run the server until SIGTERM/SIGINT, then destroy every sandbox.
 pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
+    serve_then(config, |_| {}).await
+}
+
+/// `serve`, calling `started` with the service once it runs (a cluster
+/// node starts following its cluster there).
+pub async fn serve_then(config: ServerConfig, started: impl FnOnce(AppState)) -> anyhow::Result<()> {
     // A keys file that cannot be read stops the start rather than being
     // taken for no keys (service::keys).
     let key_file = keys::KeyFile::load(&keys::key_file_path(&config.state_dir))?;
-    check_exposure(&config.listen, !config.api_keys.is_empty() || !key_file.keys.is_empty()).map_err(anyhow::Error::msg)?;
+    // A cluster node answers only requests that show the cluster secret.
+    let guarded = !config.api_keys.is_empty() || !key_file.keys.is_empty() || config.cluster_secret_sha256.is_some();
+    check_exposure(&config.listen, guarded).map_err(anyhow::Error::msg)?;
     let state = AppState::start(config.clone()).await?;
+    started(state.clone());
     use axum::serve::ListenerExt;
     // Events are small writes: without TCP_NODELAY, Nagle and delayed ACKs
     // add ~40 ms to every exec.

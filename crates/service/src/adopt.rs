@@ -67,6 +67,16 @@ impl Service {
             }
         }
         let entries = futures::future::join_all(taken.into_iter().map(|(record, adopted)| self.readopt(record, adopted))).await;
+        // Recorded again beyond this server (a cluster node's registry);
+        // those it gave up meanwhile are lost here too.
+        let records: Vec<crate::directory::Registered> = entries.iter().map(|e| crate::create::registered(e)).collect();
+        let given_up = self.inner.directory.readopt(&records).await;
+        let (entries, gone): (Vec<_>, Vec<_>) = entries.into_iter().partition(|e| !given_up.contains(&e.id));
+        for entry in gone {
+            lost += 1;
+            self.lose(&entry.id, "its node was taken for lost while the server was away", entry.settings.owner.clone());
+            self.teardown(&entry).await;
+        }
         let count = entries.len();
         for entry in entries {
             self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(&entry));
@@ -94,6 +104,8 @@ impl Service {
     fn lose(&self, id: &str, why: &str, owner: Option<String>) {
         tracing::warn!(sandbox = %id, reason = %why, "a sandbox did not survive the server restart");
         self.inner.records.remove(id);
+        let (directory, gone, whose) = (Arc::clone(&self.inner.directory), id.to_string(), owner.clone());
+        tokio::spawn(async move { directory.unregister(&gone, whose.as_deref()).await });
         if let Ok(mut lost) = self.inner.lost.lock() {
             if lost.len() >= LOST_REMEMBERED {
                 lost.clear();

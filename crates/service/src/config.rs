@@ -55,6 +55,28 @@ pub struct ServerConfig {
     /// the others run in the idle scheduling class (src/cpu_boost.rs).
     /// 1: every sandbox weighs the same, none is idle-class.
     pub cpu_boost: u64,
+    /// What this server's sandboxes are beyond it: a cluster node's
+    /// registry, quotas and Spaces (src/directory.rs); alone by default.
+    pub directory: DirectoryHandle,
+    /// On a cluster node: the SHA-256 of the cluster secret, which every
+    /// request must show (only gateways reach a node; docs/cluster.md).
+    pub cluster_secret_sha256: Option<[u8; 32]>,
+}
+
+/// The directory in the configuration (it has no `Debug` of its own).
+#[derive(Clone)]
+pub struct DirectoryHandle(pub std::sync::Arc<dyn crate::directory::Directory>);
+
+impl Default for DirectoryHandle {
+    fn default() -> Self {
+        DirectoryHandle(std::sync::Arc::new(crate::directory::Alone))
+    }
+}
+
+impl std::fmt::Debug for DirectoryHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.counts_quotas() { "DirectoryHandle(cluster)" } else { "DirectoryHandle(alone)" })
+    }
 }
 
 /// Defaults and caps for sandboxes.

@@ -29,6 +29,7 @@ impl Service {
         let initial_upper = space.map(|start| start.upper);
         let quota = self.reserve_quota(caller, settings.owner.as_deref(), 1, settings.ram_mib, false)?;
         let _slot = self.reserve_slots(1)?;
+        let beyond = self.reserve_beyond(caller, settings.owner.as_deref(), 1, settings.ram_mib, false).await?;
         let started = std::time::Instant::now();
         let from_space = initial_upper.is_some();
         let pooled = match initial_upper {
@@ -39,7 +40,7 @@ impl Service {
             Ok(Some(entry)) => {
                 tracing::info!(sandbox = %entry.id, template = %entry.settings.template, pool = true,
                     total_ms = started.elapsed().as_millis() as u64, "created");
-                self.register_created(&entry, quota, "pool", started).await;
+                self.register_created(&entry, quota, beyond, "pool", started).await?;
                 return Ok(entry);
             }
             Ok(None) => {}
@@ -72,19 +73,44 @@ impl Service {
         let entry = new_entry(id, settings, engine, session, Vec::new());
         tracing::info!(sandbox = %entry.id, template = %entry.settings.template, jail_ms = jailed.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64, "created");
-        self.register_created(&entry, quota, if from_space { "space" } else { "cold" }, started).await;
+        self.register_created(&entry, quota, beyond, if from_space { "space" } else { "cold" }, started).await?;
         Ok(entry)
     }
 
-    /// A made sandbox joins the registry: it counts against the caps and
-    /// its key's quota, its network comes up, and it is recorded so a
-    /// restarted server adopts it. `how`: the create metric's kind.
-    async fn register_created(&self, entry: &Arc<SandboxEntry>, quota: Reservation<'_>, how: &str, started: std::time::Instant) {
+    /// A made sandbox joins the registry: it is recorded beyond this
+    /// server (a cluster's registry; if that fails, it is destroyed and
+    /// the create fails), it counts against the caps and its key's quota,
+    /// its network comes up, and it is recorded so a restarted server
+    /// adopts it. `how`: the create metric's kind.
+    async fn register_created(
+        &self,
+        entry: &Arc<SandboxEntry>,
+        quota: Reservation<'_>,
+        beyond: crate::directory::Hold,
+        how: &str,
+        started: std::time::Instant,
+    ) -> Result<(), Error> {
+        if let Err(e) = beyond.register(&[registered(entry)]).await {
+            self.teardown(entry).await;
+            return Err(e);
+        }
         self.inner.sandboxes.write().await.insert(entry.id.clone(), Arc::clone(entry));
         self.inner.capacity.registered(1);
         quota.commit();
         self.inner.metrics.observe_create(how, started);
         crate::sandbox::network::apply_soon(entry, entry.settings.egress.clone()).await;
         self.inner.records.save(entry);
+        Ok(())
+    }
+}
+
+/// What the directory records of a sandbox.
+pub(crate) fn registered(entry: &SandboxEntry) -> crate::directory::Registered {
+    crate::directory::Registered {
+        id: entry.id.clone(),
+        owner: entry.settings.owner.clone(),
+        template: entry.settings.template.clone(),
+        ram_mib: entry.settings.ram_mib,
+        created_at: entry.created_at,
     }
 }

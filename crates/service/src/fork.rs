@@ -59,8 +59,18 @@ impl Service {
         let parent = self.get(caller, id).await?;
         let quota = self.reserve_quota(caller, parent.settings.owner.as_deref(), n, parent.settings.ram_mib, true)?;
         let _reserved = self.reserve_slots(n)?;
+        let beyond = self.reserve_beyond(caller, parent.settings.owner.as_deref(), n, parent.settings.ram_mib, true).await?;
         let started = std::time::Instant::now();
         let children = self.fork_entries(&parent, n).await?;
+        // Recorded beyond this server first: children nobody can find
+        // would be half made (docs/cluster.md).
+        let records: Vec<crate::directory::Registered> = children.iter().map(|c| crate::create::registered(c)).collect();
+        if let Err(e) = beyond.register(&records).await {
+            for c in &children {
+                self.teardown(c).await;
+            }
+            return Err(e);
+        }
         self.inner.metrics.fork_seconds.observe(started.elapsed().as_secs_f64());
         let ids: Vec<String> = children.iter().map(|c| c.id.clone()).collect();
         {
@@ -68,6 +78,7 @@ impl Service {
             if parent.is_destroyed() {
                 drop(all);
                 for c in &children {
+                    self.inner.directory.unregister(&c.id, c.settings.owner.as_deref()).await;
                     self.teardown(c).await;
                 }
                 return Err(Error::NotFound(format!("sandbox `{id}` was destroyed during the fork")));

@@ -92,23 +92,7 @@ impl std::fmt::Debug for KeyHash {
     }
 }
 
-/// A key's limits; `None` is unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KeyLimits {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_sandboxes: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub forks_per_minute: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_memory_mib: Option<u64>,
-}
-
-impl std::fmt::Display for KeyLimits {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let show = |v: Option<u64>| v.map_or_else(|| "unlimited".to_string(), |n| n.to_string());
-        write!(f, "max_sandboxes={} forks_per_minute={} max_memory_mib={}", show(self.max_sandboxes), show(self.forks_per_minute), show(self.max_memory_mib))
-    }
-}
+pub use protocol::keys::KeyLimits;
 
 /// One key of the keys file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -264,14 +248,31 @@ fn stamp(path: &Path) -> Stamp {
 /// Accepted keys: each hash with the tenant it stands for.
 type Known = Vec<(KeyHash, Arc<Tenant>)>;
 
+/// `keys` as accepted keys; one with an invalid hash (from `source`) is
+/// left out, and logged.
+fn known(keys: Vec<StoredKey>, source: &str) -> Known {
+    keys.into_iter()
+        .filter_map(|k| {
+            let hash = KeyHash::parse(&k.sha256);
+            if hash.is_none() {
+                tracing::error!(key = %k.name, "{source} has a key with an invalid hash; ignoring it");
+            }
+            Some((hash?, Arc::new(Tenant { name: k.name, limits: k.limits })))
+        })
+        .collect()
+}
+
 /// The keys a server accepts.
 pub struct KeyRing {
-    /// Whether a key is required (settled at start).
+    /// Whether a key is required by this server's own keys (settled at
+    /// start); a cluster node's also while its cluster has keys.
     required: bool,
     flags: Known,
     path: PathBuf,
     /// The keys file's keys, and its stamp when they were read.
     file: Mutex<(Stamp, Known)>,
+    /// A cluster's keys (a node follows them in etcd; docs/cluster.md).
+    cluster: Mutex<Known>,
 }
 
 impl KeyRing {
@@ -279,14 +280,23 @@ impl KeyRing {
     /// limits; `path`: the keys file.
     pub fn new(flags: &[KeyHash], defaults: KeyLimits, path: PathBuf) -> KeyRing {
         let flags: Known = flags.iter().map(|h| (*h, Arc::new(Tenant { name: h.flag_name(), limits: defaults }))).collect();
-        let ring = KeyRing { required: false, flags, path, file: Mutex::new((None, Vec::new())) };
+        let ring = KeyRing { required: false, flags, path, file: Mutex::new((None, Vec::new())), cluster: Mutex::new(Vec::new()) };
         ring.refresh();
         let required = !ring.flags.is_empty() || !ring.file.lock().map(|f| f.1.is_empty()).unwrap_or(true);
         KeyRing { required, ..ring }
     }
 
     pub fn required(&self) -> bool {
-        self.required
+        self.required || self.cluster.lock().map(|c| !c.is_empty()).unwrap_or(true)
+    }
+
+    /// The cluster's keys now (replacing the last set): while it has any,
+    /// every call needs one (docs/cluster.md#keys).
+    pub fn set_cluster_keys(&self, keys: Vec<StoredKey>) {
+        let known = known(keys, "the cluster");
+        if let Ok(mut c) = self.cluster.lock() {
+            *c = known;
+        }
     }
 
     /// Read the keys file again if it changed since the last look. A file
@@ -298,17 +308,7 @@ impl KeyRing {
             return;
         }
         let keys = match KeyFile::load(&self.path) {
-            Ok(f) => f
-                .keys
-                .into_iter()
-                .filter_map(|k| {
-                    let hash = KeyHash::parse(&k.sha256);
-                    if hash.is_none() {
-                        tracing::error!(key = %k.name, "the keys file has a key with an invalid hash; ignoring it");
-                    }
-                    Some((hash?, Arc::new(Tenant { name: k.name, limits: k.limits })))
-                })
-                .collect(),
+            Ok(f) => known(f.keys, "the keys file"),
             Err(e) => {
                 tracing::error!(err = %e, "could not read the keys file; its keys are refused until it is fixed");
                 Vec::new()
@@ -323,18 +323,24 @@ impl KeyRing {
         if self.flags.iter().any(|(_, t)| t.name == name) {
             return true;
         }
+        if self.cluster.lock().map(|c| c.iter().any(|(_, t)| t.name == name)).unwrap_or(false) {
+            return true;
+        }
         self.refresh();
         self.file.lock().map(|f| f.1.iter().any(|(_, t)| t.name == name)).unwrap_or(false)
     }
 
     /// The caller presenting `key` (the bearer token), if it is accepted.
     pub fn resolve(&self, key: Option<&str>) -> Option<Caller> {
-        if !self.required {
+        if !self.required() {
             return Some(Caller::anonymous());
         }
         let hash = KeyHash::of(key?);
         if let Some((_, t)) = self.flags.iter().find(|(h, _)| h.matches(&hash)) {
             return Some(Caller::key(Arc::clone(t)));
+        }
+        if let Some(t) = self.cluster.lock().ok().and_then(|c| c.iter().find(|(h, _)| h.matches(&hash)).map(|(_, t)| Arc::clone(t))) {
+            return Some(Caller::key(t));
         }
         self.refresh();
         let file = self.file.lock().ok()?;

@@ -20,6 +20,7 @@ pub mod cpu_boost;
 pub mod create;
 pub mod custom_templates;
 pub mod destroy;
+pub mod directory;
 pub mod disk;
 pub mod drain;
 pub mod egress;

@@ -122,7 +122,9 @@ impl SpaceStore {
         Ok(())
     }
 
-    fn path(&self, id: &str) -> Result<PathBuf, Error> {
+    /// Where Space `id` lives (an invalid id is refused here, before any
+    /// path is made of it).
+    pub(crate) fn path(&self, id: &str) -> Result<PathBuf, Error> {
         if !valid_id(id) || id.starts_with('.') {
             return Err(Error::Invalid(format!("invalid space id `{}`", id.chars().take(80).collect::<String>())));
         }

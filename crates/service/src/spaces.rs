@@ -89,6 +89,7 @@ impl Service {
         };
         let engine = Arc::clone(&entry.engine);
         let dir = store.dir.clone();
+        let space_dir = home.clone();
         let written = tokio::task::spawn_blocking(move || -> std::io::Result<SpaceMeta> {
             let mut meta = meta;
             std::fs::create_dir_all(&dir)?;
@@ -106,6 +107,19 @@ impl Service {
         })
         .await
         .map_err(|e| io_err("freeze task failed", e))?;
+        // Resumable beyond this server (a cluster's store) before the
+        // sandbox goes: if that fails, the freeze is undone.
+        let written = match written {
+            Ok(meta) => match self.inner.directory.publish_space(&meta, &space_dir).await {
+                Ok(()) => Ok(meta),
+                Err(e) => {
+                    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(space_dir)).await;
+                    self.undo_freeze(entry, was_paused).await;
+                    return Err(e);
+                }
+            },
+            Err(e) => Err(e),
+        };
         match written {
             Ok(meta) => {
                 entry.mark_destroyed();
@@ -159,10 +173,25 @@ impl Service {
     /// Resume Space `space_id` into a new sandbox; the Space is consumed.
     pub async fn resume_space(&self, caller: &Caller, space_id: &str, req: ResumeSpace) -> Result<Arc<SandboxEntry>, Error> {
         let store = &self.inner.spaces;
-        let (meta, claimed) = store.claim(caller, space_id)?;
+        let directory = &self.inner.directory;
+        // Claimed beyond this server first (no other node may resume it),
+        // and fetched here unless it is here already.
+        let beyond = directory.claim_space(space_id, &store.path(space_id)?).await?;
+        let (meta, claimed) = match store.claim(caller, space_id) {
+            Ok(c) => c,
+            Err(e) => {
+                if beyond {
+                    directory.space_unclaimed(space_id).await;
+                }
+                return Err(e);
+            }
+        };
         let made = self.resume_claimed(caller, &meta, &claimed, req).await;
         match made {
             Ok(entry) => {
+                if beyond {
+                    directory.space_resumed(space_id).await;
+                }
                 if let Err(e) = store.note_resumed(&meta, &entry.id) {
                     tracing::warn!(space = %space_id, err = %e, "could not note where a space was resumed");
                 }
@@ -175,6 +204,9 @@ impl Service {
             }
             Err(e) => {
                 store.put_back(space_id, &claimed);
+                if beyond {
+                    directory.space_unclaimed(space_id).await;
+                }
                 Err(e)
             }
         }
@@ -228,20 +260,40 @@ fn resume_notice(space_id: &str, lost: &[Unsaved]) -> String {
 }
 
 impl Service {
-    /// The Spaces `caller` may use.
-    pub async fn spaces(&self, caller: &Caller) -> Vec<SpaceInfo> {
+    /// The Spaces `caller` may use (a cluster's: every node's).
+    pub async fn spaces(&self, caller: &Caller) -> Result<Vec<SpaceInfo>, Error> {
+        if let Some(mut all) = self.inner.directory.spaces().await? {
+            all.retain(|m| caller.may_use(m.owner.as_deref()));
+            all.sort_by_key(|m| m.info.created_at);
+            return Ok(all.into_iter().map(|m| m.info).collect());
+        }
         let (state, caller) = (self.clone(), caller.clone());
         let spaces = tokio::task::spawn_blocking(move || state.inner.spaces.list(&caller)).await.unwrap_or_default();
-        spaces.into_iter().map(|m| m.info).collect()
+        Ok(spaces.into_iter().map(|m| m.info).collect())
     }
 
-    pub fn space(&self, caller: &Caller, id: &str) -> Result<SpaceInfo, Error> {
+    pub async fn space(&self, caller: &Caller, id: &str) -> Result<SpaceInfo, Error> {
+        self.inner.spaces.path(id)?;
+        if let Some(all) = self.inner.directory.spaces().await? {
+            return all
+                .into_iter()
+                .find(|m| m.info.space_id == id && caller.may_use(m.owner.as_deref()))
+                .map(|m| m.info)
+                .ok_or_else(|| crate::space_store::no_space(id));
+        }
         Ok(self.inner.spaces.get(caller, id)?.info)
     }
 
-    /// Discard Space `id` and its files.
+    /// Discard Space `id` and its files (a cluster's: wherever they are).
     pub async fn delete_space(&self, caller: &Caller, id: &str) -> Result<(), Error> {
-        let (state, caller, id) = (self.clone(), caller.clone(), id.to_string());
-        tokio::task::spawn_blocking(move || state.inner.spaces.delete(&caller, &id)).await.map_err(|e| io_err("delete task failed", e))?
+        // Who may delete it is decided on its record, wherever that is.
+        self.space(caller, id).await?;
+        let deleted_beyond = self.inner.directory.delete_space(id).await?;
+        let (state, who, id2) = (self.clone(), caller.clone(), id.to_string());
+        let local = tokio::task::spawn_blocking(move || state.inner.spaces.delete(&who, &id2)).await.map_err(|e| io_err("delete task failed", e))?;
+        match local {
+            Err(Error::NotFound(_)) if deleted_beyond => Ok(()),
+            other => other,
+        }
     }
 }

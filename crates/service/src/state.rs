@@ -54,6 +54,8 @@ pub struct Inner {
     pub trust: jail::trust::TrustStore,
     /// What every sandbox gets from the server's configuration (src/setup.rs).
     pub setup: Arc<crate::setup::SandboxSetup>,
+    /// What the sandboxes are beyond this server (src/directory.rs).
+    pub directory: Arc<dyn crate::directory::Directory>,
 }
 
 impl Service {
@@ -86,6 +88,7 @@ impl Service {
                 quotas: Default::default(),
                 trust: trust_store(&config),
                 setup: Arc::new(setup(&config)),
+                directory: Arc::clone(&config.directory.0),
                 config,
             }),
         }
@@ -206,11 +209,40 @@ impl Service {
     /// quotas of `caller`'s key (a refusal is a 429 with `Retry-After`, and
     /// counted in the metrics).
     pub(crate) fn reserve_quota(&self, caller: &Caller, owner: Option<&str>, n: usize, ram_mib: u64, fork: bool) -> Result<Reservation<'_>, Error> {
-        self.inner.quotas.reserve(owner, caller.limits(), n as u64, ram_mib, fork, std::time::Instant::now()).map_err(|r| {
+        // Where the directory counts keys' quotas (a cluster), this server
+        // only counts what its own sandboxes use.
+        let limits = if self.inner.directory.counts_quotas() { None } else { caller.limits() };
+        self.inner.quotas.reserve(owner, limits, n as u64, ram_mib, fork, std::time::Instant::now()).map_err(|r| {
             self.inner.metrics.quota_refused(r.limit.label());
             tracing::info!(key = owner.unwrap_or_default(), limit = r.limit.label(), "quota refused");
             Error::Quota(r)
         })
+    }
+
+    /// Reserve `n` sandboxes of `owner` beyond this server (a cluster's
+    /// quotas; nothing alone), held until they are registered.
+    pub(crate) async fn reserve_beyond(
+        &self,
+        caller: &Caller,
+        owner: Option<&str>,
+        n: usize,
+        ram_mib: u64,
+        fork: bool,
+    ) -> Result<crate::directory::Hold, Error> {
+        let directory = Arc::clone(&self.inner.directory);
+        let ticket = match (owner, directory.counts_quotas()) {
+            (Some(owner), true) => {
+                let limits = caller.limits().unwrap_or_default();
+                directory.reserve(owner, limits, n as u64, ram_mib, fork).await.inspect_err(|e| {
+                    if let Error::Quota(r) = e {
+                        self.inner.metrics.quota_refused(r.limit.label());
+                        tracing::info!(key = owner, limit = r.limit.label(), "cluster quota refused");
+                    }
+                })?
+            }
+            _ => None,
+        };
+        Ok(crate::directory::Hold::new(directory, ticket))
     }
 
     /// `entry` left the registry: it no longer counts against the server's
@@ -220,6 +252,8 @@ impl Service {
         if let Some(owner) = &entry.settings.owner {
             self.inner.quotas.release(owner, entry.settings.ram_mib);
         }
+        let (directory, id, owner) = (Arc::clone(&self.inner.directory), entry.id.clone(), entry.settings.owner.clone());
+        tokio::spawn(async move { directory.unregister(&id, owner.as_deref()).await });
     }
 
     /// Validate a create request against the defaults and caps; the new

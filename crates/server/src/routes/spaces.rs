@@ -16,15 +16,15 @@ pub async fn freeze(State(state): State<AppState>, Key(caller): Key, Path(id): P
     Ok(json(StatusCode::OK, &state.freeze(&caller, &id).await?.info))
 }
 
-#[utoipa::path(get, path = "/v1/spaces", responses((status = 200, body = SpaceList)))]
-pub async fn list(State(state): State<AppState>, Key(caller): Key) -> Response {
-    json(StatusCode::OK, &SpaceList { spaces: state.spaces(&caller).await })
+#[utoipa::path(get, path = "/v1/spaces", responses((status = 200, body = SpaceList), (status = 503, body = protocol::ErrorBody)))]
+pub async fn list(State(state): State<AppState>, Key(caller): Key) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &SpaceList { spaces: state.spaces(&caller).await? }))
 }
 
 #[utoipa::path(get, path = "/v1/spaces/{id}", params(("id" = String, Path)),
     responses((status = 200, body = SpaceInfo), (status = 404, body = protocol::ErrorBody)))]
 pub async fn get(State(state): State<AppState>, Key(caller): Key, Path(id): Path<String>) -> Result<Response, ApiError> {
-    Ok(json(StatusCode::OK, &state.space(&caller, &id)?))
+    Ok(json(StatusCode::OK, &state.space(&caller, &id).await?))
 }
 
 #[utoipa::path(delete, path = "/v1/spaces/{id}", params(("id" = String, Path)),

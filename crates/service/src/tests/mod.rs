@@ -47,6 +47,8 @@ fn config(state: &Path) -> ServerConfig {
         orphan_grace: Duration::ZERO,
         drain: Duration::from_secs(5),
         cpu_boost: 1,
+        directory: Default::default(),
+        cluster_secret_sha256: None,
     }
 }
 
