@@ -24,6 +24,8 @@ pub struct Blocked {
     /// `g` is current while `g` is the latest.
     pub generation: u64,
     pub nets: Vec<IpNet>,
+    /// Refused even to allow-lists (`deny`).
+    pub denied: Vec<IpNet>,
 }
 
 /// How often the addresses are read without a notification.
@@ -37,7 +39,7 @@ fn sender() -> &'static watch::Sender<Arc<Blocked>> {
     WATCH.get_or_init(|| {
         // Subscribed before the first read, so no change falls between.
         let sock = subscribe_to_kernel().map_err(|e| tracing::warn!(error = %e, "no address notifications; the host's addresses are polled")).ok();
-        let (tx, _) = watch::channel(Arc::new(Blocked { generation: 0, nets: crate::net::always_blocked() }));
+        let (tx, _) = watch::channel(Arc::new(Blocked { generation: 0, nets: crate::net::always_blocked(), denied: crate::net::denied() }));
         let publish = tx.clone();
         let spawned = std::thread::Builder::new().name("forkbox-host-addrs".into()).spawn(move || watch_loop(sock, &publish));
         if let Err(e) = spawned {
@@ -45,6 +47,15 @@ fn sender() -> &'static watch::Sender<Arc<Blocked>> {
         }
         tx
     })
+}
+
+/// Deny `nets` to every sandbox, allow-lists included (replacing the last
+/// call's): every firewall follows at once, as for a host address that
+/// appeared (a cluster node's etcd, object store and peers;
+/// docs/cluster.md#security).
+pub fn deny(nets: Vec<IpNet>) {
+    crate::net::set_denied(nets);
+    publish(sender());
 }
 
 /// The blocked networks now.
@@ -64,7 +75,7 @@ fn subscribe_to_kernel() -> nix::Result<OwnedFd> {
     Ok(fd)
 }
 
-fn watch_loop(sock: Option<OwnedFd>, publish: &watch::Sender<Arc<Blocked>>) {
+fn watch_loop(sock: Option<OwnedFd>, publish_to: &watch::Sender<Arc<Blocked>>) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match &sock {
@@ -80,16 +91,21 @@ fn watch_loop(sock: Option<OwnedFd>, publish: &watch::Sender<Arc<Blocked>>) {
             Some(_) => {}
             None => std::thread::sleep(POLL),
         }
-        let nets = crate::net::always_blocked();
-        publish.send_if_modified(|cur| {
-            if cur.nets == nets {
-                return false;
-            }
-            tracing::info!(generation = cur.generation + 1, "the host's addresses changed: sandboxes' firewalls follow");
-            *cur = Arc::new(Blocked { generation: cur.generation + 1, nets });
-            true
-        });
+        publish(publish_to);
     }
+}
+
+/// Read the blocked networks again; a new generation if they changed.
+fn publish(to: &watch::Sender<Arc<Blocked>>) {
+    let (nets, denied) = (crate::net::always_blocked(), crate::net::denied());
+    to.send_if_modified(|cur| {
+        if cur.nets == nets && cur.denied == denied {
+            return false;
+        }
+        tracing::info!(generation = cur.generation + 1, "the blocked addresses changed: sandboxes' firewalls follow");
+        *cur = Arc::new(Blocked { generation: cur.generation + 1, nets, denied });
+        true
+    });
 }
 
 fn readable(fd: &OwnedFd, wait: Duration) -> bool {

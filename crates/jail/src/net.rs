@@ -54,6 +54,22 @@ pub fn always_blocked() -> Vec<IpNet> {
     nets
 }
 
+/// Networks no sandbox reaches, not even by naming them in an allow-list:
+/// a cluster node's etcd, object store and peers, and what its operator
+/// names (`host_addrs::deny`).
+static DENIED: std::sync::RwLock<Vec<IpNet>> = std::sync::RwLock::new(Vec::new());
+
+pub(crate) fn set_denied(nets: Vec<IpNet>) {
+    if let Ok(mut n) = DENIED.write() {
+        *n = nets;
+    }
+}
+
+/// The networks no sandbox reaches (`DENIED`).
+pub fn denied() -> Vec<IpNet> {
+    DENIED.read().map(|n| n.clone()).unwrap_or_default()
+}
+
 fn elements(nets: &[IpNet], v4: bool) -> String {
     nets.iter().filter(|n| matches!(n, IpNet::V4(_)) == v4).map(|n| n.trunc().to_string()).collect::<Vec<_>>().join(", ")
 }
@@ -65,20 +81,23 @@ fn set(name: &str, v4: bool, nets: &[IpNet]) -> String {
     format!("  set {name} {{ type {ty}; flags interval; auto-merge;{els} }}\n")
 }
 
-/// The nftables program for `rules` (replaces any earlier one).
-pub fn ruleset(rules: &Rules, blocked: &[IpNet]) -> String {
+/// The nftables program for `rules` (replaces any earlier one): `denied`
+/// refused first, then what an allow-list names let through, then
+/// `blocked` refused.
+pub fn ruleset(rules: &Rules, blocked: &[IpNet], denied: &[IpNet]) -> String {
     let explicit: &[IpNet] = match rules {
         Rules::AllowList(nets) => nets,
         Rules::Open => &[],
     };
     let mut out = String::from("table inet forkbox\ndelete table inet forkbox\ntable inet forkbox {\n");
-    for (name, nets) in [("explicit", explicit), ("blocked", blocked), ("learned", &[][..])] {
+    for (name, nets) in [("denied", denied), ("explicit", explicit), ("blocked", blocked), ("learned", &[][..])] {
         out += &set(&format!("{name}4"), true, nets);
         out += &set(&format!("{name}6"), false, nets);
     }
     // Refusals are immediate: a TCP reset or an ICMP error, never a timeout.
     let refuse = "meta l4proto tcp reject with tcp reset\n    reject with icmpx type admin-prohibited";
     out += "  chain out {\n    type filter hook output priority 0; policy accept;\n    oifname \"lo\" accept\n    \
+         ip daddr @denied4 goto refuse\n    ip6 daddr @denied6 goto refuse\n    \
          ip daddr @explicit4 accept\n    ip6 daddr @explicit6 accept\n    \
          ip daddr @blocked4 goto refuse\n    ip6 daddr @blocked6 goto refuse\n";
     if matches!(rules, Rules::AllowList(_)) {
@@ -113,13 +132,14 @@ pub fn nft(netns: BorrowedFd<'_>, program: &str) -> Result<()> {
     Ok(())
 }
 
-/// The nftables program that replaces the blocked sets of a firewall
-/// `ruleset` wrote (one transaction: the sandbox never sees them empty).
-pub fn blocked_update(blocked: &[IpNet]) -> String {
+/// The nftables program that replaces the blocked and denied sets of a
+/// firewall `ruleset` wrote (one transaction: the sandbox never sees them
+/// empty).
+pub fn blocked_update(blocked: &[IpNet], denied: &[IpNet]) -> String {
     let mut program = String::new();
-    for (name, v4) in [("blocked4", true), ("blocked6", false)] {
+    for (name, nets, v4) in [("blocked4", blocked, true), ("blocked6", blocked, false), ("denied4", denied, true), ("denied6", denied, false)] {
         program += &format!("flush set inet forkbox {name}\n");
-        let els = elements(blocked, v4);
+        let els = elements(nets, v4);
         if !els.is_empty() {
             program += &format!("add element inet forkbox {name} {{ {els} }}\n");
         }
@@ -281,30 +301,37 @@ mod tests {
     #[test]
     fn rulesets_block_the_host_and_refuse_at_once() {
         let blocked: Vec<IpNet> = vec!["127.0.0.0/8".parse().unwrap(), "192.0.2.2/32".parse().unwrap(), "fe80::/10".parse().unwrap()];
-        let open = ruleset(&Rules::Open, &blocked);
+        let open = ruleset(&Rules::Open, &blocked, &[]);
         assert!(open.contains("set blocked4 { type ipv4_addr; flags interval; auto-merge; elements = { 127.0.0.0/8, 192.0.2.2/32 }; }"), "{open}");
         assert!(open.contains("elements = { fe80::/10 }"));
         assert!(open.contains("ip daddr @blocked4 goto refuse") && !open.contains("@learned4 accept"));
         assert!(open.contains("reject with tcp reset"));
-        let allow = ruleset(&Rules::AllowList(vec!["203.0.113.0/24".parse().unwrap(), "169.254.169.254/32".parse().unwrap()]), &blocked);
+        let denied: Vec<IpNet> = vec!["10.96.0.0/12".parse().unwrap()];
+        let allow = ruleset(
+            &Rules::AllowList(vec!["203.0.113.0/24".parse().unwrap(), "169.254.169.254/32".parse().unwrap(), "10.96.0.1/32".parse().unwrap()]),
+            &blocked,
+            &denied,
+        );
         assert!(
-            allow.contains("set explicit4 { type ipv4_addr; flags interval; auto-merge; elements = { 169.254.169.254/32, 203.0.113.0/24 }; }")
-                || allow.contains("elements = { 203.0.113.0/24, 169.254.169.254/32 }"),
+            allow.contains("set explicit4 { type ipv4_addr; flags interval; auto-merge; elements = { 203.0.113.0/24, 169.254.169.254/32, 10.96.0.1/32 }; }"),
             "{allow}"
         );
-        // explicit before blocked: an allow-list may name a blocked address
-        let (e, b) = (allow.find("@explicit4 accept").unwrap(), allow.find("@blocked4 goto").unwrap());
-        assert!(e < b);
+        // explicit before blocked: an allow-list may name a blocked address,
+        // but never a denied one.
+        let (d, e, b) = (allow.find("@denied4 goto").unwrap(), allow.find("@explicit4 accept").unwrap(), allow.find("@blocked4 goto").unwrap());
+        assert!(d < e && e < b);
+        assert!(allow.contains("set denied4 { type ipv4_addr; flags interval; auto-merge; elements = { 10.96.0.0/12 }; }"), "{allow}");
         assert!(allow.trim_end().contains("@learned6 accept\n    goto refuse"));
     }
 
     #[test]
     fn blocked_sets_are_replaced_in_one_program() {
         let blocked: Vec<IpNet> = vec!["127.0.0.0/8".parse().unwrap(), "10.9.8.7/32".parse().unwrap()];
-        let program = blocked_update(&blocked);
+        let program = blocked_update(&blocked, &["10.96.0.0/12".parse().unwrap()]);
         assert_eq!(
             program,
-            "flush set inet forkbox blocked4\nadd element inet forkbox blocked4 { 127.0.0.0/8, 10.9.8.7/32 }\nflush set inet forkbox blocked6\n"
+            "flush set inet forkbox blocked4\nadd element inet forkbox blocked4 { 127.0.0.0/8, 10.9.8.7/32 }\nflush set inet forkbox blocked6\n\
+             flush set inet forkbox denied4\nadd element inet forkbox denied4 { 10.96.0.0/12 }\nflush set inet forkbox denied6\n"
         );
     }
 

@@ -112,7 +112,7 @@ pub fn plan(egress: &Egress) -> std::result::Result<Plan, PolicyError> {
 pub fn set_up(engine: &crate::Sandbox, rules: &Rules, need_pasta: bool, need_rules: bool) -> Result<(Option<crate::net::Pasta>, OwnedFd)> {
     let netns = engine.netns()?;
     if need_rules {
-        crate::net::nft(std::os::fd::AsFd::as_fd(&netns), &crate::net::ruleset(rules, &crate::net::always_blocked()))?;
+        crate::net::nft(std::os::fd::AsFd::as_fd(&netns), &crate::net::ruleset(rules, &crate::net::always_blocked(), &crate::net::denied()))?;
     }
     let pasta = if need_pasta { Some(engine.start_pasta()?) } else { None };
     point_resolver(engine)?;

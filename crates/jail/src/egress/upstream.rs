@@ -25,7 +25,9 @@ pub struct ProxyTask {
 
 struct SandboxPolicy {
     allowed: Arc<RwLock<Option<Allowed>>>,
-    /// Networks never reached unless an allow-list names them.
+    /// Networks never reached unless an allow-list names them (those never
+    /// reached at all are `net::denied`'s, read at each check: a cluster
+    /// node's change as its peers do).
     blocked: Vec<IpNet>,
 }
 
@@ -39,6 +41,9 @@ impl SandboxPolicy {
 
     fn address_allowed(&self, ip: IpAddr, explicit: &[IpNet]) -> bool {
         let Some(allowed) = self.allowed.read().unwrap_or_else(|e| e.into_inner()).clone() else { return false };
+        if crate::net::denied().iter().any(|n| n.contains(&ip)) {
+            return false;
+        }
         if explicit.iter().any(|n| n.contains(&ip)) {
             return true;
         }
@@ -58,7 +63,13 @@ impl SandboxPolicy {
                 // itself refused. (A name the host cannot resolve is left
                 // to the operator's proxy.)
                 match tokio::net::lookup_host((name.as_str(), target.port)).await {
-                    Ok(addrs) => addrs.map(|a| a.ip()).all(|ip| explicit.iter().any(|n| n.contains(&ip)) || !self.blocked.iter().any(|n| n.contains(&ip))),
+                    Ok(addrs) => {
+                        let denied = crate::net::denied();
+                        addrs.map(|a| a.ip()).all(|ip| {
+                            !denied.iter().any(|n| n.contains(&ip))
+                                && (explicit.iter().any(|n| n.contains(&ip)) || !self.blocked.iter().any(|n| n.contains(&ip)))
+                        })
+                    }
                     Err(_) => true,
                 }
             }

@@ -194,7 +194,7 @@ async fn refresh_blocked(entry: &SandboxEntry, blocked: &Arc<jail::host_addrs::B
     if net.rules.is_none() || net.blocked_gen >= blocked.generation {
         return;
     }
-    let (engine, program) = (Arc::clone(&entry.engine), jail::net::blocked_update(&blocked.nets));
+    let (engine, program) = (Arc::clone(&entry.engine), jail::net::blocked_update(&blocked.nets, &blocked.denied));
     let done = tokio::task::spawn_blocking(move || engine.netns().and_then(|ns| jail::net::nft(std::os::fd::AsFd::as_fd(&ns), &program))).await;
     match done {
         Ok(Ok(())) => net.blocked_gen = blocked.generation,
