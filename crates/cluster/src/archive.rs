@@ -25,6 +25,12 @@ const XATTR_PAX: &str = "SCHILY.xattr.";
 
 /// Write the tree under `src` (its entries, not `src` itself) to `out`.
 pub fn pack(src: &Path, out: impl Write) -> io::Result<()> {
+    pack_except(src, out, &[])
+}
+
+/// `pack`, leaving out the entries of `src` named in `skip` (and what is
+/// under them: a mount point's contents are not the tree's).
+pub fn pack_except(src: &Path, out: impl Write, skip: &[&str]) -> io::Result<()> {
     let mut builder = tar::Builder::new(out);
     builder.follow_symlinks(false);
     let mut linked: HashMap<(u64, u64), PathBuf> = HashMap::new();
@@ -35,6 +41,9 @@ pub fn pack(src: &Path, out: impl Write) -> io::Result<()> {
         // Directories are pushed in reverse so they come out in order.
         let mut dirs = Vec::new();
         for name in names {
+            if rel.as_os_str().is_empty() && skip.iter().any(|s| OsStr::new(s) == name) {
+                continue;
+            }
             let path = rel.join(&name);
             let full = src.join(&path);
             let meta = fs::symlink_metadata(&full)?;

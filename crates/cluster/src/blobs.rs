@@ -90,6 +90,15 @@ impl Blobs {
         Ok(total)
     }
 
+    /// Whether object `key` is stored.
+    pub async fn exists(&self, key: &str) -> Result<bool> {
+        match self.store.head(&self.path(key)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(ClusterError::store(e)),
+        }
+    }
+
     /// Remove object `key` (gone already is fine).
     pub async fn delete(&self, key: &str) -> Result<()> {
         match self.store.delete(&self.path(key)).await {

@@ -11,6 +11,12 @@
 //! <prefix>/keys/<name>                   ClusterKey             none
 //! <prefix>/spaces/<space>                SpaceRecord            none
 //! <prefix>/reaped/<node>/<lease>         ""                     a day-long lease: one survivor reaps a lost node
+//! <prefix>/templates/<name>             TemplateRecord         none: a custom template's record and layers
+//! <prefix>/drain/<node>                  DrainRequest           none: a gateway asks a node to drain
+//! <prefix>/drained/<node>                DrainReport            a day-long lease: what the drain did
+//! <prefix>/moving/<id>                   Moving                 ten minutes: gateways hold its calls
+//! <prefix>/resume/<node>/<space>         ResumeRequest          ten minutes: a draining node asks a peer
+//! <prefix>/resumed/<ticket>              ResumeAnswer           ten minutes: the peer's answer
 //! ```
 //!
 //! Names are ids and key names the service already checked
@@ -91,6 +97,34 @@ impl Layout {
     }
     pub fn reaped(&self, node: &str, lease: i64) -> String {
         self.key(&["reaped", node, &format!("{lease:x}")])
+    }
+
+    pub fn templates(&self) -> String {
+        self.dir(&["templates"])
+    }
+    pub fn template(&self, name: &str) -> String {
+        self.key(&["templates", name])
+    }
+    pub fn drain(&self, node: &str) -> String {
+        self.key(&["drain", node])
+    }
+    pub fn drains(&self) -> String {
+        self.dir(&["drain"])
+    }
+    pub fn drained(&self, node: &str) -> String {
+        self.key(&["drained", node])
+    }
+    pub fn moving(&self, id: &str) -> String {
+        self.key(&["moving", id])
+    }
+    pub fn resumes_for(&self, node: &str) -> String {
+        self.dir(&["resume", node])
+    }
+    pub fn resume(&self, node: &str, space: &str) -> String {
+        self.key(&["resume", node, space])
+    }
+    pub fn resumed(&self, ticket: &str) -> String {
+        self.key(&["resumed", ticket])
     }
 
     /// The last part of a key under `dir` (an id, a node's name).

@@ -21,11 +21,13 @@ pub mod error;
 pub mod keys;
 pub mod layout;
 pub mod membership;
+pub mod moves;
 pub mod quota;
 pub mod records;
 pub mod registry;
 pub mod secret;
 pub mod spaces;
+pub mod templates;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -178,6 +180,30 @@ impl Cluster {
         }
         let stream = self.kv().watch(dir, Some(options)).await.map_err(ClusterError::etcd)?;
         Ok(Watch { stream, what: dir.to_string() })
+    }
+
+    /// A write that failed may still be applied later: etcd answered no,
+    /// but a member cut off from its quorum can keep it in its log and
+    /// commit it once the quorum is back. Delete `keys` then too, retrying
+    /// for up to ten minutes, so no record of what was undone appears.
+    pub(crate) fn forget_later(&self, keys: Vec<String>) {
+        if keys.is_empty() {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+            // Past the moment a stuck proposal could still be committed.
+            let mut settled = 0;
+            while tokio::time::Instant::now() < deadline && settled < 3 {
+                let ops: Vec<etcd_client::TxnOp> = keys.iter().map(|k| etcd_client::TxnOp::delete(k.clone(), None)).collect();
+                match me.txn(etcd_client::Txn::new().and_then(ops)).await {
+                    Ok(_) => settled += 1,
+                    Err(_) => settled = 0,
+                }
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        });
     }
 
     /// A stream on the member in use broke: use the next.

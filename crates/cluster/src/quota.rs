@@ -123,6 +123,18 @@ impl Cluster {
     pub async fn reserve(&self, lease: i64, owner: &str, limits: &Limits, n: u64, ram_mib: u64, fork: bool) -> Result<Ticket> {
         let l = &self.layout;
         let ticket = Ticket { owner: owner.to_string(), id: crate::random_hex(8) };
+        let ours = l.ticket(owner, &ticket.id);
+        let attempt = self.reserve_attempts(lease, owner, limits, n, ram_mib, fork, &ticket).await;
+        if matches!(&attempt, Err(e) if e.is_unavailable()) {
+            // Its ticket may yet be written (forget_later).
+            self.forget_later(vec![ours, l.fork(owner, &ticket.id)]);
+        }
+        attempt
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn reserve_attempts(&self, lease: i64, owner: &str, limits: &Limits, n: u64, ram_mib: u64, fork: bool, ticket: &Ticket) -> Result<Ticket> {
+        let l = &self.layout;
         let guard = l.guard(owner);
         let mut fork_lease = None;
         let ours = l.ticket(owner, &ticket.id);
@@ -140,7 +152,7 @@ impl Cluster {
             };
             if tickets.kvs().iter().any(|k| k.key() == ours.as_bytes()) {
                 // Written by the last attempt, whose answer was lost on the way.
-                return Ok(ticket);
+                return Ok(ticket.clone());
             }
             let guard_rev = g.kvs().first().map(|k| k.mod_revision()).unwrap_or(0);
             let mut usage = Usage::default();
@@ -177,7 +189,7 @@ impl Cluster {
                 Compare::mod_revision(guard.clone(), CompareOp::Equal, guard_rev)
             };
             if self.txn(Txn::new().when([unmoved]).and_then(writes)).await?.succeeded() {
-                return Ok(ticket);
+                return Ok(ticket.clone());
             }
             // Another reservation of this key went first: read again.
             tokio::time::sleep(std::time::Duration::from_millis(rand::random::<u64>() % 5)).await;

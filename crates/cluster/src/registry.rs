@@ -19,6 +19,8 @@ const PER_TXN: usize = 60;
 pub enum Found {
     Live(SandboxRecord),
     Lost(LostRecord),
+    /// On its way from a draining node to another: wait.
+    Moving(crate::moves::Moving),
     Unknown,
 }
 
@@ -42,7 +44,17 @@ impl Cluster {
             if let (Some(t), true) = (ticket, i == last) {
                 ops.push(TxnOp::delete(l.ticket(&t.owner, &t.id), None));
             }
-            self.txn(Txn::new().and_then(ops)).await?;
+            if let Err(e) = self.txn(Txn::new().and_then(ops)).await {
+                // The caller destroys them: no record of them may appear
+                // later, from this or an earlier part.
+                let mut keys = Vec::new();
+                for r in records {
+                    keys.push(l.sandbox(&r.id));
+                    keys.extend(r.owner.as_ref().map(|o| l.owned(o, &r.id)));
+                }
+                self.forget_later(keys);
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -60,12 +72,16 @@ impl Cluster {
     /// Where sandbox `id` is, or why it is not.
     pub async fn find(&self, id: &str) -> Result<Found> {
         let l = &self.layout;
-        let ops = self.txn(Txn::new().and_then([TxnOp::get(l.sandbox(id), None), TxnOp::get(l.lost(id), None)])).await?.op_responses();
-        let mut gets = ops.iter().filter_map(|o| if let etcd_client::TxnOpResponse::Get(g) = o { g.kvs().first() } else { None });
-        match (gets.next(), gets.next()) {
-            (Some(kv), _) if kv.key() == l.sandbox(id).as_bytes() => Ok(Found::Live(parse(kv.key(), kv.value())?)),
-            (Some(kv), _) => Ok(Found::Lost(parse(kv.key(), kv.value())?)),
-            (None, _) => Ok(Found::Unknown),
+        let keys = [l.moving(id), l.sandbox(id), l.lost(id)];
+        let ops = self.txn(Txn::new().and_then(keys.clone().map(|k| TxnOp::get(k, None)))).await?.op_responses();
+        let found: Vec<&etcd_client::KeyValue> =
+            ops.iter().filter_map(|o| if let etcd_client::TxnOpResponse::Get(g) = o { g.kvs().first() } else { None }).collect();
+        // In that order: a moving sandbox is still recorded where it was.
+        let Some(kv) = found.first() else { return Ok(Found::Unknown) };
+        match keys.iter().position(|k| k.as_bytes() == kv.key()) {
+            Some(0) => Ok(Found::Moving(parse(kv.key(), kv.value())?)),
+            Some(1) => Ok(Found::Live(parse(kv.key(), kv.value())?)),
+            _ => Ok(Found::Lost(parse(kv.key(), kv.value())?)),
         }
     }
 

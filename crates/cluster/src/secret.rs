@@ -24,12 +24,13 @@ impl std::fmt::Debug for Secret {
 
 impl Secret {
     /// From a file holding it (trailing whitespace ignored); at least 32
-    /// characters, and the file must not be readable by others.
+    /// characters, and the file must not be open to every user (a group
+    /// may read it: Kubernetes mounts secrets for a pod's `fsGroup`).
     pub fn from_file(path: &Path) -> Result<Secret> {
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(path).map_err(|e| ClusterError::io(format!("read the cluster secret {}", path.display()), e))?;
-        if meta.mode() & 0o077 != 0 {
-            return Err(ClusterError::Config(format!("the cluster secret {} is readable by others (chmod 600 it)", path.display())));
+        if meta.mode() & 0o007 != 0 {
+            return Err(ClusterError::Config(format!("the cluster secret {} is open to every user (chmod o-rwx it)", path.display())));
         }
         let text = std::fs::read_to_string(path).map_err(|e| ClusterError::io(format!("read the cluster secret {}", path.display()), e))?;
         Secret::new(text.trim_end())

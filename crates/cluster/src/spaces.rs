@@ -64,6 +64,8 @@ impl Cluster {
             Ok(_) if self.record(space_id).await.ok().flatten().is_some_and(|(found, _)| found == record) => Ok(record),
             Ok(_) => Err(ClusterError::Conflict(format!("space `{space_id}` exists already"))),
             Err(e) => {
+                // The freeze is undone: no record of it may appear later.
+                self.forget_later(vec![self.layout.space(space_id)]);
                 let _ = self.blobs()?.delete(&blob).await;
                 Err(e)
             }

@@ -451,7 +451,7 @@ async fn snapshots(
     let list: Vec<Snapshot> = e2b
         .service
         .template_list(&caller)
-        .await
+        .await?
         .into_iter()
         .filter(|t| t.kind == "saved" && t.description.starts_with("E2B snapshot of "))
         .filter(|t| from.as_ref().is_none_or(|f| &t.description == f) && q.name.as_ref().is_none_or(|n| &t.name == n))

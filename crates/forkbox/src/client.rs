@@ -157,6 +157,32 @@ pub async fn nodes(args: &ClientArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// `forkbox node drain`: move every sandbox off `node`; prints where each went.
+pub async fn drain(args: &ClientArgs, node: &str, secret: &str) -> anyhow::Result<i32> {
+    let api = Api::new(args);
+    let path = format!("/v1/cluster/nodes/{node}/drain");
+    let req = api.req(reqwest::Method::POST, &path).header("x-forkbox-cluster", secret).timeout(std::time::Duration::from_secs(1000));
+    let report: serde_json::Value = Api::check(req.send().await?).await?.json().await?;
+    for m in report["moved"].as_array().into_iter().flatten() {
+        println!("{}\tmoved to {}", m["id"].as_str().unwrap_or("?"), m["to"].as_str().unwrap_or("?"));
+    }
+    let failed = report["failed"].as_array().cloned().unwrap_or_default();
+    for f in &failed {
+        println!("{}\tnot moved: {}", f["id"].as_str().unwrap_or("?"), f["error"].as_str().unwrap_or("?"));
+    }
+    eprintln!("node {node} drained in {} ms; it takes no new work", report["took_ms"]);
+    Ok(if failed.is_empty() { 0 } else { 1 })
+}
+
+/// `forkbox node undrain`: `node` takes new work again.
+pub async fn undrain(args: &ClientArgs, node: &str, secret: &str) -> anyhow::Result<i32> {
+    let api = Api::new(args);
+    let path = format!("/v1/cluster/nodes/{node}/drain");
+    Api::check(api.req(reqwest::Method::DELETE, &path).header("x-forkbox-cluster", secret).send().await?).await?;
+    eprintln!("node {node} takes work again");
+    Ok(0)
+}
+
 /// `forkbox top`: live sandboxes with their CPU (from two readings
 /// `interval` apart) and memory, busiest first; redrawn until ^C, or
 /// printed once with `once`.

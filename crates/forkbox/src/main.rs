@@ -164,6 +164,25 @@ struct GatewayArgs {
 enum NodeCommand {
     /// The cluster's nodes with their load.
     List(ClientArgs),
+    /// Move every sandbox off a node (frozen and resumed under the same id
+    /// on others); it takes no new work after (docs/cluster.md#drain).
+    Drain {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The node's name (`forkbox node list`).
+        node: String,
+        /// The cluster secret's file: draining is an operator's.
+        #[arg(long = "cluster-secret-file", env = "FORKBOX_CLUSTER_SECRET_FILE")]
+        secret_file: PathBuf,
+    },
+    /// Let a drained node take new work again.
+    Undrain {
+        #[command(flatten)]
+        client: ClientArgs,
+        node: String,
+        #[arg(long = "cluster-secret-file", env = "FORKBOX_CLUSTER_SECRET_FILE")]
+        secret_file: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -453,6 +472,14 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Node { command: NodeCommand::List(client) } => tokio::runtime::Runtime::new()?.block_on(client::nodes(&client)),
+        Command::Node { command: NodeCommand::Drain { client, node, secret_file } } => {
+            let secret = cluster::secret::Secret::from_file(&secret_file)?;
+            tokio::runtime::Runtime::new()?.block_on(client::drain(&client, &node, secret.expose()))
+        }
+        Command::Node { command: NodeCommand::Undrain { client, node, secret_file } } => {
+            let secret = cluster::secret::Secret::from_file(&secret_file)?;
+            tokio::runtime::Runtime::new()?.block_on(client::undrain(&client, &node, secret.expose()))
+        }
         Command::Template { command: TemplateCommand::Build { name, client, .. } } if is_recipe_path(&name) => {
             tokio::runtime::Runtime::new()?.block_on(client::templates::build(&client, std::path::Path::new(&name)))
         }

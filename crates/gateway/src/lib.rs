@@ -174,6 +174,8 @@ async fn handle(State(gw): State<Gateway>, req: Request) -> Response {
             Ok(_) => nodes(&gw),
             Err(()) => error(dialect, StatusCode::UNAUTHORIZED, "missing or invalid API key"),
         },
+        Target::Drain { node } => drain(&gw, &node, req.headers()).await,
+        Target::Undrain { node } => undrain(&gw, &node, req.headers()).await,
         Target::Sandbox { id } => to_sandbox(&gw, &id, dialect, req).await,
         Target::Place => place(&gw, dialect, req).await,
         Target::Every => every(&gw, dialect, req).await,
@@ -199,6 +201,60 @@ fn nodes(gw: &Gateway) -> Response {
     (StatusCode::OK, axum::Json(serde_json::json!({ "nodes": list }))).into_response()
 }
 
+/// Longest a drain is waited for before the gateway answers without its
+/// report (the drain goes on).
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(900);
+
+/// Why an operator's request may not act on `node`, if it may not: it
+/// shows no cluster secret, or the node is not live.
+fn refuse_operator(gw: &Gateway, node: &str, headers: &HeaderMap) -> Option<Response> {
+    let shown = headers.get(CLUSTER_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
+    if !gw.inner.secret.matches(shown) {
+        return Some(error(Dialect::Forkbox, StatusCode::UNAUTHORIZED, "draining a node needs the cluster secret (X-Forkbox-Cluster)"));
+    }
+    if gw.node(node).is_none() {
+        return Some(error(Dialect::Forkbox, StatusCode::NOT_FOUND, format!("no live node `{node}`")));
+    }
+    None
+}
+
+/// `DELETE /v1/cluster/nodes/{node}/drain`: the node takes work again.
+async fn undrain(gw: &Gateway, node: &str, headers: &HeaderMap) -> Response {
+    if let Some(r) = refuse_operator(gw, node, headers) {
+        return r;
+    }
+    match gw.inner.cluster.cancel_drain(node).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => unavailable(Dialect::Forkbox, e),
+    }
+}
+
+/// `POST /v1/cluster/nodes/{node}/drain`: an operator's (it shows the
+/// cluster secret). Answers the node's report once every sandbox moved.
+async fn drain(gw: &Gateway, node: &str, headers: &HeaderMap) -> Response {
+    if let Some(r) = refuse_operator(gw, node, headers) {
+        return r;
+    }
+    let ticket = match gw.inner.cluster.request_drain(node).await {
+        Ok(t) => t,
+        Err(e) => return unavailable(Dialect::Forkbox, e),
+    };
+    let deadline = std::time::Instant::now() + DRAIN_WAIT;
+    loop {
+        match gw.inner.cluster.drain_report(node, &ticket).await {
+            Ok(Some(report)) => return (StatusCode::OK, axum::Json(report)).into_response(),
+            Ok(None) if std::time::Instant::now() < deadline => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            Ok(None) => {
+                return error(Dialect::Forkbox, StatusCode::GATEWAY_TIMEOUT, format!("node `{node}` is still draining; GET /v1/cluster/nodes shows it"))
+            }
+            Err(e) => return unavailable(Dialect::Forkbox, e),
+        }
+    }
+}
+
+/// Longest a call waits for its sandbox to finish moving between nodes.
+const MOVE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 fn proxy_failed(dialect: Dialect, e: proxy::ProxyError) -> Response {
     match e {
         proxy::ProxyError::BadRequest(m) => error(dialect, StatusCode::BAD_REQUEST, m),
@@ -208,9 +264,15 @@ fn proxy_failed(dialect: Dialect, e: proxy::ProxyError) -> Response {
 
 /// A call naming sandbox `id`: to its node, or why not.
 async fn to_sandbox(gw: &Gateway, id: &str, dialect: Dialect, req: Request) -> Response {
-    let found = match gw.inner.cluster.find(id).await {
-        Ok(f) => f,
-        Err(e) => return unavailable(dialect, e),
+    // A sandbox moving off a draining node: its calls wait for it.
+    let deadline = std::time::Instant::now() + MOVE_WAIT;
+    let found = loop {
+        match gw.inner.cluster.find(id).await {
+            Ok(Found::Moving(_)) if std::time::Instant::now() < deadline => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            Ok(Found::Moving(m)) => return unavailable(dialect, format!("sandbox `{id}` is still moving off node {}", m.from)),
+            Ok(f) => break f,
+            Err(e) => return unavailable(dialect, e),
+        }
     };
     let caller = gw.caller(req.headers());
     let lost = |owner: &Option<String>, why: &str| {
@@ -228,7 +290,7 @@ async fn to_sandbox(gw: &Gateway, id: &str, dialect: Dialect, req: Request) -> R
     let record = match found {
         Found::Live(r) => r,
         Found::Lost(l) => return lost(&l.owner, &l.reason),
-        Found::Unknown => return error(dialect, StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
+        Found::Unknown | Found::Moving(_) => return error(dialect, StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
     };
     let Some(node) = gw.node(&record.node) else {
         // Gone, not yet reaped.

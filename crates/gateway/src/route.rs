@@ -28,6 +28,13 @@ pub enum Target {
     Any,
     /// The gateway's own routes.
     Nodes,
+    /// Move every sandbox off a node (an operator's: the cluster secret).
+    Drain {
+        node: String,
+    },
+    Undrain {
+        node: String,
+    },
     Health,
     /// Nothing here.
     Unknown,
@@ -56,6 +63,8 @@ fn forkbox(method: &Method, path: &str) -> Target {
     match (method, s.as_slice()) {
         (_, ["v1", "healthz"]) => Target::Health,
         (&Method::GET, ["v1", "cluster", "nodes"]) => Target::Nodes,
+        (&Method::POST, ["v1", "cluster", "nodes", node, "drain"]) => Target::Drain { node: node.to_string() },
+        (&Method::DELETE, ["v1", "cluster", "nodes", node, "drain"]) => Target::Undrain { node: node.to_string() },
         (&Method::POST, ["v1", "sandboxes"]) => Target::Place,
         (&Method::GET, ["v1", "sandboxes"]) => Target::Every,
         (_, ["v1", "sandboxes", id, ..]) if !id.is_empty() => Target::Sandbox { id: id.to_string() },
@@ -96,6 +105,7 @@ mod tests {
         assert_eq!(r(Method::GET, "/v1/spaces"), Target::Any);
         assert_eq!(r(Method::DELETE, "/v1/spaces/sp-a"), Target::Any);
         assert_eq!(r(Method::GET, "/v1/cluster/nodes"), Target::Nodes);
+        assert_eq!(r(Method::POST, "/v1/cluster/nodes/n1/drain"), Target::Drain { node: "n1".into() });
         assert_eq!(r(Method::GET, "/v1/healthz"), Target::Health);
         assert_eq!(r(Method::GET, "/nope"), Target::Unknown);
         assert_eq!(r(Method::GET, "/v1/sandboxes/"), Target::Unknown);

@@ -13,6 +13,8 @@ use crate::state::Service;
 
 impl Service {
     pub async fn create(&self, caller: &Caller, req: CreateSandbox) -> Result<Arc<SandboxEntry>, Error> {
+        // A cluster's template made on another node is fetched first.
+        self.ensure_template(req.template.as_deref().unwrap_or("default")).await?;
         let settings = self.settings(&req, caller)?;
         self.create_with(caller, settings, None).await
     }
@@ -26,6 +28,7 @@ impl Service {
             Some(start) => self.inner.templates.rootfs_pinned(&settings.template, start.rootfs.as_deref())?,
             None => self.inner.templates.rootfs(&settings.template)?,
         };
+        let kept_id = space.as_ref().and_then(|start| start.id.clone());
         let initial_upper = space.map(|start| start.upper);
         let quota = self.reserve_quota(caller, settings.owner.as_deref(), 1, settings.ram_mib, false)?;
         let _slot = self.reserve_slots(1)?;
@@ -47,7 +50,7 @@ impl Service {
             // The pool is an optimisation: make the sandbox the slow way.
             Err(e) => tracing::warn!(err = ?e, "warm pool create failed; creating from scratch"),
         }
-        let id = new_id();
+        let id = kept_id.unwrap_or_else(new_id);
         // Without the pool, a custom template's sandbox starts where its
         // zygote would have: its modules imported, its saved REPL loaded.
         let custom = !from_space && !self.inner.templates.is_builtin(&settings.template);

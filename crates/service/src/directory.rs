@@ -17,6 +17,17 @@ use async_trait::async_trait;
 use crate::error::Error;
 use crate::keys::KeyLimits;
 use crate::space_store::SpaceMeta;
+use crate::templates::user::UserTemplate;
+
+/// A custom template as known beyond this server.
+pub enum TemplateBeyond {
+    /// Nothing is kept beyond this server (a single server).
+    NotKept,
+    /// Not there: deleted, or never made.
+    Unknown,
+    /// Its record and its layers' keys, the bottom one first.
+    Known(Box<UserTemplate>, Vec<String>),
+}
 
 /// A reservation of a key's quota beyond this server, to end with
 /// `register` or `release`.
@@ -84,6 +95,29 @@ pub trait Directory: Send + Sync + 'static {
     /// Delete Space `id` beyond this server; false if it was not there.
     async fn delete_space(&self, _id: &str) -> Result<bool, Error> {
         Ok(false)
+    }
+
+    /// A custom template was made or replaced here (`layers`: its layers'
+    /// keys and directories, the bottom one first): make it servable from
+    /// anywhere.
+    async fn publish_template(&self, _t: &UserTemplate, _layers: &[(String, std::path::PathBuf)]) -> Result<(), Error> {
+        Ok(())
+    }
+    /// Custom template `name` beyond this server.
+    async fn template(&self, _name: &str) -> Result<TemplateBeyond, Error> {
+        Ok(TemplateBeyond::NotKept)
+    }
+    /// Every custom template beyond this server (None: nothing beyond).
+    async fn templates(&self) -> Result<Option<Vec<UserTemplate>>, Error> {
+        Ok(None)
+    }
+    /// Bring layer `key` of a template made elsewhere to `into`.
+    async fn fetch_layer(&self, _key: &str, _into: &Path) -> Result<(), Error> {
+        Err(Error::Unsupported("no templates beyond this server".into()))
+    }
+    /// Custom template `name` was deleted here.
+    async fn forget_template(&self, _name: &str) -> Result<(), Error> {
+        Ok(())
     }
 }
 

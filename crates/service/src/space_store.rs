@@ -56,6 +56,9 @@ pub struct SpaceStart {
     pub upper: PathBuf,
     /// The built-in template version that sandbox ran on, if it was one.
     pub rootfs: Option<PathBuf>,
+    /// The id the new sandbox takes (a cluster moving a sandbox between
+    /// nodes keeps it); a new one when None.
+    pub id: Option<String>,
 }
 
 /// `meta.json` of a Space.

@@ -172,6 +172,18 @@ impl Service {
 
     /// Resume Space `space_id` into a new sandbox; the Space is consumed.
     pub async fn resume_space(&self, caller: &Caller, space_id: &str, req: ResumeSpace) -> Result<Arc<SandboxEntry>, Error> {
+        self.resume_space_as(caller, space_id, req, None).await
+    }
+
+    /// `resume_space`, the new sandbox taking id `keep` when given (a
+    /// cluster moving a sandbox from a draining node keeps its id;
+    /// docs/cluster.md#drain).
+    pub async fn resume_space_as(&self, caller: &Caller, space_id: &str, req: ResumeSpace, keep: Option<String>) -> Result<Arc<SandboxEntry>, Error> {
+        if let Some(id) = &keep {
+            if !crate::ids::valid_id(id) || self.inner.sandboxes.read().await.contains_key(id) {
+                return Err(Error::Conflict(format!("sandbox id `{id}` cannot be taken here")));
+            }
+        }
         let store = &self.inner.spaces;
         let directory = &self.inner.directory;
         // Claimed beyond this server first (no other node may resume it),
@@ -186,7 +198,7 @@ impl Service {
                 return Err(e);
             }
         };
-        let made = self.resume_claimed(caller, &meta, &claimed, req).await;
+        let made = self.resume_claimed(caller, &meta, &claimed, req, keep).await;
         match made {
             Ok(entry) => {
                 if beyond {
@@ -212,7 +224,14 @@ impl Service {
         }
     }
 
-    async fn resume_claimed(&self, caller: &Caller, meta: &SpaceMeta, claimed: &Path, req: ResumeSpace) -> Result<Arc<SandboxEntry>, Error> {
+    async fn resume_claimed(
+        &self,
+        caller: &Caller,
+        meta: &SpaceMeta,
+        claimed: &Path,
+        req: ResumeSpace,
+        keep: Option<String>,
+    ) -> Result<Arc<SandboxEntry>, Error> {
         let was = &meta.sandbox;
         let create = protocol::CreateSandbox {
             template: Some(meta.info.template.clone()),
@@ -223,9 +242,11 @@ impl Service {
             persistent: Some(req.persistent.unwrap_or(was.persistent)),
             egress: Some(req.egress.unwrap_or_else(|| was.egress.clone())),
         };
-        // The resumed sandbox is the Space's owner's (the caller's, with keys).
+        // The resumed sandbox is the Space's owner's (the caller's, with
+        // keys), on its template (fetched if it was made on another node).
+        self.ensure_template(&meta.info.template).await?;
         let settings = Settings { owner: meta.owner.clone(), ..self.settings(&create, caller)? };
-        let start = SpaceStart { upper: claimed.join("upper"), rootfs: meta.rootfs.clone() };
+        let start = SpaceStart { upper: claimed.join("upper"), rootfs: meta.rootfs.clone(), id: keep };
         let entry = self.create_with(caller, settings, Some(start)).await?;
         let mut slot = entry.slot.lock().await;
         let thawed = entry.run_hidden(&mut slot, &space_code("thaw"), REPL_SAVE_TIMEOUT).await.and_then(|out| parse_answer(&out));

@@ -5,19 +5,16 @@
 //! the cluster's API keys, publishes its load for placement, and answers
 //! only requests that show the cluster secret (its gateways').
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+mod directory;
+mod drain;
+
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use async_trait::async_trait;
 use clap::Args;
-use cluster::{Cluster, ClusterConfig, ClusterError, NodeRecord, SpaceRecord};
-use service::directory::{Directory, Registered, Ticket};
-use service::keys::{KeyLimits, Limit, Refusal};
-use service::space_store::SpaceMeta;
-use service::Error;
+use cluster::{Cluster, ClusterConfig, NodeRecord};
 
 /// Where the cluster is (shared by `serve`, `gateway` and `key`).
 #[derive(Args, Debug, Clone)]
@@ -74,6 +71,31 @@ pub struct NodeArgs {
     /// it for lost.
     #[arg(long = "cluster-lease-seconds", env = "FORKBOX_CLUSTER_LEASE_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(i64).range(2..=600))]
     pub lease_seconds: i64,
+    /// Networks no sandbox may reach, not even through an allow-list:
+    /// where gateways and the cluster's services live (on Kubernetes, the
+    /// pod and service CIDRs). etcd's members, the object store and the
+    /// other nodes are denied without being named.
+    #[arg(long = "cluster-deny", env = "FORKBOX_CLUSTER_DENY", value_delimiter = ',', value_parser = parse_net)]
+    pub deny: Vec<ipnet::IpNet>,
+}
+
+/// A network (`10.0.0.0/8`) or one address (`10.0.0.5`).
+fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
+    s.parse::<ipnet::IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("`{s}` is neither a network nor an address"))
+}
+
+/// The addresses `url`'s host has (none if it does not resolve now).
+async fn addresses_of(url: &str) -> Vec<ipnet::IpNet> {
+    let Ok(parsed) = reqwest::Url::parse(url) else { return Vec::new() };
+    let Some(host) = parsed.host_str() else { return Vec::new() };
+    let target = (host.trim_start_matches('[').trim_end_matches(']').to_string(), parsed.port_or_known_default().unwrap_or(80));
+    let found = tokio::net::lookup_host(target).await;
+    match found {
+        Ok(addrs) => addrs.map(|a| ipnet::IpNet::from(a.ip())).collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// A joined node: what `serve` keeps for after the server starts and ends.
@@ -81,6 +103,9 @@ pub struct Node {
     cluster: Cluster,
     membership: Arc<cluster::membership::Membership>,
     state: std::sync::OnceLock<server::AppState>,
+    /// Denied to sandboxes whatever the peers: the operator's networks,
+    /// etcd's members, the object store.
+    denied: Vec<ipnet::IpNet>,
 }
 
 /// Join the cluster and make `config` a node's.
@@ -100,17 +125,21 @@ pub async fn join(args: &NodeArgs, config: &mut server::ServerConfig) -> anyhow:
         NodeRecord { name: name.clone(), api, incarnation: cluster::random_hex(8), started_ms: cluster::now_ms(), draining: false, load: Default::default() };
     std::fs::create_dir_all(&config.state_dir).with_context(|| format!("create {}", config.state_dir.display()))?;
     let membership = cluster.join(record, args.lease_seconds, &config.state_dir.join("cluster-lease")).await?;
-    let directory = NodeDirectory {
-        cluster: cluster.clone(),
-        membership: Arc::clone(&membership),
-        claimed: Mutex::new(HashMap::new()),
-        spaces_dir: config.state_dir.join("spaces"),
-    };
+    let directory = directory::NodeDirectory::new(cluster.clone(), Arc::clone(&membership), config.state_dir.join("spaces"));
     config.directory = service::config::DirectoryHandle(Arc::new(directory));
     use sha2::Digest;
     config.cluster_secret_sha256 = Some(sha2::Sha256::digest(secret.expose().as_bytes()).into());
     tracing::info!(node = %name, store = %args.cluster.config(&default_store).store.unwrap_or_default(), "a cluster node");
-    Ok(Node { cluster, membership, state: std::sync::OnceLock::new() })
+    // No sandbox reaches the cluster's parts (docs/cluster.md#security).
+    let mut denied = args.deny.clone();
+    for endpoint in &args.cluster.etcd {
+        denied.extend(addresses_of(endpoint).await);
+    }
+    if let Some(endpoint) = std::env::var("AWS_ENDPOINT").ok().filter(|_| args.cluster.store.as_deref().is_some_and(|s| s.starts_with("s3://"))) {
+        denied.extend(addresses_of(&endpoint).await);
+    }
+    jail::host_addrs::deny(denied.clone());
+    Ok(Node { cluster, membership, state: std::sync::OnceLock::new(), denied })
 }
 
 impl Node {
@@ -133,11 +162,26 @@ impl Node {
                 Err(e) => tracing::error!(error = %e, "could not follow the cluster's API keys"),
             }
         });
-        // Every node reaps: whichever sees a node leave first marks its
-        // sandboxes lost.
+        // Every node reaps (whichever sees a node leave first marks its
+        // sandboxes lost), and denies its sandboxes the other nodes' APIs,
+        // wherever they are.
         let mut nodes = self.cluster.follow_nodes(true);
-        tokio::spawn(async move { while nodes.changed().await.is_ok() {} });
+        let denied = self.denied.clone();
+        tokio::spawn(async move {
+            while nodes.changed().await.is_ok() {
+                let apis: Vec<String> = nodes.borrow_and_update().iter().map(|n| n.api.clone()).collect();
+                let mut all = denied.clone();
+                for api in apis {
+                    all.extend(addresses_of(&api).await);
+                }
+                all.sort();
+                all.dedup();
+                jail::host_addrs::deny(all);
+            }
+        });
         tokio::spawn(publish_load(Arc::clone(&self.membership), state.clone()));
+        tokio::spawn(drain::answer_resumes(self.cluster.clone(), self.membership.name(), state.clone()));
+        tokio::spawn(drain::follow_drains(self.cluster.clone(), Arc::clone(&self.membership), state.clone()));
         let mut renewals = self.membership.renewals();
         tokio::spawn(async move {
             while renewals.changed().await.is_ok() {
@@ -184,154 +228,5 @@ async fn publish_load(membership: Arc<cluster::membership::Membership>, state: s
             tracing::debug!(error = %e, "could not publish this node's load");
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-}
-
-/// The cluster as the service's directory.
-struct NodeDirectory {
-    cluster: Cluster,
-    membership: Arc<cluster::membership::Membership>,
-    /// Spaces claimed for a resume here: their records (to put back or
-    /// forget) and whether their directory was fetched for it.
-    claimed: Mutex<HashMap<String, (SpaceRecord, bool)>>,
-    spaces_dir: PathBuf,
-}
-
-/// The service's error for a cluster's failure.
-fn service_error(e: ClusterError) -> Error {
-    match e {
-        ClusterError::Quota(r) => Error::Quota(Refusal {
-            limit: match r.limit {
-                "max_memory_mib" => Limit::Memory,
-                "forks_per_minute" => Limit::ForksPerMinute,
-                _ => Limit::Sandboxes,
-            },
-            message: r.message,
-            retry_after_s: r.retry_after_s,
-        }),
-        ClusterError::Conflict(m) => Error::Conflict(m),
-        e if e.is_unavailable() => Error::Unavailable { message: e.to_string(), progress: None },
-        e => Error::internal("the cluster failed", e),
-    }
-}
-
-#[async_trait]
-impl Directory for NodeDirectory {
-    fn counts_quotas(&self) -> bool {
-        true
-    }
-
-    async fn reserve(&self, owner: &str, limits: KeyLimits, n: u64, ram_mib: u64, fork: bool) -> Result<Option<Ticket>, Error> {
-        let t = self.cluster.reserve(self.membership.lease(), owner, &limits, n, ram_mib, fork).await.map_err(service_error)?;
-        Ok(Some(Ticket(t.owner, t.id)))
-    }
-
-    async fn release(&self, ticket: Ticket) {
-        if let Err(e) = self.cluster.release(&cluster::quota::Ticket { owner: ticket.0, id: ticket.1 }).await {
-            // It goes with this node's lease at worst.
-            tracing::warn!(error = %e, "could not give back a quota reservation");
-        }
-    }
-
-    async fn register(&self, ticket: Option<Ticket>, sandboxes: &[Registered]) -> Result<(), Error> {
-        let node = self.membership.name();
-        let records: Vec<cluster::SandboxRecord> = sandboxes
-            .iter()
-            .map(|s| cluster::SandboxRecord {
-                id: s.id.clone(),
-                node: node.clone(),
-                owner: s.owner.clone(),
-                template: s.template.clone(),
-                ram_mib: s.ram_mib,
-                created_at: s.created_at,
-            })
-            .collect();
-        let ticket = ticket.map(|t| cluster::quota::Ticket { owner: t.0, id: t.1 });
-        self.cluster.register(self.membership.lease(), ticket.as_ref(), &records).await.map_err(service_error)
-    }
-
-    async fn readopt(&self, sandboxes: &[Registered]) -> Vec<String> {
-        if !self.membership.lease_reused() {
-            // The lease this node had expired while it was away: the
-            // cluster marked its sandboxes lost and gave their quota back.
-            return sandboxes.iter().map(|s| s.id.clone()).collect();
-        }
-        if let Err(e) = self.register(None, sandboxes).await {
-            tracing::error!(error = %e, "could not record the adopted sandboxes in the cluster; they are reachable through this node only");
-        }
-        Vec::new()
-    }
-
-    async fn unregister(&self, id: &str, owner: Option<&str>) {
-        // A sandbox that stays recorded would route calls here and hold its
-        // key's quota: keep trying while etcd is away (its quota entry goes
-        // with this node's lease anyway).
-        for attempt in 0..300u32 {
-            match self.cluster.unregister(id, owner).await {
-                Ok(()) => return,
-                Err(e) if attempt == 0 => tracing::warn!(sandbox = %id, error = %e, "could not forget a sandbox in the cluster; retrying"),
-                Err(_) => {}
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        tracing::error!(sandbox = %id, "gave up forgetting a sandbox in the cluster");
-    }
-
-    async fn publish_space(&self, meta: &SpaceMeta, dir: &Path) -> Result<(), Error> {
-        let value = serde_json::to_value(meta).map_err(|e| Error::internal("could not describe a space", e))?;
-        self.cluster.publish_space(&self.membership.name(), &meta.info.space_id, meta.owner.clone(), value, dir).await.map_err(service_error)?;
-        // The cluster's copy is the one: a local one could be resumed here
-        // after another node took it.
-        let doomed = dir.to_path_buf();
-        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(doomed)).await;
-        Ok(())
-    }
-
-    async fn spaces(&self) -> Result<Option<Vec<SpaceMeta>>, Error> {
-        let all = self.cluster.spaces().await.map_err(service_error)?;
-        Ok(Some(all.into_iter().filter_map(|r| serde_json::from_value(r.meta).ok()).collect()))
-    }
-
-    async fn claim_space(&self, id: &str, dir: &Path) -> Result<bool, Error> {
-        let Some(record) = self.cluster.claim_space(id).await.map_err(service_error)? else {
-            return Err(Error::NotFound(format!("no space `{id}`")));
-        };
-        let fetched = !dir.exists();
-        if fetched {
-            let _ = std::fs::create_dir_all(&self.spaces_dir);
-            if let Err(e) = self.cluster.fetch_space(&record, dir).await {
-                let _ = self.cluster.unclaim_space(&record).await;
-                return Err(service_error(e));
-            }
-        }
-        if let Ok(mut c) = self.claimed.lock() {
-            c.insert(id.to_string(), (record, fetched));
-        }
-        Ok(true)
-    }
-
-    async fn space_resumed(&self, id: &str) {
-        let claimed = self.claimed.lock().ok().and_then(|mut c| c.remove(id));
-        if let Some((record, _)) = claimed {
-            if let Err(e) = self.cluster.forget_space(&record).await {
-                tracing::warn!(space = %id, error = %e, "could not delete a resumed space's bytes from the store");
-            }
-        }
-    }
-
-    async fn space_unclaimed(&self, id: &str) {
-        let claimed = self.claimed.lock().ok().and_then(|mut c| c.remove(id));
-        if let Some((record, fetched)) = claimed {
-            if let Err(e) = self.cluster.unclaim_space(&record).await {
-                tracing::error!(space = %id, error = %e, "could not put a space back in the cluster after a failed resume");
-            }
-            if fetched {
-                let _ = std::fs::remove_dir_all(self.spaces_dir.join(id));
-            }
-        }
-    }
-
-    async fn delete_space(&self, id: &str) -> Result<bool, Error> {
-        self.cluster.delete_space(id).await.map_err(service_error)
     }
 }

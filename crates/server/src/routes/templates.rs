@@ -16,9 +16,9 @@ use crate::AppState;
 /// Largest `POST /v1/templates` body: a recipe's files travel in it.
 pub const MAX_RECIPE_BODY: usize = 96 << 20;
 
-#[utoipa::path(get, path = "/v1/templates", responses((status = 200, body = [TemplateInfo])))]
-pub async fn list(State(state): State<AppState>, Key(caller): Key) -> Response {
-    json(StatusCode::OK, &state.template_list(&caller).await)
+#[utoipa::path(get, path = "/v1/templates", responses((status = 200, body = [TemplateInfo]), (status = 503, body = protocol::ErrorBody)))]
+pub async fn list(State(state): State<AppState>, Key(caller): Key) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &state.template_list(&caller).await?))
 }
 
 #[utoipa::path(get, path = "/v1/templates/{name}", params(("name" = String, Path)),

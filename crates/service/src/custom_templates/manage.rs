@@ -5,6 +5,7 @@ use std::collections::HashSet;
 
 use protocol::{TemplateInfo, TemplateUse};
 
+use crate::directory::TemplateBeyond;
 use crate::error::Error;
 use crate::keys::Caller;
 use crate::state::Service;
@@ -22,17 +23,61 @@ impl Service {
     }
 
     pub async fn template_info(&self, caller: &Caller, name: &str) -> Result<TemplateInfo, Error> {
+        self.ensure_template(name).await?;
         let mut info = self.inner.templates.info(caller, name)?;
         info.in_use = self.template_use(name).await;
         Ok(info)
     }
 
-    pub async fn template_list(&self, caller: &Caller) -> Vec<TemplateInfo> {
+    pub async fn template_list(&self, caller: &Caller) -> Result<Vec<TemplateInfo>, Error> {
         let mut all = self.inner.templates.list(caller);
         for info in &mut all {
             info.in_use = self.template_use(&info.name).await;
         }
-        all
+        // A cluster's templates this node has not fetched yet.
+        if let Some(beyond) = self.inner.directory.templates().await? {
+            for t in beyond.iter().filter(|t| caller.may_use(t.owner.as_deref())) {
+                if !all.iter().any(|i| i.name == t.name) {
+                    all.push(self.inner.templates.custom_info(t));
+                }
+            }
+            // One deleted elsewhere is gone everywhere.
+            all.retain(|i| self.inner.templates.is_builtin(&i.name) || beyond.iter().any(|t| t.name == i.name));
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    /// Have custom template `name` here as it is beyond this server (a
+    /// cluster's, made on another node): fetched if this server lacks it or
+    /// holds an older version, dropped if it was deleted there. Nothing to
+    /// do on a single server.
+    pub(crate) async fn ensure_template(&self, name: &str) -> Result<(), Error> {
+        if self.inner.templates.is_builtin(name) {
+            return Ok(());
+        }
+        let local = self.inner.templates.custom(name);
+        match self.inner.directory.template(name).await? {
+            TemplateBeyond::NotKept => Ok(()),
+            TemplateBeyond::Unknown => {
+                if local.is_some() {
+                    self.forget_template_here(name).await?;
+                }
+                Ok(())
+            }
+            TemplateBeyond::Known(t, layers) => {
+                if local.is_some_and(|l| l.top == t.top && l.preimport == t.preimport && l.limits == t.limits && l.owner == t.owner) {
+                    return Ok(());
+                }
+                for key in &layers {
+                    if !self.inner.templates.layers.exists(key) {
+                        self.inner.directory.fetch_layer(key, &self.inner.templates.layers.dir(key)).await?;
+                    }
+                }
+                tracing::info!(template = %name, layers = layers.len(), "fetched a template made on another node");
+                self.register_template_here(*t).await.map(|_| ())
+            }
+        }
     }
 
     /// A custom template name `caller` may take: not a built-in's, and not
@@ -56,6 +101,20 @@ impl Service {
     /// Register `t` (replacing a template of that name), then warm its pool
     /// so the first create is a fork, and drop layers the old one alone used.
     pub(crate) async fn register_template(&self, t: UserTemplate) -> Result<TemplateInfo, Error> {
+        let chain = match &t.top {
+            Some(top) => self.inner.templates.layers.chain(top).map_err(|e| Error::Internal(format!("read the template's layers: {e}")))?,
+            None => Vec::new(),
+        };
+        let layers: Vec<(String, std::path::PathBuf)> = chain.iter().rev().map(|m| (m.key.clone(), self.inner.templates.layers.dir(&m.key))).collect();
+        // Servable from every node of a cluster first (a single server has
+        // nothing beyond it): a template this node had alone would be
+        // taken for one deleted elsewhere.
+        self.inner.directory.publish_template(&t, &layers).await?;
+        self.register_template_here(t).await
+    }
+
+    /// `register_template` on this server alone.
+    async fn register_template_here(&self, t: UserTemplate) -> Result<TemplateInfo, Error> {
         let name = t.name.clone();
         let pool_key = crate::pool::PoolKey { owner: t.owner.clone(), template: name.clone() };
         self.inner.templates.layers_root(&t).map_err(|e| Error::Internal(format!("mount the template `{name}`: {e}")))?;
@@ -84,6 +143,7 @@ impl Service {
         if self.inner.templates.is_builtin(name) {
             return Err(Error::Conflict(format!("`{name}` is a built-in template; it cannot be deleted")));
         }
+        self.ensure_template(name).await?;
         self.inner.templates.check_visible(caller, name)?;
         let used = self.template_use(name).await;
         let unused = used.sandboxes.is_empty() && used.spaces.is_empty();
@@ -94,6 +154,15 @@ impl Service {
                 used.spaces.len()
             )));
         }
+        self.inner.directory.forget_template(name).await?;
+        self.forget_template_here(name).await?;
+        tracing::info!(template = %name, force, "template deleted");
+        Ok(())
+    }
+
+    /// Drop custom template `name` on this server: its record, its
+    /// zygotes, the layers nothing else stands on.
+    async fn forget_template_here(&self, name: &str) -> Result<(), Error> {
         self.inner
             .templates
             .user
@@ -106,7 +175,6 @@ impl Service {
         }
         self.drop_zygotes(name).await;
         self.collect_layers().await;
-        tracing::info!(template = %name, force, "template deleted");
         Ok(())
     }
 

@@ -108,7 +108,8 @@ impl LayerStore {
         LayerStore { root, pinned: Default::default() }
     }
 
-    fn dir(&self, key: &str) -> PathBuf {
+    /// Where layer `key` lives (its `diff/`, `layer.json`, `repl/`).
+    pub fn dir(&self, key: &str) -> PathBuf {
         self.root.join(key)
     }
 
