@@ -21,6 +21,8 @@ import pytest  # noqa: E402
 from cluster import LocalCluster  # noqa: E402
 from helpers import FORKBOX_BIN, TEMPLATES_DIR, wait_for_binary  # noqa: E402
 
+DENIED_NET = "10.233.0.0/16"
+
 
 @pytest.fixture(scope="session")
 def say(request):
@@ -31,7 +33,9 @@ def say(request):
 @pytest.fixture(scope="session")
 def cluster(say):
     wait_for_binary(say)
-    c = LocalCluster(FORKBOX_BIN, f"/var/lib/forkbox-cluster-test-{os.getpid()}", TEMPLATES_DIR)
+    # What an operator would deny (docs/cluster.md#security): here a
+    # network of the tests' own (tests/e2e/netns.py's 10.233.*.*).
+    c = LocalCluster(FORKBOX_BIN, f"/var/lib/forkbox-cluster-test-{os.getpid()}", TEMPLATES_DIR, node_args=["--cluster-deny", DENIED_NET])
     try:
         c.start(say=say)
     except BaseException:
@@ -51,12 +55,17 @@ def http(cluster):
 
 
 @pytest.fixture(autouse=True)
-def cluster_whole(request, cluster):
-    """Every test starts with the whole cluster up (a test that broke a
-    part and failed before putting it back must not fail the next)."""
+def cluster_whole(request):
+    """Every test of the cluster starts with all of it up (a test that
+    broke a part and failed before putting it back must not fail the
+    next); its parts' logs follow a failure."""
+    if "cluster" not in request.fixturenames:
+        yield
+        return
+    cluster = request.getfixturevalue("cluster")
     cluster.heal()
     yield
-    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
         for p in [*cluster.etcd, cluster.s3, cluster.gateway, *cluster.nodes.values()]:
             if p is not None:
                 print(f"--- {p.name} log ---\n{p.log_tail(60)}", file=sys.__stderr__)

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -15,7 +16,9 @@ import httpx
 import pytest
 from podflare import Sandbox
 
+from conftest import DENIED_NET
 from helpers import FORKBOX_BIN, create_raw, delete_raw, exec_raw, wait_until
+from netns import NetNs
 
 
 def info(http, sid: str) -> dict:
@@ -158,6 +161,34 @@ def test_a_space_resumed_twice_at_once_on_two_nodes_is_resumed_once(cluster, htt
     cleanup(http, [new])
 
 
+# ── templates across nodes ──────────────────────────────────────────────
+
+def test_a_template_saved_on_one_node_serves_creates_on_another(cluster, http):
+    """Saved on node-1 (its layer and REPL state go to the object store),
+    listed through the gateway, and created on node-2, which fetches it;
+    deleted through the gateway, it is gone on node-2 too."""
+    src = create_on(cluster, http, "node-1")
+    try:
+        py(http, src, "import json\nweights = {'a': 1}\nopen('/root/model.json', 'w').write(json.dumps(weights))")
+        r = http.post(f"/v1/sandboxes/{src}/template", json={"name": "tpl-cluster"})
+        assert r.status_code == 200, r.text
+    finally:
+        cleanup(http, [src])
+    assert "tpl-cluster" in [t["name"] for t in http.get("/v1/templates").json()]
+    with node_client(cluster, "node-2") as n2:
+        new = create_raw(n2, template="tpl-cluster")
+        try:
+            assert py(n2, new, "print(weights, open('/root/model.json').read())") == "{'a': 1} {\"a\": 1}\n"
+            assert n2.get("/v1/templates/tpl-cluster").status_code == 200
+        finally:
+            cleanup(n2, [new])
+        r = http.delete("/v1/templates/tpl-cluster")
+        assert r.status_code == 204, r.text
+        r = n2.post("/v1/sandboxes", json={"template": "tpl-cluster"})
+        assert r.status_code == 404 and "unknown template" in r.json()["error"], r.text
+    assert "tpl-cluster" not in [t["name"] for t in http.get("/v1/templates").json()]
+
+
 # ── quotas ──────────────────────────────────────────────────────────────
 
 def test_a_keys_quota_holds_across_nodes_under_concurrent_creates(cluster, http, keyed):
@@ -270,8 +301,10 @@ def test_etcd_keeps_serving_without_one_member_and_refuses_clearly_without_two(c
     wait_until(lambda: http.post(f"/v1/sandboxes/{sid}/exec", json={"code": "print(2)"}).status_code == 200, 30, "no recovery")
     s = create_raw(http)
     cleanup(http, [s, sid])
-    wait_until(lambda: cluster.etcdctl("get", "--prefix", "--keys-only", f"{cluster.prefix}/sandboxes/").stdout.strip() == "", 30,
-               "sandboxes are still recorded after they were all deleted")
+    deadline = time.monotonic() + 30
+    while (left := cluster.etcdctl("get", "--prefix", f"{cluster.prefix}/sandboxes/").stdout.strip()) != "":
+        assert time.monotonic() < deadline, f"sandboxes are still recorded after they were all deleted: {left}"
+        time.sleep(0.2)
 
 
 def test_a_gateway_restarted_mid_stream_ends_the_stream_cleanly(cluster, http):
@@ -300,6 +333,56 @@ def test_a_gateway_restarted_mid_stream_ends_the_stream_cleanly(cluster, http):
         assert py(http, sid, "print('after')") == "after\n"
     finally:
         cleanup(http, [sid])
+
+
+def test_draining_a_node_moves_its_sandboxes_under_their_ids(cluster, http):
+    """forkbox node drain: every sandbox of node-1 moves to another node
+    under its id with its globals and files, while a client keeps running
+    code in one of them (its calls wait, none fails); node-1 then takes no
+    new work, until undrained."""
+    ids = [create_on(cluster, http, "node-1") for _ in range(4)]
+    for i, sid in enumerate(ids):
+        py(http, sid, f"x = {i}\nopen('/root/f', 'w').write('file {i}')")
+    errors, calls, stop = [], [0], threading.Event()
+
+    def busy():
+        with httpx.Client(base_url=cluster.url, timeout=180) as c:
+            while not stop.is_set():
+                out = exec_raw(c, ids[0], "print(x)")
+                calls[0] += 1
+                if out.status != 200 or out.stdout != "0\n":
+                    errors.append(out)
+    t = threading.Thread(target=busy)
+    t.start()
+    try:
+        wait_until(lambda: calls[0] >= 3, 30, "the busy client made no call")
+        secret = ["--cluster-secret-file", cluster.secret_file]
+        out = subprocess.run([FORKBOX_BIN, "node", "drain", "node-1", "--url", cluster.url, *secret], capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out
+        assert sorted(l.split("\t")[0] for l in out.stdout.splitlines()) == sorted(ids), out
+        before = calls[0]
+        wait_until(lambda: calls[0] >= before + 3, 30, "the busy client stopped")
+    finally:
+        stop.set()
+        t.join(timeout=60)
+    assert not errors, errors[:3]
+    try:
+        for i, sid in enumerate(ids):
+            assert info(http, sid)["node"] != "node-1"
+            assert py(http, sid, "print(x, open('/root/f').read())") == f"{i} file {i}\n"
+        node1 = next(n for n in http.get("/v1/cluster/nodes").json()["nodes"] if n["name"] == "node-1")
+        assert node1["draining"] is True and node1["load"]["sandboxes"] == 0, node1
+        made = [create_raw(http) for _ in range(4)]
+        assert all(info(http, s)["node"] != "node-1" for s in made)
+        cleanup(http, made)
+        assert http.post("/v1/cluster/nodes/node-1/drain").status_code == 401, "draining is the operator's"
+    finally:
+        out = subprocess.run([FORKBOX_BIN, "node", "undrain", "node-1", "--url", cluster.url, "--cluster-secret-file", cluster.secret_file],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out
+        cleanup(http, ids)
+    wait_until(lambda: not next(n for n in http.get("/v1/cluster/nodes").json()["nodes"] if n["name"] == "node-1")["draining"], 30,
+               "node-1 did not take work again")
 
 
 # ── security ────────────────────────────────────────────────────────────
@@ -341,6 +424,36 @@ def probe(host, port):
             assert set(seen.values()) <= {"ECONNREFUSED", "ENETUNREACH"}, (h, seen)
     finally:
         cleanup(http, [sid])
+
+
+def test_networks_the_operator_denies_are_refused_even_to_allow_lists(cluster, http):
+    """--cluster-deny (where a real cluster's gateways and services live):
+    refused with egress on and when an allow-list names the address, while
+    a network not denied stays reachable (so the refusal is the deny's)."""
+    assert DENIED_NET == "10.233.0.0/16"
+    with NetNs(233) as denied, NetNs(234) as other:
+        for ns in (denied, other):
+            ns.run([sys.executable, "-m", "http.server", "8080", "--bind", ns.ns_ip], port=8080)
+        probe = """
+import socket, errno
+def probe(host):
+    s = socket.socket()
+    s.settimeout(5)
+    try:
+        s.connect((host, 8080))
+        return 'connected'
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e))
+    finally:
+        s.close()
+"""
+        ids = [create_raw(http, egress=True), create_raw(http, egress={"allow": [f"{denied.ns_ip}/32", f"{other.ns_ip}/32"]})]
+        try:
+            for sid in ids:
+                out = py(http, sid, probe + f"print(probe({denied.ns_ip!r}), probe({other.ns_ip!r}))")
+                assert out == "ECONNREFUSED connected\n", (sid, out)
+        finally:
+            cleanup(http, ids)
 
 
 # ── through the gateway, every API ──────────────────────────────────────
