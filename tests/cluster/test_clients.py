@@ -96,16 +96,21 @@ def test_a_pty_session_and_a_watch_stream_through_the_gateway(cluster, http):
     sid = create_raw(http)
     try:
         events, watched = [], []
+        watching = threading.Event()
 
         def watch():
             with httpx.Client(base_url=cluster.url, timeout=60) as c:
                 with c.stream("GET", f"/v1/sandboxes/{sid}/files/watch", params={"path": "/root"}) as r:
                     for line in r.iter_lines():
                         watched.append(json.loads(line))
+                        if watched[-1].get("type") == "ready":
+                            watching.set()
                         if any("from-the-pty" in json.dumps(e) for e in watched):
                             return
         w = threading.Thread(target=watch, daemon=True)
         w.start()
+        # The watch must be in place before the PTY writes, or the write is missed.
+        assert watching.wait(30), watched
         with httpx.Client(base_url=cluster.url, timeout=60) as c:
             with c.stream("POST", f"/v1/sandboxes/{sid}/pty", json={"shellCmd": "bash", "cols": 80, "rows": 24}) as r:
                 assert r.status_code == 200

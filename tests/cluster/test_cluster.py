@@ -21,6 +21,11 @@ from helpers import FORKBOX_BIN, create_raw, delete_raw, exec_raw, wait_until
 from netns import NetNs
 
 
+def node(http, name: str) -> dict:
+    """`name`'s entry in the gateway's node list (its load is at most 2 s old)."""
+    return next(n for n in http.get("/v1/cluster/nodes").json()["nodes"] if n["name"] == name)
+
+
 def info(http, sid: str) -> dict:
     r = http.get(f"/v1/sandboxes/{sid}")
     assert r.status_code == 200, (r.status_code, r.text)
@@ -280,8 +285,14 @@ def test_a_node_restarted_takes_its_sandboxes_back(cluster, http):
     cleanup(http, [sid])
 
 
+def recorded_ids(cluster) -> set[str]:
+    keys = cluster.etcdctl("get", "--prefix", "--keys-only", f"{cluster.prefix}/sandboxes/").stdout.split()
+    return {k.rsplit("/", 1)[1] for k in keys}
+
+
 def test_etcd_keeps_serving_without_one_member_and_refuses_clearly_without_two(cluster, http):
     sid = create_raw(http)
+    before = recorded_ids(cluster)
     try:
         cluster.etcd[2].kill()
         for _ in range(5):
@@ -297,13 +308,18 @@ def test_etcd_keeps_serving_without_one_member_and_refuses_clearly_without_two(c
         assert http.get(f"/v1/sandboxes/{sid}").status_code == 503
     finally:
         cluster.heal()
-    # Back with its quorum: everything works, and nothing was half made.
-    wait_until(lambda: http.post(f"/v1/sandboxes/{sid}/exec", json={"code": "print(2)"}).status_code == 200, 30, "no recovery")
-    s = create_raw(http)
-    cleanup(http, [s, sid])
+    try:
+        # Back with its quorum: everything works ...
+        wait_until(lambda: http.post(f"/v1/sandboxes/{sid}/exec", json={"code": "print(2)"}).status_code == 200, 30, "no recovery")
+        s = create_raw(http)
+        cleanup(http, [s])
+    finally:
+        cleanup(http, [sid])
+    # ... and nothing was half made: no record of a sandbox the outage
+    # refused appears, even once its write could have been committed late.
     deadline = time.monotonic() + 30
-    while (left := cluster.etcdctl("get", "--prefix", f"{cluster.prefix}/sandboxes/").stdout.strip()) != "":
-        assert time.monotonic() < deadline, f"sandboxes are still recorded after they were all deleted: {left}"
+    while (extra := recorded_ids(cluster) - (before - {sid})):
+        assert time.monotonic() < deadline, f"sandboxes are still recorded after they were all deleted: {extra}"
         time.sleep(0.2)
 
 
@@ -338,51 +354,51 @@ def test_a_gateway_restarted_mid_stream_ends_the_stream_cleanly(cluster, http):
 def test_draining_a_node_moves_its_sandboxes_under_their_ids(cluster, http):
     """forkbox node drain: every sandbox of node-1 moves to another node
     under its id with its globals and files, while a client keeps running
-    code in one of them (its calls wait, none fails); node-1 then takes no
-    new work, until undrained."""
+    code in one (its calls wait, none fails); node-1 then takes no new
+    work, until undrained."""
     ids = [create_on(cluster, http, "node-1") for _ in range(4)]
-    for i, sid in enumerate(ids):
-        py(http, sid, f"x = {i}\nopen('/root/f', 'w').write('file {i}')")
-    errors, calls, stop = [], [0], threading.Event()
+    secret = ["--url", cluster.url, "--cluster-secret-file", cluster.secret_file]
+    try:
+        for i, sid in enumerate(ids):
+            py(http, sid, f"x = {i}\nopen('/root/f', 'w').write('file {i}')")
+        errors, calls, stop = [], [0], threading.Event()
 
-    def busy():
-        with httpx.Client(base_url=cluster.url, timeout=180) as c:
-            while not stop.is_set():
-                out = exec_raw(c, ids[0], "print(x)")
-                calls[0] += 1
-                if out.status != 200 or out.stdout != "0\n":
-                    errors.append(out)
-    t = threading.Thread(target=busy)
-    t.start()
-    try:
-        wait_until(lambda: calls[0] >= 3, 30, "the busy client made no call")
-        secret = ["--cluster-secret-file", cluster.secret_file]
-        out = subprocess.run([FORKBOX_BIN, "node", "drain", "node-1", "--url", cluster.url, *secret], capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out
-        assert sorted(l.split("\t")[0] for l in out.stdout.splitlines()) == sorted(ids), out
-        before = calls[0]
-        wait_until(lambda: calls[0] >= before + 3, 30, "the busy client stopped")
-    finally:
-        stop.set()
-        t.join(timeout=60)
-    assert not errors, errors[:3]
-    try:
+        def busy():
+            with httpx.Client(base_url=cluster.url, timeout=180) as c:
+                while not stop.is_set():
+                    out = exec_raw(c, ids[0], "print(x)")
+                    calls[0] += 1
+                    if out.status != 200 or out.stdout != "0\n":
+                        errors.append(out)
+        t = threading.Thread(target=busy)
+        t.start()
+        try:
+            wait_until(lambda: calls[0] >= 3, 30, "the busy client made no call")
+            out = subprocess.run([FORKBOX_BIN, "node", "drain", "node-1", *secret], capture_output=True, text=True, timeout=600)
+            assert out.returncode == 0, out
+            moved = {l.split("\t")[0] for l in out.stdout.splitlines() if "\tmoved to " in l}
+            assert set(ids) <= moved, out
+            before = calls[0]
+            wait_until(lambda: calls[0] >= before + 3, 30, "the busy client stopped")
+        finally:
+            stop.set()
+            t.join(timeout=60)
+        assert not errors, errors[:3]
         for i, sid in enumerate(ids):
             assert info(http, sid)["node"] != "node-1"
             assert py(http, sid, "print(x, open('/root/f').read())") == f"{i} file {i}\n"
-        node1 = next(n for n in http.get("/v1/cluster/nodes").json()["nodes"] if n["name"] == "node-1")
-        assert node1["draining"] is True and node1["load"]["sandboxes"] == 0, node1
+        # A node publishes its load every 2 s.
+        wait_until(lambda: node(http, "node-1")["load"]["sandboxes"] == 0, 10, "node-1 still reports sandboxes")
+        assert node(http, "node-1")["draining"] is True
         made = [create_raw(http) for _ in range(4)]
         assert all(info(http, s)["node"] != "node-1" for s in made)
         cleanup(http, made)
         assert http.post("/v1/cluster/nodes/node-1/drain").status_code == 401, "draining is the operator's"
     finally:
-        out = subprocess.run([FORKBOX_BIN, "node", "undrain", "node-1", "--url", cluster.url, "--cluster-secret-file", cluster.secret_file],
-                             capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out
+        out = subprocess.run([FORKBOX_BIN, "node", "undrain", "node-1", *secret], capture_output=True, text=True, timeout=60)
         cleanup(http, ids)
-    wait_until(lambda: not next(n for n in http.get("/v1/cluster/nodes").json()["nodes"] if n["name"] == "node-1")["draining"], 30,
-               "node-1 did not take work again")
+    assert out.returncode == 0, out
+    wait_until(lambda: not node(http, "node-1")["draining"], 30, "node-1 did not take work again")
 
 
 # ── security ────────────────────────────────────────────────────────────
@@ -465,12 +481,18 @@ def test_the_e2b_sdk_works_through_the_gateway(cluster, monkeypatch):
     monkeypatch.setenv("E2B_SANDBOX_URL", cluster.url)
     monkeypatch.setenv("E2B_DOMAIN", host)
     from e2b_code_interpreter import Sandbox as E2bSandbox
-    sb = E2bSandbox.create()
+    sb = E2bSandbox.create(secure=True)
     try:
         assert sb.run_code("6 * 7").text == "42"
         assert sb.commands.run("echo hi").stdout == "hi\n"
         sb.files.write("/tmp/f.txt", "via the gateway")
         assert sb.files.read("/tmp/f.txt") == "via the gateway"
+        # Signed links name no sandbox: the node whose sandbox signed one
+        # takes it, whichever it is.
+        r = httpx.post(sb.upload_url("/tmp/link.txt"), files={"file": ("link.txt", b"via link")})
+        assert r.status_code == 200, (r.status_code, r.text)
+        assert httpx.get(sb.download_url("/tmp/link.txt")).text == "via link"
+        assert httpx.get(sb.download_url("/tmp/link.txt").replace("link.txt", "other.txt")).status_code == 401
     finally:
         sb.kill()
 
@@ -478,10 +500,8 @@ def test_the_e2b_sdk_works_through_the_gateway(cluster, monkeypatch):
 def test_cluster_nodes_lists_each_node_with_its_load(cluster, http):
     sid = create_on(cluster, http, "node-1")
     try:
-        def node1():
-            return next(n for n in http.get("/v1/cluster/nodes").json()["nodes"] if n["name"] == "node-1")
-        wait_until(lambda: node1()["load"]["sandboxes"] >= 1, 10, "node-1's load does not count its sandbox")
-        n = node1()
+        wait_until(lambda: node(http, "node-1")["load"]["sandboxes"] >= 1, 10, "node-1's load does not count its sandbox")
+        n = node(http, "node-1")
         assert n["draining"] is False and "default" in n["load"]["warm"] and n["load"]["max_sandboxes"] > 0, n
         out = subprocess.run([FORKBOX_BIN, "node", "list", "--url", cluster.url], capture_output=True, text=True, timeout=30)
         assert out.returncode == 0 and "node-1" in out.stdout and "node-3" in out.stdout, out

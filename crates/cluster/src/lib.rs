@@ -42,6 +42,9 @@ pub type Result<T> = std::result::Result<T, ClusterError>;
 /// member, and the caller is at last told the cluster is unavailable (503)
 /// rather than left waiting.
 pub const ETCD_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a request is tried, round after round of members, before the
+/// caller is told the cluster is unavailable.
+const RETRY_FOR: Duration = Duration::from_secs(4);
 /// How often the member in use is checked (and another taken if it
 /// stopped answering or lost its quorum).
 const MEMBER_CHECK: Duration = Duration::from_millis(500);
@@ -123,27 +126,35 @@ impl Cluster {
         self.members.client()
     }
 
-    /// Run `op` on the member in use; if it fails, on the next, until each
-    /// was tried. Every caller's `op` may run twice (on two members) for one
-    /// call: each is a read, an idempotent write, or a transaction whose
-    /// compare makes a second run harmless.
+    /// Run `op` on the member in use; if it fails, on the next, round
+    /// after round for up to `RETRY_FOR` (an election after a member died
+    /// takes about a second, and meanwhile every member says it has no
+    /// leader). Every caller's `op` may so run more than once for one call:
+    /// each is a read, an idempotent write, or a transaction whose compare
+    /// makes a second run harmless.
     pub(crate) async fn retry<T, F, Fut>(&self, mut op: F) -> Result<T>
     where
         F: FnMut(etcd_client::Client) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
-        let mut last = None;
-        for _ in 0..self.members.clients.len() {
-            let i = self.members.current.load(Ordering::Relaxed) % self.members.clients.len();
-            match op(self.members.clients[i].clone()).await {
-                Ok(v) => return Ok(v),
-                Err(e) => {
-                    self.members.suspect(i);
-                    last = Some(e);
+        let deadline = tokio::time::Instant::now() + RETRY_FOR;
+        loop {
+            let mut last = None;
+            for _ in 0..self.members.clients.len() {
+                let i = self.members.current.load(Ordering::Relaxed) % self.members.clients.len();
+                match op(self.members.clients[i].clone()).await {
+                    Ok(v) => return Ok(v),
+                    Err(e) => {
+                        self.members.suspect(i);
+                        last = Some(e);
+                    }
                 }
             }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(last.map(ClusterError::etcd).unwrap_or_else(|| ClusterError::Unavailable("no etcd member".into())));
+            }
+            tokio::time::sleep(Duration::from_millis(150)).await;
         }
-        Err(last.map(ClusterError::etcd).unwrap_or_else(|| ClusterError::Unavailable("no etcd member".into())))
     }
 
     /// Every key under `prefix`.

@@ -180,6 +180,7 @@ async fn handle(State(gw): State<Gateway>, req: Request) -> Response {
         Target::Place => place(&gw, dialect, req).await,
         Target::Every => every(&gw, dialect, req).await,
         Target::Any => any_node(&gw, dialect, req).await,
+        Target::Whichever => whichever(&gw, dialect, req).await,
         Target::Unknown => error(dialect, StatusCode::NOT_FOUND, format!("no route for {} {}", req.method(), req.uri().path())),
     }
 }
@@ -412,6 +413,30 @@ async fn every(gw: &Gateway, dialect: Dialect, req: Request) -> Response {
         }
     }
     resp
+}
+
+/// Largest upload through a signed link that names no sandbox (it is
+/// held to be offered to each node in turn).
+const MAX_SIGNED_BODY: usize = 64 << 20;
+
+/// An E2B signed `/files` link that names no sandbox: only the node whose
+/// sandbox signed it accepts it (the others answer `401`), so each is
+/// asked in turn.
+async fn whichever(gw: &Gateway, dialect: Dialect, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_SIGNED_BODY).await else {
+        return error(dialect, StatusCode::PAYLOAD_TOO_LARGE, format!("through a cluster, an upload by a signed link is at most {MAX_SIGNED_BODY} bytes"));
+    };
+    let mut last = None;
+    for node in gw.nodes() {
+        let req = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
+        match proxy::forward(&gw.inner.client, &node.name, &node.api, gw.inner.secret.expose(), req).await {
+            Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED => last = Some(resp),
+            Ok(resp) => return resp,
+            Err(_) => {}
+        }
+    }
+    last.unwrap_or_else(|| error(dialect, StatusCode::UNAUTHORIZED, "invalid signature, or no sandbox signed this link"))
 }
 
 /// What any node answers alike: the first that takes it.

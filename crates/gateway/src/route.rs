@@ -26,6 +26,9 @@ pub enum Target {
     Every,
     /// Any node: they all answer it alike from the cluster's state.
     Any,
+    /// The one node that answers: an E2B signed `/files` link that names
+    /// no sandbox (only the node whose sandbox signed it accepts it).
+    Whichever,
     /// The gateway's own routes.
     Nodes,
     /// Move every sandbox off a node (an operator's: the cluster secret).
@@ -50,6 +53,9 @@ pub fn route(method: &Method, path: &str, headers: &HeaderMap) -> (Target, Diale
     }
     if protocol::e2b_routing::is_control_path(path) {
         return (e2b_control(method, path), Dialect::E2b);
+    }
+    if path == "/files" {
+        return (Target::Whichever, Dialect::E2b);
     }
     (forkbox(method, path), Dialect::Forkbox)
 }
@@ -123,5 +129,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("host", "49999-sb-c.localhost:7070".parse().unwrap());
         assert_eq!(route(&Method::POST, "/execute", &h).0, Target::Sandbox { id: "sb-c".into() });
+        // A signed link with no sandbox in it.
+        assert_eq!(route(&Method::GET, "/files", &HeaderMap::new()), (Target::Whichever, Dialect::E2b));
     }
 }
