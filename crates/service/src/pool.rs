@@ -6,7 +6,8 @@
 //! files, built ahead of time). A create takes a spare and has the zygote's
 //! REPL fork itself into it, so the new sandbox starts with numpy and
 //! pandas already imported, in a few milliseconds. Spares are refilled in
-//! the background; a zygote retires after `RETIRE_AFTER` creates (its
+//! the background; a zygote retires when its family holds
+//! `RETIRE_AT_LIVE` live sandboxes or after `RETIRE_AFTER` creates (its
 //! family lives on while its members do), so no family grows without bound
 //! and a fresh family takes over.
 //!
@@ -38,8 +39,16 @@ const SPARES: usize = 2;
 /// Sandboxes kept forked ahead of demand per template (`Born`): a create
 /// that finds one skips the zygote's fork, about 7 ms of its 9.
 const BORN: usize = 2;
-/// Creates one zygote serves before a fresh family replaces it.
-const RETIRE_AFTER: usize = 64;
+/// Live sandboxes of one zygote's family (its creates and their forks)
+/// at which a fresh family takes over: they are one host uid, and the
+/// kernel counts some limits per uid (docs/security.md), so this bounds
+/// how many sandboxes share them. Counted live, not served: under churn a
+/// zygote serves on while its sandboxes come and go, instead of a new one
+/// importing its modules every few seconds (bench/churn.py).
+pub(crate) const RETIRE_AT_LIVE: usize = 64;
+/// Creates one zygote serves before it is replaced whatever its family
+/// holds, so no process serves forever.
+const RETIRE_AFTER: usize = 4096;
 /// How long a refill waits after a create that left spares.
 const REFILL_DELAY: Duration = Duration::from_millis(100);
 /// Templates warmed at start (others warm on first use).
@@ -158,10 +167,11 @@ impl Service {
             None => {}
         }
         let served = warm.served.fetch_add(1, Ordering::SeqCst) + 1;
+        let live = self.family_sandboxes(warm).await + 1;
         let state = self.clone();
         let warm = Arc::clone(warm);
         tokio::spawn(async move {
-            if served >= RETIRE_AFTER {
+            if live >= RETIRE_AT_LIVE || served >= RETIRE_AFTER {
                 state.retire(&warm).await;
             } else {
                 // Let the new sandbox's first calls run first: refilling
@@ -175,6 +185,12 @@ impl Service {
             }
         });
         entry
+    }
+
+    /// Listed sandboxes of `warm`'s zygote's family (creates it served and
+    /// their forks; the pool's own are not listed).
+    async fn family_sandboxes(&self, warm: &Warm) -> usize {
+        self.inner.sandboxes.read().await.values().filter(|e| e.engine.same_family(warm.zygote.engine.as_ref())).count()
     }
 
     /// Fork the zygote into spares until `BORN` sandboxes wait, half of

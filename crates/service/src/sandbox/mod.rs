@@ -743,7 +743,7 @@ pub fn entry_with(id: String, settings: Settings, engine: crate::engine::MemberR
         ptys: Default::default(),
         processes: Default::default(),
         contexts: Default::default(),
-        expires: AtomicU64::new(created_at + settings_timeout_ms),
+        expires: AtomicU64::new(created_at.saturating_add(settings_timeout_ms)),
         egress: std::sync::Mutex::new(protocol::Egress::On(false)),
         network: Default::default(),
         checkpoints: Default::default(),

@@ -124,3 +124,44 @@ async fn shutting_down_destroys_the_pool_with_the_sandboxes() {
     h.service.destroy_all().await;
     assert!(h.live().is_empty(), "left: {:?}", h.live());
 }
+
+async fn zygote(h: &Harness) -> String {
+    let info = h.service.pool_info(&Caller::anonymous()).await;
+    info.templates.get("default").map(|t| t.zygote.clone()).unwrap_or_default()
+}
+
+// Multi-threaded: the pool starts spares' networks with `block_in_place`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zygote_serves_on_under_churn_and_retires_when_its_family_fills() {
+    let h = warm().await;
+    let first = zygote(&h).await;
+    // Creates that come and go: the family never holds many, so no
+    // fresh zygote has to import its modules again.
+    for _ in 0..(crate::pool::RETIRE_AT_LIVE + 6) {
+        let id = h.create().await;
+        h.service.destroy(&Caller::anonymous(), &id).await.expect("destroy");
+    }
+    assert_eq!(zygote(&h).await, first, "a zygote was retired under churn");
+    // Sandboxes that stay: at the bound a fresh family takes over.
+    let mut kept = Vec::new();
+    for _ in 0..crate::pool::RETIRE_AT_LIVE {
+        kept.push(h.create().await);
+    }
+    let replaced = tokio::time::timeout(Duration::from_secs(10), async {
+        while zygote(&h).await == first || zygote(&h).await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(replaced.is_ok(), "the zygote was not replaced with {} live sandboxes in its family", kept.len());
+    let id = h.create().await;
+    assert!(!h
+        .service
+        .get(&Caller::anonymous(), &id)
+        .await
+        .expect("get")
+        .engine
+        .same_family(h.service.get(&Caller::anonymous(), &kept[0]).await.expect("get").engine.as_ref()));
+    h.service.destroy_all().await;
+    assert!(h.live().is_empty(), "left: {:?}", h.live());
+}
