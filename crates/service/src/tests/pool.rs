@@ -154,7 +154,20 @@ async fn a_zygote_serves_on_under_churn_and_retires_when_its_family_fills() {
     })
     .await;
     assert!(replaced.is_ok(), "the zygote was not replaced with {} live sandboxes in its family", kept.len());
+    // Let the retirement finish (the old zygote torn down) and the
+    // successor's pool fill, as the other tests here let the pool settle.
+    let retired = tokio::time::timeout(Duration::from_secs(10), async {
+        while h.live().contains(&first) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(retired.is_ok(), "the retired zygote {first} is still live");
+    until_ready(&h, 2).await;
+    until_spares(&h, 2).await;
     let id = h.create().await;
+    until_ready(&h, 2).await;
+    until_spares(&h, 2).await;
     assert!(!h
         .service
         .get(&Caller::anonymous(), &id)
