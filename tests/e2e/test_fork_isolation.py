@@ -60,7 +60,11 @@ def test_guessed_pids_of_other_members_look_nonexistent(http, family):
     members, info = family
     mine = info["a"]["repl"]
     others = [info[n][k] for n in ("parent", "b") for k in ("repl",)]
-    code = (f"found = []\nfor pid in list(range(2097152, 2097152 + 3000)) + {others}:\n"
+    # Guesses around the family's REPL pids (from 2^21 up; a warm pool's
+    # zygote serves many creates, so they may be far above it).
+    lo = max(2097152, min(mine, *others) - 1500)
+    hi = max(mine, *others) + 1500
+    code = (f"found = []\nfor pid in sorted(set(range({lo}, {hi})) | set({others})):\n"
             "    try:\n        os.kill(pid, 0)\n        found.append(pid)\n"
             "    except ProcessLookupError:\n        pass\n"
             "    except PermissionError:\n        found.append(-pid)\n"
