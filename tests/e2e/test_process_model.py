@@ -4,7 +4,7 @@ subprocesses show up in the sandbox's `ps`, and killing everything from the
 REPL cannot brick the sandbox."""
 from __future__ import annotations
 
-from helpers import sandbox_host_pids
+from helpers import delete_raw, pooled_sandbox, sandbox_host_pids, wait_until
 
 
 def py(sb, code):
@@ -104,6 +104,37 @@ def test_a_killed_supervisor_is_replaced_and_files_survive(sandbox):
     assert [e.data for e in events if e.type == "stdout"] == ["still here"], events
     b = sandbox.run_code("echo ok", language="bash")
     assert (b.exit_code, b.stdout) == (0, "ok"), b
+
+
+def test_sandboxes_made_after_the_pools_supervisor_died_are_whole(http, make_sandbox):
+    import os
+    import signal
+    import time
+    # A sandbox forked from the warm zygote shares its family's supervisor
+    # with the zygote and the sandboxes forked ahead of demand. Once that
+    # supervisor dies, none of them may be handed out: a new sandbox comes
+    # whole, with no lost-REPL notice, its files and terminals working.
+    pooled = pooled_sandbox(http)
+    wait_until(lambda: http.get("/v1/pool").json()["templates"]["default"]["ready"], 30, "sandboxes forked ahead of demand")
+    def ppid(pid):
+        return int(next(l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("PPid:")))
+    try:
+        inits = [p for p in sandbox_host_pids(pooled) if open(f"/proc/{p}/comm").read().strip() == "forkbox-init"]
+        os.kill(ppid(ppid(inits[0])), signal.SIGKILL)
+        time.sleep(0.2)
+        for _ in range(4):
+            fresh = make_sandbox()
+            seen = []
+            h = fresh.pty.create(cmd=["/bin/sh", "-c", "echo pty-ok"], on_data=seen.append)
+            assert h.wait(timeout=15) == 0
+            assert b"pty-ok" in b"".join(seen), seen
+            fresh.upload(b"kept", "/root/f.txt")
+            assert fresh.download("/root/f.txt") == b"kept"
+            events = list(fresh.run_code_stream("print('fresh')"))
+            assert [e.type for e in events if e.type in ("warning", "error")] == [], events
+            assert [e.data for e in events if e.type == "stdout"] == ["fresh"], events
+    finally:
+        delete_raw(http, pooled)
 
 
 def test_bash_right_after_kill_minus_one_runs(sandbox):

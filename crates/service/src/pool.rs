@@ -67,6 +67,12 @@ impl Service {
 
     async fn create_from_zygote(&self, settings: &Settings, attempt: u32) -> Result<Option<Arc<SandboxEntry>>, crate::error::Error> {
         let Some(warm) = self.inner.pool.current(&PoolKey::of(settings)) else { return Ok(None) };
+        if !warm.zygote.engine.init_alive() {
+            // Its family's supervisor died (it can be killed from the host;
+            // tests/e2e/test_process_model.py): nothing it made lives on.
+            self.retire_later(&warm);
+            return Ok(None);
+        }
         if !self.trust_is_current(&warm)? {
             let key = warm.key.clone();
             let stale = self.inner.pool.take_warm(|_, w| std::ptr::eq(w, &*warm));
@@ -80,7 +86,8 @@ impl Service {
         let limits = self.limits_for(settings);
         let wants_net = !settings.egress.is_off();
         if let Some(born) = warm.take_born(wants_net) {
-            if born.member.limits() == limits || born.member.set_limits(&limits).is_ok() {
+            let usable = born.member.init_alive() && (born.member.limits() == limits || born.member.set_limits(&limits).is_ok());
+            if usable {
                 return Ok(Some(self.hand_out(&warm, born.member, born.session, born.pasta, settings).await));
             }
             // Not usable: it goes, and this create forks as below.
@@ -136,8 +143,7 @@ impl Service {
             Err(e) => {
                 // A zygote that cannot fork (it died, its supervisor died)
                 // is replaced; this create is made the slow way.
-                let (state, warm) = (self.clone(), Arc::clone(&warm));
-                tokio::spawn(async move { state.retire(&warm).await });
+                self.retire_later(&warm);
                 return Err(e);
             }
         };
@@ -347,6 +353,12 @@ impl Service {
         spares.extend(made);
     }
 
+    /// [`Self::retire`] on a task of its own.
+    fn retire_later(&self, warm: &Arc<Warm>) {
+        let (state, warm) = (self.clone(), Arc::clone(warm));
+        tokio::spawn(async move { state.retire(&warm).await });
+    }
+
     /// Replace a zygote that served its share (or broke) with a fresh family.
     async fn retire(&self, old: &Arc<Warm>) {
         // Only the first of several concurrent retirements does the work.
@@ -360,6 +372,8 @@ impl Service {
             tracing::warn!(template = %old.key.template, owner = ?old.key.owner, err = %e, "could not replace a retired zygote");
         }
         self.destroy_warm(old).await;
+        // Replaced, or else out of the map, so the pool loop warms anew.
+        self.inner.pool.take_warm(|_, w| std::ptr::eq(w, &**old));
         if let Ok(mut r) = self.inner.pool.retired.lock() {
             r.retain(|w| !Arc::ptr_eq(w, old));
         }
@@ -595,10 +609,15 @@ impl Service {
     }
 
     /// Let each idle zygote reap the sandboxes' REPLs that died (they are
-    /// its children; it keeps them a moment so their exit status can be read).
+    /// its children; it keeps them a moment so their exit status can be read),
+    /// and replace one whose family's supervisor died before a create finds it.
     async fn nudge_zygotes(&self) {
         let all: Vec<Arc<Warm>> = self.inner.pool.warm.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
         for w in all {
+            if !w.zygote.engine.init_alive() {
+                self.retire_later(&w);
+                continue;
+            }
             if let Ok(mut slot) = w.zygote.slot.try_lock() {
                 if let Some(session) = slot.session.as_mut() {
                     let _ = session.nudge().await;

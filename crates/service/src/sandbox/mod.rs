@@ -341,6 +341,17 @@ impl SandboxEntry {
         Ok(())
     }
 
+    /// Heal a sandbox whose init died before work that needs its
+    /// namespaces but not its REPL (files, terminals, processes). The REPL's
+    /// slot is taken only then, so a long exec does not hold files up.
+    pub async fn revive(&self) -> Result<(), ReplError> {
+        if self.engine.init_alive() || self.is_destroyed() {
+            return Ok(());
+        }
+        let mut slot = self.slot.lock().await;
+        self.heal(&mut slot).await
+    }
+
     /// Make sure the sandbox has a live REPL (before a fork).
     pub async fn ensure_repl(&self, slot: &mut ReplSlot) -> Result<(), ReplError> {
         self.heal(slot).await?;
