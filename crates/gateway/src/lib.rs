@@ -428,15 +428,16 @@ async fn whichever(gw: &Gateway, dialect: Dialect, req: Request) -> Response {
         return error(dialect, StatusCode::PAYLOAD_TOO_LARGE, format!("through a cluster, an upload by a signed link is at most {MAX_SIGNED_BODY} bytes"));
     };
     let mut last = None;
-    for node in gw.nodes() {
-        let req = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
-        match proxy::forward(&gw.inner.client, &node.name, &node.api, gw.inner.secret.expose(), req).await {
-            Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED => last = Some(resp),
-            Ok(resp) => return resp,
-            Err(_) => {}
+    let found = walk_nodes(gw, gw.nodes(), &parts, &bytes, |answer| match answer {
+        Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED => {
+            last = Some(resp);
+            None
         }
-    }
-    last.unwrap_or_else(|| error(dialect, StatusCode::UNAUTHORIZED, "invalid signature, or no sandbox signed this link"))
+        Ok(resp) => Some(resp),
+        Err(_) => None,
+    })
+    .await;
+    found.or(last).unwrap_or_else(|| error(dialect, StatusCode::UNAUTHORIZED, "invalid signature, or no sandbox signed this link"))
 }
 
 /// What any node answers alike: the first that takes it.
@@ -453,13 +454,32 @@ async fn any_node(gw: &Gateway, dialect: Dialect, req: Request) -> Response {
         return error(dialect, StatusCode::PAYLOAD_TOO_LARGE, "body too large for the gateway");
     };
     let mut last = None;
+    let found = walk_nodes(gw, nodes, &parts, &bytes, |answer| match answer {
+        Ok(resp) => Some(resp),
+        Err(e @ proxy::ProxyError::Unreachable { .. }) => {
+            last = Some(e);
+            None
+        }
+        Err(e) => Some(proxy_failed(dialect, e)),
+    })
+    .await;
+    found.unwrap_or_else(|| proxy_failed(dialect, last.unwrap_or(proxy::ProxyError::BadRequest("no node".into()))))
+}
+
+/// Forward one buffered request to `nodes` in turn until `settle`, shown
+/// each node's outcome, returns the answer that ends the walk.
+async fn walk_nodes(
+    gw: &Gateway,
+    nodes: Vec<NodeRecord>,
+    parts: &axum::http::request::Parts,
+    bytes: &Bytes,
+    mut settle: impl FnMut(Result<Response, proxy::ProxyError>) -> Option<Response>,
+) -> Option<Response> {
     for node in nodes {
         let req = Request::from_parts(parts.clone(), Body::from(bytes.clone()));
-        match proxy::forward(&gw.inner.client, &node.name, &node.api, gw.inner.secret.expose(), req).await {
-            Ok(resp) => return resp,
-            Err(e @ proxy::ProxyError::Unreachable { .. }) => last = Some(e),
-            Err(e) => return proxy_failed(dialect, e),
+        if let Some(resp) = settle(proxy::forward(&gw.inner.client, &node.name, &node.api, gw.inner.secret.expose(), req).await) {
+            return Some(resp);
         }
     }
-    proxy_failed(dialect, last.unwrap_or(proxy::ProxyError::BadRequest("no node".into())))
+    None
 }
