@@ -7,6 +7,17 @@ from __future__ import annotations
 from helpers import delete_raw, pooled_sandbox, sandbox_host_pids, wait_until
 
 
+def family_supervisor(sandbox_id):
+    """Host pid of the sandbox's family supervisor: its init is a child of
+    the family's reaper, itself a child of the supervisor (which the sandbox
+    may share with others: a fork family, or the warm pool's)."""
+    def ppid(pid):
+        return int(next(l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("PPid:")))
+    inits = [p for p in sandbox_host_pids(sandbox_id) if open(f"/proc/{p}/comm").read().strip() == "forkbox-init"]
+    assert len(inits) == 1, inits
+    return ppid(ppid(inits[0]))
+
+
 def py(sb, code):
     r = sb.run_code(code)
     assert r.exit_code == 0, (code, r)
@@ -88,14 +99,7 @@ def test_a_killed_supervisor_is_replaced_and_files_survive(sandbox):
     import signal
     import time
     py(sandbox, "open('/root/kept.txt', 'w').write('still here')")
-    # The sandbox's init is a child of its family's reaper, itself a child
-    # of the family's supervisor (the sandbox may share it with others: a
-    # fork family, or the warm pool's).
-    def ppid(pid):
-        return int(next(l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("PPid:")))
-    inits = [p for p in sandbox_host_pids(sandbox.id) if open(f"/proc/{p}/comm").read().strip() == "forkbox-init"]
-    assert len(inits) == 1, inits
-    supervisor = ppid(ppid(inits[0]))
+    supervisor = family_supervisor(sandbox.id)
     assert open(f"/proc/{supervisor}/cmdline", "rb").read().split(b"\0")[1] == b"__shim"
     os.kill(supervisor, signal.SIGKILL)
     time.sleep(0.2)
@@ -116,11 +120,8 @@ def test_sandboxes_made_after_the_pools_supervisor_died_are_whole(http, make_san
     # whole, with no lost-REPL notice, its files and terminals working.
     pooled = pooled_sandbox(http)
     wait_until(lambda: http.get("/v1/pool").json()["templates"]["default"]["ready"], 30, "sandboxes forked ahead of demand")
-    def ppid(pid):
-        return int(next(l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("PPid:")))
     try:
-        inits = [p for p in sandbox_host_pids(pooled) if open(f"/proc/{p}/comm").read().strip() == "forkbox-init"]
-        os.kill(ppid(ppid(inits[0])), signal.SIGKILL)
+        os.kill(family_supervisor(pooled), signal.SIGKILL)
         time.sleep(0.2)
         for _ in range(4):
             fresh = make_sandbox()

@@ -88,7 +88,7 @@ fn event(kind: &str, path: Option<&SandboxPath>, dir: bool) -> FileEvent {
 /// at once per sandbox.
 pub async fn watch(entry: &Arc<SandboxEntry>, path: SandboxPath, recursive: bool) -> Result<mpsc::Receiver<FileEvent>, Error> {
     let slot = CapSlot::take(entry, |e| &e.watches, MAX_WATCHES_PER_SANDBOX, || format!("a sandbox may have at most {MAX_WATCHES_PER_SANDBOX} watches open"))?;
-    entry.revive().await.map_err(|e| Error::internal("could not restart the sandbox", e))?;
+    entry.revive().await?;
     let engine = Arc::clone(&entry.engine);
     let watcher = tokio::task::spawn_blocking(move || -> Result<Watcher, Error> {
         let fs = engine.fs().map_err(|e| Error::Conflict(format!("the sandbox's filesystem is not reachable right now ({e}); retry")))?;

@@ -31,7 +31,7 @@ pub fn sandbox_path(raw: &str) -> Result<SandboxPath, Error> {
 pub async fn with_fs<T: Send + 'static>(entry: &Arc<SandboxEntry>, op: impl FnOnce(&SandboxFs) -> Result<T, FsError> + Send + 'static) -> Result<T, Error> {
     entry.touch();
     crate::sandbox::freezer::ensure_running(entry).await?;
-    entry.revive().await.map_err(|e| Error::internal("could not restart the sandbox", e))?;
+    entry.revive().await?;
     let engine = Arc::clone(&entry.engine);
     tokio::task::spawn_blocking(move || {
         let fs = engine.fs().map_err(|e| Error::Conflict(format!("the sandbox's filesystem is not reachable right now ({e}); retry")))?;

@@ -344,12 +344,12 @@ impl SandboxEntry {
     /// Heal a sandbox whose init died before work that needs its
     /// namespaces but not its REPL (files, terminals, processes). The REPL's
     /// slot is taken only then, so a long exec does not hold files up.
-    pub async fn revive(&self) -> Result<(), ReplError> {
+    pub async fn revive(&self) -> Result<(), crate::error::Error> {
         if self.engine.init_alive() || self.is_destroyed() {
             return Ok(());
         }
         let mut slot = self.slot.lock().await;
-        self.heal(&mut slot).await
+        self.heal(&mut slot).await.map_err(|e| crate::error::Error::internal("could not restart the sandbox", e))
     }
 
     /// Make sure the sandbox has a live REPL (before a fork).
