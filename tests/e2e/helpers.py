@@ -352,12 +352,14 @@ class Exec:
 
 
 def exec_raw(client: httpx.Client, sandbox_id: str, code: str, language: str | None = "python",
-             timeout_ms: int | None = None) -> Exec:
+             timeout_ms: int | None = None, output: str | None = None) -> Exec:
     body: dict = {"code": code}
     if language is not None:
         body["language"] = language
     if timeout_ms is not None:
         body["timeout_ms"] = timeout_ms
+    if output is not None:
+        body["output"] = output
     events, arrivals = [], []
     with client.stream("POST", f"/v1/sandboxes/{sandbox_id}/exec", json=body) as r:
         if r.status_code != 200:

@@ -188,3 +188,77 @@ def test_replay_returns_recent_events(sandbox, http):
     lines = [json.loads(x) for x in resp.text.splitlines() if x.strip()]
     assert len(lines) == 1000
     assert lines[-1]["type"] == "exit" and lines[-2]["data"] == "1499"
+
+
+# ── output: "chunks" (forkbox's SDKs ask for it; podflare's gets lines) ──
+
+MANY_LINES = ("import sys\n"
+              "for i in range(20000):\n"
+              "    print(i)\n"
+              "    if i % 5000 == 0:\n"
+              "        print('err', i, file=sys.stderr)\n"
+              "sys.stdout.buffer.write(b'\\xff\\xfe raw\\n')\n"
+              "print('tail', end='')")
+
+
+def test_chunks_carry_the_same_bytes_as_lines_in_far_fewer_events(sandbox, http):
+    """The same cell both ways: every byte, in order, stdout against stderr;
+    one event per line by default, a few per batch with chunks; sequence
+    numbers count lines either way."""
+    lines = exec_raw(http, sandbox.id, MANY_LINES)
+    chunks = exec_raw(http, sandbox.id, MANY_LINES, output="chunks")
+    assert lines.exit_code == 0 and chunks.exit_code == 0, chunks
+    want = "".join(f"{i}\n" for i in range(20000)) + "\ufffd\ufffd raw\ntail"
+    assert lines.stdout == want and chunks.stdout == want
+    assert chunks.stderr == lines.stderr == "".join(f"err {i}\n" for i in range(0, 20000, 5000))
+    assert len(lines.of("stdout")) == 20002
+    assert len(chunks.of("stdout")) < 200, len(chunks.of("stdout"))
+    assert all(ev.get("lines", 2) > 1 for ev in chunks.of("stdout")), "`lines` only on events of more than one"
+    # The raw bytes come whole in b64.
+    b64 = [base64.b64decode(ev["b64"]) for ev in chunks.of("stdout") if "b64" in ev]
+    assert len(b64) == 1 and b"\xff\xfe raw" in b64[0], chunks
+
+    # stdout and stderr interleave the same way.
+    def runs(e):
+        out = []
+        for ev in e.events:
+            if ev["type"] in ("stdout", "stderr"):
+                text = ev["data"] + ("\n" if ev.get("nl") else "")
+                if out and out[-1][0] == ev["type"]:
+                    out[-1][1] += text
+                else:
+                    out.append([ev["type"], text])
+        return out
+    assert runs(chunks) == runs(lines)
+    assert len(runs(chunks)) == 9  # 4 stderr lines between 5 runs of stdout
+    seq = 0
+    for ev in chunks.events:
+        assert ev["seq"] == seq, (ev, seq)
+        seq += ev.get("lines", 1)
+    assert chunks.events[-1]["seq"] == lines.events[-1]["seq"]
+
+
+def test_chunks_keep_stdout_and_stderr_in_order(sandbox, http):
+    e = exec_raw(http, sandbox.id, "import sys\nfor i in range(30):\n    print(f'o{i}')\n    print(f'e{i}', file=sys.stderr)",
+                 output="chunks")
+    got = [(ev["type"], line) for ev in e.events if ev["type"] in ("stdout", "stderr") for line in ev["data"].split("\n")]
+    assert got == [(k, f"{p}{i}") for i in range(30) for k, p in (("stdout", "o"), ("stderr", "e"))], e
+
+
+def test_replay_after_chunks_holds_at_most_1000_lines_newest_last(sandbox, http):
+    e = exec_raw(http, sandbox.id, "for i in range(5000):\n    print(i)", output="chunks")
+    assert e.exit_code == 0
+    resp = http.get(f"/v1/sandboxes/{sandbox.id}/replay")
+    events = [json.loads(x) for x in resp.text.splitlines() if x.strip()]
+    assert 0 < sum(ev.get("lines", 1) for ev in events) <= 1000, events
+    assert events[-1]["type"] == "exit" and events[-2]["data"].endswith("4999")
+    text = "\n".join(ev["data"] for ev in events if ev["type"] == "stdout")
+    assert text.endswith("4998\n4999") and len(text.split("\n")) >= 500, text[-50:]
+
+
+def test_an_unknown_output_mode_is_a_400(sandbox, http):
+    for bad in ("bytes", "", 1, None):
+        r = http.post(f"/v1/sandboxes/{sandbox.id}/exec", json={"code": "print(1)", "output": bad})
+        assert r.status_code == 400, (bad, r.status_code, r.text)
+        assert "output" in r.json()["error"], r.text
+    assert exec_raw(http, sandbox.id, "print(1)").stdout == "1\n"

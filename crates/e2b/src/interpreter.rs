@@ -166,7 +166,9 @@ async fn execute(State(e2b): State<E2b>, Sandbox(entry): Sandbox, body: bytes::B
     };
     let cancel = CancellationToken::new();
     let options = ExecOptions { target, env: req.env_vars.unwrap_or_default().into_iter().collect(), cancel: cancel.clone() };
-    let exec = ExecRequest { code: req.code, language: Some(language.into()), timeout_ms: None };
+    // Jupyter streams what a cell printed in chunks too: the E2B SDKs take a
+    // message per chunk (`logs.stdout` items are not lines).
+    let exec = ExecRequest { code: req.code, language: Some(language.into()), timeout_ms: None, output: protocol::OutputEvents::Chunks };
     let events = e2b.service.exec_with(&Caller::anonymous(), &entry.id, exec, options).await?;
     let guard = CancelOnDrop(cancel);
     let first = futures::stream::once(async move { line_bytes(&json!({"type": "number_of_executions", "execution_count": count})) });

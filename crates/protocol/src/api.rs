@@ -46,6 +46,20 @@ pub struct ExecRequest {
     /// Interrupt the call after this many milliseconds (default 300000).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// `lines` (default): one stdout/stderr event per line, as the podflare
+    /// SDK expects. `chunks`: one event per batch of lines that arrived
+    /// together (docs/api.md#events).
+    #[serde(default)]
+    pub output: OutputEvents,
+}
+
+/// How an exec's stdout and stderr are cut into events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputEvents {
+    #[default]
+    Lines,
+    Chunks,
 }
 
 /// `GET /v1/sandboxes/{id}` and the items of `GET /v1/sandboxes`.

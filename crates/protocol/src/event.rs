@@ -3,7 +3,8 @@
 //! `stdout`/`stderr` events carry one line without its newline in `data` (the
 //! podflare SDK joins them with `\n`); `nl` says whether the line ended with a
 //! newline, so our own SDKs rebuild the exact bytes. Undecodable bytes travel
-//! in `b64` as well.
+//! in `b64` as well. An exec asked for `output: "chunks"` gets the lines that
+//! arrived together in one event instead, counted in `lines`.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -40,6 +41,10 @@ pub struct Event {
     pub ts: u64,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub nl: Option<bool>,
+    /// A `chunks` event holding more than one line: how many (`data` joins
+    /// them with `\n`; the next event's `seq` is this one's plus `lines`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub lines: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub b64: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -55,6 +60,6 @@ pub struct Event {
 
 impl Event {
     pub fn new(kind: EventKind, data: serde_json::Value) -> Event {
-        Event { kind, data, seq: 0, ts: 0, nl: None, b64: None, bundle: None, ename: None, evalue: None, traceback: None }
+        Event { kind, data, seq: 0, ts: 0, nl: None, lines: None, b64: None, bundle: None, ename: None, evalue: None, traceback: None }
     }
 }

@@ -44,7 +44,8 @@ fn parse_object<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<
     if !v.is_object() {
         return Err(ApiError::BadRequest("the request body must be a JSON object".into()));
     }
-    serde_json::from_value(v).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
+    // The error names the field it is about (`output: unknown variant ...`).
+    serde_path_to_error::deserialize(v).map_err(|e| ApiError::BadRequest(format!("invalid request body: {e}")))
 }
 
 /// A JSON object body that may be left out: empty (or only whitespace)
@@ -84,11 +85,21 @@ pub(crate) fn json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response {
 }
 
 /// A streaming NDJSON response: one line per value received.
+/// At most this many events in one body chunk of an NDJSON stream.
+const NDJSON_BATCH: usize = 256;
+
 pub fn ndjson_stream<T: serde::Serialize + Send + 'static>(rx: mpsc::Receiver<T>) -> Response {
-    let body = ReceiverStream::new(rx).map(|ev| {
-        let mut line = serde_json::to_vec(&ev).unwrap_or_default();
-        line.push(b'\n');
-        Ok::<_, Infallible>(bytes::Bytes::from(line))
+    // The events already waiting go out in one body chunk: a cell printing
+    // 100,000 lines is then a few thousand writes, not 100,000, and an event
+    // that comes alone still goes at once.
+    let body = ReceiverStream::new(rx).ready_chunks(NDJSON_BATCH).map(|events| {
+        let mut lines = Vec::new();
+        for ev in events {
+            if serde_json::to_writer(&mut lines, &ev).is_ok() {
+                lines.push(b'\n');
+            }
+        }
+        Ok::<_, Infallible>(bytes::Bytes::from(lines))
     });
     ndjson(Body::from_stream(body))
 }

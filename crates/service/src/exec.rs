@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use protocol::{Event, ExecRequest, MAX_CODE_BYTES};
+use protocol::{Event, ExecRequest, OutputEvents, MAX_CODE_BYTES};
 use repl_host::events::EventSink;
 use tokio::sync::mpsc;
 
@@ -84,7 +84,8 @@ impl Service {
                 // Busy until the exec is over, however it ends.
                 let _busy = busy;
                 let run = Run { target: &target, language, code: &req.code, env: &env };
-                state.run_queued(&entry, run, &bounds, EventSink::new(tx, entry.replay.clone())).await;
+                let sink = EventSink::new(tx, entry.replay.clone()).chunked(req.output == OutputEvents::Chunks);
+                state.run_queued(&entry, run, &bounds, sink).await;
             },
             span,
         ));
@@ -133,7 +134,7 @@ impl Service {
     /// Sandbox `id`'s last events (the replay ring), oldest first.
     pub async fn replay(&self, caller: &Caller, id: &str) -> Result<Vec<Event>, Error> {
         let entry = self.get(caller, id).await?;
-        let events = entry.replay.lock().map(|r| r.iter().cloned().collect()).unwrap_or_default();
+        let events = entry.replay.lock().map(|r| r.events().cloned().collect()).unwrap_or_default();
         Ok(events)
     }
 }

@@ -29,7 +29,7 @@ export interface RunOptions {
   language?: "python" | "bash";
   /** Interrupt the call after this long (default 300000); then `runCode` throws `ExecTimeoutError`. */
   timeoutMs?: number;
-  /** Called with each piece of stdout as it arrives (a line with its newline, or a piece of a long line). */
+  /** Called with stdout as it arrives: the lines that came together, with their newlines, or a piece of a long line. */
   onStdout?: (text: string) => void;
   onStderr?: (text: string) => void;
   signal?: AbortSignal;
@@ -136,7 +136,8 @@ export class Sandbox implements AsyncDisposable {
   /** Run code; its events as they happen, ending with `exit`. */
   async *runCodeStream(code: string, options: Omit<RunOptions, "onStdout" | "onStderr"> = {}): AsyncGenerator<ExecEvent> {
     const events = await this.client.stream<ExecEvent>("POST", `${this.#path}/exec`, {
-      json: { code, language: options.language, timeout_ms: options.timeoutMs },
+      // "chunks": the lines that arrived together come in one event.
+      json: { code, language: options.language, timeout_ms: options.timeoutMs, output: "chunks" },
       signal: options.signal,
     });
     yield* events;

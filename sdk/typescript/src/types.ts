@@ -39,10 +39,15 @@ interface EventBase {
 
 export interface OutputEvent extends EventBase {
   type: "stdout" | "stderr";
-  /** One line without its newline, or a piece of a line over 64 KiB. */
+  /**
+   * The lines that arrived together, `\n`-joined, without the last one's
+   * newline (or a piece of a line over 64 KiB).
+   */
   data: string;
   /** A newline followed `data`. */
   nl?: boolean;
+  /** How many lines `data` holds, when more than one. */
+  lines?: number;
   /** The exact bytes, base64, when the line is not valid UTF-8. */
   b64?: string;
 }

@@ -28,6 +28,14 @@ describe("runCode", () => {
     assert.ok(e.events.filter((ev) => ev.type === "stdout").length > 3, "the server cut the lines");
   });
 
+  test("many lines come in a few chunks, every byte kept", async () => {
+    const e = await sb.runCode("for i in range(30000): print(i)");
+    assert.equal(e.stdout, Array.from({ length: 30000 }, (_, i) => `${i}\n`).join(""));
+    const out = e.events.filter((ev) => ev.type === "stdout");
+    assert.ok(out.length < 300, `${out.length} events`);
+    assert.equal(out.reduce((n, ev) => n + (ev.type === "stdout" ? (ev.lines ?? 1) : 0), 0), 30000);
+  });
+
   test("output that is not UTF-8 is decoded from its bytes", async () => {
     const e = await sb.runCode('import sys\nsys.stdout.buffer.write(b"\\xffok\\n")\nsys.stdout.flush()');
     assert.equal(e.stdout, "\uFFFDok\n");

@@ -97,8 +97,20 @@ def test_callbacks_get_output_as_it_arrives(sb):
     out, err = [], []
     ex = sb.run_code("import sys\nfor i in range(3):\n    print(i)\nsys.stderr.write('x\\n')",
                      on_stdout=out.append, on_stderr=err.append)
-    assert out == ["0\n", "1\n", "2\n"] and err == ["x\n"]
+    # The lines printed together come in one chunk (docs/api.md#chunks).
+    assert out == ["0\n1\n2\n"] and err == ["x\n"]
     assert ex.stdout == "".join(out)
+    out = []
+    sb.run_code("import time\nprint('one', flush=True)\ntime.sleep(0.5)\nprint('two')", on_stdout=out.append)
+    assert out == ["one\n", "two\n"]
+
+
+def test_many_lines_come_in_few_events_with_every_byte(sb):
+    ex = sb.run_code("for i in range(30000): print(i)")
+    assert ex.stdout == "".join(f"{i}\n" for i in range(30000))
+    stdout = [e for e in ex.events if e.type == "stdout"]
+    assert len(stdout) < 300, len(stdout)
+    assert sum(e.lines for e in stdout) == 30000
 
 
 def test_stream_yields_typed_events_while_the_code_runs(sb):

@@ -78,7 +78,7 @@ impl Harness {
 
     /// Start `code` in `id`; its events as they come.
     pub async fn start(&self, id: &str, code: &str) -> Result<tokio::sync::mpsc::Receiver<Event>, crate::Error> {
-        let req = ExecRequest { code: code.into(), language: None, timeout_ms: None };
+        let req = ExecRequest { code: code.into(), language: None, timeout_ms: None, output: Default::default() };
         self.service.exec(&Caller::anonymous(), id, req).await
     }
 

@@ -151,7 +151,9 @@ def sync_op(op: Callable[Concatenate[S, P], Op[R]]) -> Callable[Concatenate[S, P
 # ── exec ────────────────────────────────────────────────────────────────
 
 def exec_call(sandbox_id: str, code: str, language: Language, timeout: Optional[float]) -> Call:
-    body: Dict[str, Any] = {"code": code, "language": language}
+    # "chunks": the lines that arrived together come in one event (the
+    # server's default is one event per line, for podflare's SDK).
+    body: Dict[str, Any] = {"code": code, "language": language, "output": "chunks"}
     if timeout is not None:
         body["timeout_ms"] = max(1, int(timeout * 1000))
     # No read timeout of our own without one: the server ends every exec

@@ -18,7 +18,9 @@ class Event:
     """One event of an exec stream (docs/api.md#events).
 
     ``type``, ``data``, ``seq`` and ``ts`` are those of podflare's ``Event``;
-    the rest are present for the event types that carry them.
+    the rest are present for the event types that carry them. A stdout or
+    stderr event holds the lines that arrived together (``lines`` of them,
+    ``\n``-joined in ``data``); ``text`` is their exact text.
     """
 
     type: EventType
@@ -26,6 +28,7 @@ class Event:
     seq: int
     ts: int
     nl: bool = False
+    lines: int = 1
     bundle: Optional[Bundle] = None
     ename: Optional[str] = None
     evalue: Optional[str] = None
@@ -35,12 +38,12 @@ class Event:
     @classmethod
     def from_json(cls, obj: Dict[str, Any]) -> "Event":
         return cls(type=obj["type"], data=obj.get("data"), seq=obj.get("seq", 0), ts=obj.get("ts", 0),
-                   nl=bool(obj.get("nl", False)), bundle=obj.get("bundle"), ename=obj.get("ename"),
+                   nl=bool(obj.get("nl", False)), lines=int(obj.get("lines") or 1), bundle=obj.get("bundle"), ename=obj.get("ename"),
                    evalue=obj.get("evalue"), traceback=obj.get("traceback"), b64=obj.get("b64"))
 
     @property
     def text(self) -> str:
-        """A stdout/stderr event's exact text, with its newline if one followed."""
+        """A stdout/stderr event's exact text, with the last line's newline if one followed."""
         return str(self.data) + ("\n" if self.nl else "")
 
     @property
