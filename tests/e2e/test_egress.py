@@ -9,6 +9,7 @@ Traffic goes only to loopback, to the package registries, and to a network
 namespace this file creates (`testnet`)."""
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -263,3 +264,65 @@ def test_bad_policies_are_refused(http):
     finally:
         delete_raw(http, sid)
     assert_json_error(http.get("/v1/sandboxes/sb-nosuch/egress"), 404)
+
+
+def _started_s(pid: int) -> float:
+    """When process `pid` started, in seconds of CLOCK_BOOTTIME."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def settle_pool(http):
+    """Wait until the default pool holds its ready sandboxes and spares
+    (it refills 100 ms after a create)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        t = http.get("/v1/pool").json()["templates"].get("default")
+        if t and len(t["ready"]) >= 2 and len(t["spares"]) >= 2:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the pool did not refill: {t}")
+
+
+def test_the_pool_hands_out_sandboxes_whose_way_out_already_runs(server, http):
+    """With creates that want a way out (the default), the warm pool keeps
+    its ready sandboxes and spares with pasta already running, so no first
+    exec waits for its network (docs/network.md): a burst of 3 creates on
+    a settled pool finds each sandbox's pasta started before its create
+    was sent. When the pool kept both kinds half and half, the second of
+    the burst had none."""
+    def pasta_started(sid: str) -> float:
+        """Its pasta is the process started with `--pid <run dir>/<sid>.pasta.pid`."""
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            if any(a == b"--pid" and b.startswith(server.state_dir.encode()) and b.endswith(f"/{sid}.pasta.pid".encode())
+                   for a, b in zip(args, args[1:])):
+                return _started_s(int(pid))
+        raise AssertionError(f"no pasta runs for {sid}")
+
+    # Teach the pool what creates want: other tests on this server made
+    # sandboxes without a way out.
+    for _ in range(8):
+        delete_raw(http, create_raw(http))
+    late = []
+    for _ in range(2):
+        settle_pool(http)
+        burst = []
+        for _ in range(3):
+            sent = time.clock_gettime(time.CLOCK_BOOTTIME)
+            burst.append((sent, create_raw(http)))
+        try:
+            for sent, sid in burst:
+                assert exec_ok(http, sid, "print(1)") == "1\n"
+                started = pasta_started(sid)
+                if started >= sent:
+                    late.append((sid, round(started - sent, 3)))
+        finally:
+            for _, sid in burst:
+                delete_raw(http, sid)
+    assert not late, f"pasta started after the create: {late}"

@@ -85,6 +85,7 @@ impl Service {
         }
         let limits = self.limits_for(settings);
         let wants_net = !settings.egress.is_off();
+        warm.net_demand.record(wants_net);
         if let Some(born) = warm.take_born(wants_net) {
             let usable = born.member.init_alive() && (born.member.limits() == limits || born.member.set_limits(&limits).is_ok());
             if usable {
@@ -202,8 +203,9 @@ impl Service {
         self.inner.sandboxes.read().await.values().filter(|e| e.engine.same_family(warm.zygote.engine.as_ref())).count()
     }
 
-    /// Fork the zygote into spares until `BORN` sandboxes wait, half of
-    /// them with their way out ready when spares have one.
+    /// Fork the zygote into spares until `BORN` sandboxes wait, as many of
+    /// them with their way out ready as recent creates wanted (when spares
+    /// have one).
     async fn bear(&self, warm: &Arc<Warm>) {
         loop {
             if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
@@ -216,7 +218,7 @@ impl Service {
             let spare = {
                 let mut spares = warm.spares.lock().await;
                 let pastas = warm.pastas.lock().unwrap_or_else(|e| e.into_inner());
-                let want_net = with_net < BORN / 2;
+                let want_net = with_net < warm.net_demand.share_of(BORN);
                 match spares.iter().rposition(|s| pastas.contains_key(s.member.id()) == want_net) {
                     Some(i) => Some(spares.remove(i)),
                     None => spares.pop(),
@@ -320,15 +322,20 @@ impl Service {
                 return;
             }
         };
-        // Keep spares of both kinds, with a way out (pasta started: about
-        // 30 ms a create with egress on need not wait for) and without
-        // (stopping pasta costs about as much). Through an upstream proxy
-        // there is no pasta, and a sandbox's way out costs little.
+        // Keep spares of both kinds, in the share recent creates wanted:
+        // with a way out (pasta started: about 20 ms a create with egress
+        // on need not wait for) and without (stopping pasta costs about as
+        // much). Through an upstream proxy there is no pasta, and a
+        // sandbox's way out costs little.
         let mut ready = HashMap::new();
         let have_ready = warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).len();
+        // Counted with the spares other refills made meanwhile: two refills
+        // at once (one per create) each made theirs as if alone, and the
+        // second's had no way out however many creates wanted one.
+        let want_ready = warm.net_demand.share_of(warm.spares.lock().await.len() + made.len());
         let wants_pasta = self.inner.config.egress_proxy.is_none();
         for s in made.iter().filter(|_| wants_pasta) {
-            if have_ready + ready.len() >= SPARES / 2 {
+            if have_ready + ready.len() >= want_ready {
                 break;
             }
             // A background task: blocking it ~30 ms is fine.
@@ -542,6 +549,7 @@ impl Service {
             plan,
             last_used: std::sync::Mutex::new(std::time::Instant::now()),
             trust,
+            net_demand: crate::warm::NetDemand::new(self.inner.config.default_egress),
         });
         self.refill_held(&warm).await;
         if self.inner.pool.closing.load(Ordering::SeqCst) {
