@@ -245,21 +245,32 @@ impl Service {
                     return;
                 }
             };
-            // Checked and kept under the one lock `destroy_warm` drains
-            // with, after the flags it sets first: nothing is left behind.
-            let refused = {
-                let mut born = warm.born.lock().unwrap_or_else(|e| e.into_inner());
-                if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
-                    Some(Born { member, session, pasta })
-                } else {
-                    born.push(Born { member, session, pasta });
-                    None
-                }
-            };
-            if let Some(b) = refused {
-                self.discard_born(vec![b]).await;
+            if !self.keep_born(warm, Born { member, session, pasta }).await {
                 return;
             }
+        }
+    }
+
+    /// Put a sandbox forked ahead of demand where creates find it, unless
+    /// the zygote is retiring or the server closing: then it is destroyed
+    /// (false). Checked and kept under the one lock `destroy_warm` drains
+    /// with, after the flags it sets first: nothing is left behind.
+    async fn keep_born(&self, warm: &Warm, born: Born) -> bool {
+        let refused = {
+            let mut ready = warm.born.lock().unwrap_or_else(|e| e.into_inner());
+            if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
+                Some(born)
+            } else {
+                ready.push(born);
+                None
+            }
+        };
+        match refused {
+            Some(b) => {
+                self.discard_born(vec![b]).await;
+                false
+            }
+            None => true,
         }
     }
 
@@ -302,6 +313,45 @@ impl Service {
         if warm.born.lock().map(|b| b.len() < BORN).unwrap_or(false) {
             self.bear(warm).await;
             self.make_spares(warm).await;
+        }
+        self.start_ways_out(warm).await;
+    }
+
+    /// Start the way out of ready sandboxes that have none while the
+    /// pool's recent creates want more with one: made while the mix was
+    /// another, they would each cost a create's first exec the wait.
+    async fn start_ways_out(&self, warm: &Arc<Warm>) {
+        if self.inner.config.egress_proxy.is_some() {
+            return;
+        }
+        loop {
+            let taken = {
+                let mut born = warm.born.lock().unwrap_or_else(|e| e.into_inner());
+                let with_net = born.iter().filter(|b| b.pasta.is_some()).count();
+                if with_net >= warm.net_demand.share_of(born.len()) {
+                    None
+                } else {
+                    born.iter().position(|b| b.pasta.is_none()).map(|i| born.remove(i))
+                }
+            };
+            let Some(mut born) = taken else { return };
+            let blocked_gen = jail::host_addrs::current().generation;
+            let member = Arc::clone(&born.member);
+            let started = tokio::task::spawn_blocking(move || member.prepare_spare()).await;
+            let failed = match started {
+                Ok(Ok(pasta)) => {
+                    born.pasta = Some(crate::sandbox::network::ReadyNet { pasta, blocked_gen });
+                    false
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(err = %e, "no pasta ahead of time for a ready sandbox");
+                    true
+                }
+                Err(_) => true,
+            };
+            if !self.keep_born(warm, born).await || failed {
+                return;
+            }
         }
     }
 
