@@ -225,9 +225,12 @@ def test_a_key_sees_only_its_own_sandboxes_on_every_node(cluster, http, keyed):
     a, b = keyed("tenant-a"), keyed("tenant-b")
     ha, hb = ({"Authorization": f"Bearer {k}"} for k in (a, b))
     with httpx.Client(base_url=cluster.url, headers=ha, timeout=60) as ca, httpx.Client(base_url=cluster.url, headers=hb, timeout=60) as cb:
-        mine = [create_raw(ca) for _ in range(3)]
+        # One on each node (where the gateway places them is
+        # test_creates_spread_over_the_nodes_and_each_runs_code's: here
+        # sandboxes other tests left would make it put all three on one).
+        mine = [create_on_keyed(cluster, node, ha) for node in ("node-1", "node-2", "node-3")]
         try:
-            assert len({info(ca, s)["node"] for s in mine}) >= 2
+            assert sorted(info(ca, s)["node"] for s in mine) == ["node-1", "node-2", "node-3"]
             assert not {s["id"] for s in cb.get("/v1/sandboxes").json()["sandboxes"]} & set(mine)
             for sid in mine:
                 r = cb.get(f"/v1/sandboxes/{sid}")
