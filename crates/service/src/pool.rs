@@ -428,7 +428,11 @@ impl Service {
         if let Ok(mut r) = self.inner.pool.retired.lock() {
             r.push(Arc::clone(old));
         }
-        if let Err(e) = self.warm_up(&old.key).await {
+        // Held to the end, so that shutdown (`destroy_pool`) waits for the
+        // old zygote's teardown: it used to return while this was still
+        // destroying the old spares, and left them behind.
+        let _busy = self.inner.pool.busy.read().await;
+        if let Err(e) = self.warm_up_held(&old.key).await {
             tracing::warn!(template = %old.key.template, owner = ?old.key.owner, err = %e, "could not replace a retired zygote");
         }
         self.destroy_warm(old).await;
@@ -534,6 +538,11 @@ impl Service {
     /// Make (or remake) the zygote of `key` and its spares.
     pub async fn warm_up(&self, key: &PoolKey) -> Result<(), WarmError> {
         let _busy = self.inner.pool.busy.read().await;
+        self.warm_up_held(key).await
+    }
+
+    /// `warm_up` for a caller that holds `busy` already.
+    async fn warm_up_held(&self, key: &PoolKey) -> Result<(), WarmError> {
         if self.inner.pool.closing.load(Ordering::SeqCst) {
             return Err(WarmError::Closing);
         }
