@@ -629,8 +629,18 @@ impl Service {
                         r.push(old);
                     }
                 } else {
+                    // Listed as retired until it is gone, so that a shutdown
+                    // meanwhile destroys it too rather than leave its family.
+                    if let Ok(mut r) = self.inner.pool.retired.lock() {
+                        r.push(Arc::clone(&old));
+                    }
                     let me = self.clone();
-                    tokio::spawn(async move { me.destroy_warm(&old).await });
+                    tokio::spawn(async move {
+                        me.destroy_warm(&old).await;
+                        if let Ok(mut r) = me.inner.pool.retired.lock() {
+                            r.retain(|w| !Arc::ptr_eq(w, &old));
+                        }
+                    });
                 }
             }
         }
