@@ -273,45 +273,55 @@ def _started_s(pid: int) -> float:
     return int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
-def settle_pool(http):
+def pastas(state_dir: str) -> dict[str, int]:
+    """The sandboxes whose pasta runs, by id, with its pid: pasta is the
+    process started with `--pid <run dir>/<id>.pasta.pid`."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        for a, b in zip(args, args[1:]):
+            if a == b"--pid" and b.startswith(state_dir.encode()) and b.endswith(b".pasta.pid"):
+                found[os.path.basename(b.decode())[: -len(".pasta.pid")]] = int(pid)
+    return found
+
+
+def settle_pool(http, state_dir: str, ways_out: bool = True):
     """Wait until the default pool holds its ready sandboxes and spares
-    (it refills 100 ms after a create)."""
+    (it refills 100 ms after a create), each with its pasta running when
+    `ways_out`."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         t = http.get("/v1/pool").json()["templates"].get("default")
         if t and len(t["ready"]) >= 2 and len(t["spares"]) >= 2:
-            return
+            running = pastas(state_dir) if ways_out else {}
+            if not ways_out or all(i in running for i in t["ready"] + t["spares"]):
+                return
         time.sleep(0.05)
-    raise AssertionError(f"the pool did not refill: {t}")
+    raise AssertionError(f"the pool did not refill with ways out: {t}, pastas for {sorted(pastas(state_dir))}")
 
 
 def test_the_pool_hands_out_sandboxes_whose_way_out_already_runs(server, http):
     """With creates that want a way out (the default), the warm pool keeps
     its ready sandboxes and spares with pasta already running, so no first
-    exec waits for its network (docs/network.md): a burst of 3 creates on
-    a settled pool finds each sandbox's pasta started before its create
-    was sent. When the pool kept both kinds half and half, the second of
-    the burst had none."""
-    def pasta_started(sid: str) -> float:
-        """Its pasta is the process started with `--pid <run dir>/<sid>.pasta.pid`."""
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    args = f.read().split(b"\0")
-            except OSError:
-                continue
-            if any(a == b"--pid" and b.startswith(server.state_dir.encode()) and b.endswith(f"/{sid}.pasta.pid".encode())
-                   for a, b in zip(args, args[1:])):
-                return _started_s(int(pid))
-        raise AssertionError(f"no pasta runs for {sid}")
-
-    # Teach the pool what creates want: other tests on this server made
-    # sandboxes without a way out.
+    exec waits for its network (docs/network.md): once settled, every one
+    has its pasta, and a burst of 3 creates finds each sandbox's pasta
+    started before its create was sent. When the pool kept both kinds half
+    and half, the second of the burst had none; when it started pasta for
+    ready sandboxes only, a spare made before the mix changed kept none."""
+    # First teach the pool the other mix, as other tests on this server
+    # may have, then what creates want now.
+    for _ in range(8):
+        delete_raw(http, create_raw(http, egress=False))
+    settle_pool(http, server.state_dir, ways_out=False)
     for _ in range(8):
         delete_raw(http, create_raw(http))
     late = []
     for _ in range(2):
-        settle_pool(http)
+        settle_pool(http, server.state_dir)
         burst = []
         for _ in range(3):
             sent = time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -319,7 +329,9 @@ def test_the_pool_hands_out_sandboxes_whose_way_out_already_runs(server, http):
         try:
             for sent, sid in burst:
                 assert exec_ok(http, sid, "print(1)") == "1\n"
-                started = pasta_started(sid)
+                pid = pastas(server.state_dir).get(sid)
+                assert pid, f"no pasta runs for {sid}"
+                started = _started_s(pid)
                 if started >= sent:
                     late.append((sid, round(started - sent, 3)))
         finally:

@@ -324,6 +324,11 @@ impl Service {
         if self.inner.config.egress_proxy.is_some() {
             return;
         }
+        self.start_born_ways_out(warm).await;
+        self.start_spares_ways_out(warm).await;
+    }
+
+    async fn start_born_ways_out(&self, warm: &Arc<Warm>) {
         loop {
             let taken = {
                 let mut born = warm.born.lock().unwrap_or_else(|e| e.into_inner());
@@ -350,6 +355,44 @@ impl Service {
                 Err(_) => true,
             };
             if !self.keep_born(warm, born).await || failed {
+                return;
+            }
+        }
+    }
+
+    /// The same for spares: the creates that outrun the ready sandboxes
+    /// fork into spares, and a spare made before the mix changed would
+    /// otherwise keep its lack (creates and `bear` prefer the fitting
+    /// ones, so it would wait last forever).
+    async fn start_spares_ways_out(&self, warm: &Arc<Warm>) {
+        loop {
+            // Taken out of the list while its pasta starts, so no create
+            // takes it meanwhile and starts a second one.
+            let taken = {
+                let mut spares = warm.spares.lock().await;
+                let pastas = warm.pastas.lock().unwrap_or_else(|e| e.into_inner());
+                let with_net = spares.iter().filter(|s| pastas.contains_key(s.member.id())).count();
+                if with_net >= warm.net_demand.share_of(spares.len()) {
+                    None
+                } else {
+                    spares.iter().position(|s| !pastas.contains_key(s.member.id())).map(|i| spares.remove(i))
+                }
+            };
+            let Some(spare) = taken else { return };
+            let blocked_gen = jail::host_addrs::current().generation;
+            let member = Arc::clone(&spare.member);
+            let started = tokio::task::spawn_blocking(move || member.prepare_spare()).await;
+            let ready = match started {
+                Ok(Ok(pasta)) => Some(crate::sandbox::network::ReadyNet { pasta, blocked_gen }),
+                Ok(Err(e)) => {
+                    tracing::debug!(err = %e, "no pasta ahead of time for a spare");
+                    None
+                }
+                Err(_) => None,
+            };
+            let failed = ready.is_none();
+            let ready = ready.map(|r| (spare.member.id().to_string(), r)).into_iter().collect();
+            if !self.keep_spares(warm, vec![spare], ready).await || failed {
                 return;
             }
         }
@@ -397,9 +440,14 @@ impl Service {
                 Err(e) => tracing::debug!(err = %e, "no pasta ahead of time for a spare"),
             }
         }
-        // Hand them over under the spares lock, unless the zygote is being
-        // retired or the server is closing meanwhile (`destroy_warm` drains
-        // under the same lock after setting those flags): then they go.
+        self.keep_spares(warm, made, ready).await;
+    }
+
+    /// Hand `made` spares (with the ways out in `ready`, by id) over under
+    /// the spares lock, unless the zygote is being retired or the server
+    /// is closing meanwhile (`destroy_warm` drains under the same lock
+    /// after setting those flags): then they go, and this says false.
+    async fn keep_spares(&self, warm: &Warm, made: Vec<crate::engine::Forked>, ready: HashMap<String, crate::sandbox::network::ReadyNet>) -> bool {
         let mut spares = warm.spares.lock().await;
         if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
             drop(spares);
@@ -407,10 +455,11 @@ impl Service {
             for s in made {
                 let _ = self.inner.engine.destroy(s.member.as_ref()).await;
             }
-            return;
+            return false;
         }
         warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).extend(ready);
         spares.extend(made);
+        true
     }
 
     /// [`Self::retire`] on a task of its own.
@@ -425,9 +474,7 @@ impl Service {
         if old.retiring.swap(true, Ordering::SeqCst) {
             return;
         }
-        if let Ok(mut r) = self.inner.pool.retired.lock() {
-            r.push(Arc::clone(old));
-        }
+        self.inner.pool.list_retired(old);
         // Held to the end, so that shutdown (`destroy_pool`) waits for the
         // old zygote's teardown: it used to return while this was still
         // destroying the old spares, and left them behind.
@@ -438,9 +485,7 @@ impl Service {
         self.destroy_warm(old).await;
         // Replaced, or else out of the map, so the pool loop warms anew.
         self.inner.pool.take_warm(|_, w| std::ptr::eq(w, &**old));
-        if let Ok(mut r) = self.inner.pool.retired.lock() {
-            r.retain(|w| !Arc::ptr_eq(w, old));
-        }
+        self.inner.pool.unlist_retired(old);
     }
 
     /// Whether `warm`'s family trusts the host's CAs as they are now.
@@ -622,24 +667,17 @@ impl Service {
         let old = self.inner.pool.warm.lock().ok().and_then(|mut m| m.insert(key.clone(), Arc::clone(&warm)));
         if let Some(old) = old {
             if !Arc::ptr_eq(&old, &warm) {
-                // A zygote being retired is torn down by `retire`; one that
-                // two warm-ups raced to replace is torn down here.
-                if old.retiring.swap(true, Ordering::SeqCst) {
-                    if let Ok(mut r) = self.inner.pool.retired.lock() {
-                        r.push(old);
-                    }
-                } else {
+                // A zygote already retiring is torn down by whoever set the
+                // flag (`retire`, a let-go); one that two warm-ups raced to
+                // replace is torn down here.
+                if !old.retiring.swap(true, Ordering::SeqCst) {
                     // Listed as retired until it is gone, so that a shutdown
                     // meanwhile destroys it too rather than leave its family.
-                    if let Ok(mut r) = self.inner.pool.retired.lock() {
-                        r.push(Arc::clone(&old));
-                    }
+                    self.inner.pool.list_retired(&old);
                     let me = self.clone();
                     tokio::spawn(async move {
                         me.destroy_warm(&old).await;
-                        if let Ok(mut r) = me.inner.pool.retired.lock() {
-                            r.retain(|w| !Arc::ptr_eq(w, &old));
-                        }
+                        me.inner.pool.unlist_retired(&old);
                     });
                 }
             }

@@ -131,6 +131,20 @@ impl Warm {
 }
 
 impl Pool {
+    /// List `warm` as retired: shutdown destroys it too if it still stands.
+    pub(crate) fn list_retired(&self, warm: &Arc<Warm>) {
+        if let Ok(mut r) = self.retired.lock() {
+            r.push(Arc::clone(warm));
+        }
+    }
+
+    /// `warm` is gone: no longer listed as retired.
+    pub(crate) fn unlist_retired(&self, warm: &Arc<Warm>) {
+        if let Ok(mut r) = self.retired.lock() {
+            r.retain(|w| !Arc::ptr_eq(w, warm));
+        }
+    }
+
     pub(crate) fn current(&self, key: &PoolKey) -> Option<Arc<Warm>> {
         self.warm.lock().ok()?.get(key).cloned()
     }
