@@ -338,3 +338,24 @@ def test_the_pool_hands_out_sandboxes_whose_way_out_already_runs(server, http):
             for _, sid in burst:
                 delete_raw(http, sid)
     assert not late, f"pasta started after the create: {late}"
+
+
+def test_a_sandboxs_pasta_is_gone_when_its_delete_or_egress_off_answers(server, http):
+    """pasta is stopped off the server's runtime workers (its exit takes
+    the tap interface down, tens of ms under load: docs/fork.md), but the
+    answer still waits for it: once DELETE, or a PATCH turning egress off,
+    has answered, the sandbox's pasta has exited and been reaped."""
+    for how in ("delete", "egress off"):
+        sid = create_raw(http)
+        try:
+            assert exec_ok(http, sid, "print(1)") == "1\n"
+            pid = pastas(server.state_dir).get(sid)
+            assert pid, f"no pasta runs for {sid}"
+            if how == "delete":
+                assert delete_raw(http, sid) == 204
+            else:
+                assert patch(http, sid, False).status_code == 200
+            assert sid not in pastas(server.state_dir)
+            assert not os.path.exists(f"/proc/{pid}"), f"{sid}'s pasta {pid} is not reaped after {how}"
+        finally:
+            delete_raw(http, sid)

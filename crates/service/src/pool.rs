@@ -169,11 +169,8 @@ impl Service {
         match pasta {
             Some(p) if !settings.egress.is_off() => crate::sandbox::network::adopt_pasta(&entry, p).await,
             // No way out for this one: pasta (and with it the interface)
-            // must be gone before the sandbox is handed out. Stopping reaps
-            // it, so not on this task.
-            Some(p) => {
-                let _ = tokio::task::spawn_blocking(move || drop(p)).await;
-            }
+            // must be gone before the sandbox is handed out.
+            Some(p) => crate::sandbox::network::stop_pasta(p.pasta).await,
             None => {}
         }
         let served = warm.served.fetch_add(1, Ordering::SeqCst) + 1;
@@ -240,7 +237,7 @@ impl Service {
                     // The create path finds out too, and retires the zygote.
                     tracing::debug!(template = %warm.key.template, err = ?e, "could not fork a sandbox ahead of demand");
                     if let Some(p) = pasta {
-                        let _ = tokio::task::spawn_blocking(move || drop(p)).await;
+                        crate::sandbox::network::stop_pasta(p.pasta).await;
                     }
                     return;
                 }
@@ -287,8 +284,7 @@ impl Service {
         for (member, session, pasta) in parts {
             drop(session);
             if let Some(p) = pasta {
-                // Stopping pasta reaps it: not on this task.
-                let _ = tokio::task::spawn_blocking(move || drop(p)).await;
+                crate::sandbox::network::stop_pasta(p.pasta).await;
             }
             let _ = self.inner.engine.destroy(member.as_ref()).await;
         }
@@ -564,7 +560,10 @@ impl Service {
 
     async fn destroy_warm(&self, warm: &Warm) {
         let spares: Vec<crate::engine::Forked> = warm.spares.lock().await.drain(..).collect();
-        warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let pastas = std::mem::take(&mut *warm.pastas.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, p) in pastas {
+            crate::sandbox::network::stop_pasta(p.pasta).await;
+        }
         for s in spares {
             let _ = self.inner.engine.destroy(s.member.as_ref()).await;
         }

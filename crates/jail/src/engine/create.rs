@@ -136,10 +136,15 @@ impl Jail {
         let builds = ids.iter().map(|id| async move {
             let subvolume = self.volume.root().join(SANDBOXES_DIR).join(id);
             if !hollow {
-                if let Err(e) = self.make_layers(&subvolume, &sibling.template_rootfs, range, None, limits.disk_bytes) {
-                    let _ = self.volume.delete_subvolume(&subvolume);
-                    return Err(e);
-                }
+                // A btrfs subvolume and its quota: not on a runtime worker
+                // as it is (under churn every worker-blocking step stalled
+                // the server's other requests; docs/fork.md).
+                let made = tokio::task::block_in_place(|| {
+                    self.make_layers(&subvolume, &sibling.template_rootfs, range, None, limits.disk_bytes).inspect_err(|_| {
+                        let _ = self.volume.delete_subvolume(&subvolume);
+                    })
+                });
+                made?;
             }
             self.add_member(sibling, id, subvolume, limits, hollow).await
         });
@@ -168,7 +173,7 @@ impl Jail {
         hollow: bool,
     ) -> Result<(Sandbox, Result<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)>)> {
         let shim = sibling.shim();
-        let cgroup = match self.cgroups.create(id, limits) {
+        let cgroup = match tokio::task::block_in_place(|| self.cgroups.create(id, limits)) {
             Ok(c) => c,
             Err(e) => {
                 let _ = self.volume.delete_subvolume(&subvolume);

@@ -23,7 +23,12 @@ impl Jail {
                 ids.release(shim.range);
             }
         }
-        sandbox.cgroup.remove()?;
+        // Off the runtime's workers, as the rest of this tail: rmdir retries
+        // with sleeps while the last process exits, and a subvolume's
+        // deletion is a btrfs transaction (bench/churn.py: these and a
+        // pasta's exit, waited for on workers, stalled the server).
+        let cgroup = sandbox.cgroup.clone();
+        tokio::task::spawn_blocking(move || cgroup.remove()).await.map_err(|e| Error::Thread(format!("join: {e}")))??;
         // A family whose other members are gone does not keep its spares.
         if !family_gone {
             self.release_idle_hollows(family).await;
@@ -36,7 +41,9 @@ impl Jail {
             if !sandbox.subvolume.exists() {
                 break;
             }
-            match sandbox.volume.delete_subvolume(&sandbox.subvolume) {
+            let (volume, subvolume) = (sandbox.volume.clone(), sandbox.subvolume.clone());
+            let deleted = tokio::task::spawn_blocking(move || volume.delete_subvolume(&subvolume)).await.map_err(|e| Error::Thread(format!("join: {e}")))?;
+            match deleted {
                 Ok(()) => break,
                 Err(Error::Sys { source: nix::errno::Errno::EBUSY, .. }) if tries < 500 => {
                     tries += 1;
