@@ -33,6 +33,9 @@ pub(crate) struct ShimHandle {
     pending: Mutex<Pending>,
     pub(crate) repl_exits: Mutex<HashMap<String, oneshot::Sender<ExitStatus>>>,
     pub(crate) commands: Mutex<HashMap<(String, u64), CommandWaiters>>,
+    /// Members whose network gate is closed → who starts their way out
+    /// when the shim says one wants it (`Sandbox::hold_network`).
+    pub(crate) network_wanted: Mutex<HashMap<String, oneshot::Sender<()>>>,
     closed: std::sync::atomic::AtomicBool,
     pub(crate) range: crate::ids::IdRange,
     /// Host pid of a shim we did not start (adopted after a restart).
@@ -54,6 +57,7 @@ impl ShimHandle {
             pending: Mutex::new(HashMap::new()),
             repl_exits: Mutex::new(HashMap::new()),
             commands: Mutex::new(HashMap::new()),
+            network_wanted: Mutex::new(HashMap::new()),
             closed: std::sync::atomic::AtomicBool::new(false),
             range,
             adopted_pid,
@@ -151,7 +155,7 @@ impl ShimHandle {
                         let _ = tx.send((reply, fds));
                     }
                 }
-                Ok(Some((ShimMessage::Event(ev), _))) => self.on_event(ev).await,
+                Ok(Some((ShimMessage::Event(ev), _))) => Arc::clone(&self).on_event(ev).await,
                 Ok(Some((ShimMessage::Ready, _))) => {}
                 Ok(None) | Err(_) => break,
             }
@@ -161,9 +165,10 @@ impl ShimHandle {
         self.pending.lock().await.clear();
         self.repl_exits.lock().await.clear();
         self.commands.lock().await.clear();
+        self.network_wanted.lock().await.clear();
     }
 
-    async fn on_event(&self, ev: ShimEvent) {
+    async fn on_event(self: Arc<Self>, ev: ShimEvent) {
         match ev {
             ShimEvent::ReplExited { member, status, .. } => {
                 // An unknown status drops the sender: the waiter sees None.
@@ -187,6 +192,17 @@ impl ShimHandle {
                 // Commands it ran are gone with it; a family's other members
                 // (warm-pool sandboxes share one shim) keep theirs.
                 self.commands.lock().await.retain(|(m, _), _| *m != member);
+            }
+            ShimEvent::NetworkWanted { member } => {
+                let waiter = self.network_wanted.lock().await.remove(&member);
+                if waiter.is_none_or(|tx| tx.send(()).is_err()) {
+                    // Nobody will start its way out: let its sockets
+                    // through rather than leave them waiting (off this
+                    // loop, which must read the answer).
+                    tokio::spawn(async move {
+                        let _ = self.call(Request::OpenNetwork { member }, &[]).await;
+                    });
+                }
             }
         }
     }

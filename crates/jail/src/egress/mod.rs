@@ -137,13 +137,6 @@ pub fn point_resolver(engine: &crate::Sandbox) -> Result<()> {
     Ok(())
 }
 
-/// A warm-pool spare's way out, made ahead of time for the default policy
-/// (`true`): pasta, the open firewall and the resolver. Blocking.
-pub fn prepare_spare(engine: &crate::Sandbox) -> Result<crate::net::Pasta> {
-    let (pasta, _) = set_up(engine, &Rules::Open, true, true)?;
-    pasta.ok_or_else(|| Error::Invalid("no pasta".into()))
-}
-
 /// The sandbox's resolver: our DNS proxy inside its namespace.
 const RESOLV_CONF: &str = "# forkbox: the server's DNS proxy in this sandbox's network namespace\nnameserver 127.0.0.53\noptions edns0\n";
 

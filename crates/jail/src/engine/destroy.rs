@@ -12,6 +12,7 @@ impl Jail {
         tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE)).await.map_err(|e| Error::Thread(format!("join: {e}")))??;
         let shim = sandbox.shim();
         let _ = shim.call(Request::DestroyMember { member: sandbox.id.clone() }, &[]).await;
+        shim.network_wanted.lock().await.remove(&sandbox.id);
         let family = &sandbox.family;
         let family_gone =
             !sandbox.released.swap(true, std::sync::atomic::Ordering::SeqCst) && family.members.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1;

@@ -212,6 +212,38 @@ impl Sandbox {
         Ok(Launched { exited: rx, started: started_rx, control: CommandControl { shim, member: self.id.clone(), id } })
     }
 
+    /// Close the member's network gate (docs/network.md#the-way-out-starts-on-first-use):
+    /// its processes' network sockets wait from now on, and the answer
+    /// resolves when the first one does; the caller then starts the way out
+    /// and calls [`open_network`](Self::open_network). `None` from a family
+    /// whose shim has no gates (an older one, adopted): start the way out
+    /// ahead instead. The answer fails (the sender is dropped) if the
+    /// member is destroyed or rebuilt first.
+    pub async fn hold_network(&self) -> Result<Option<oneshot::Receiver<()>>> {
+        let shim = self.shim();
+        if shim.protocol() < crate::shim::messages::NETWORK_GATES {
+            return Ok(None);
+        }
+        let (tx, rx) = oneshot::channel();
+        shim.network_wanted.lock().await.insert(self.id.clone(), tx);
+        if let Err(e) = shim.call(Request::CloseNetwork { member: self.id.clone() }, &[]).await {
+            shim.network_wanted.lock().await.remove(&self.id);
+            return Err(e);
+        }
+        Ok(Some(rx))
+    }
+
+    /// Open the member's network gate: its waiting network sockets, and
+    /// every later one, go through. A no-op for a family without gates.
+    pub async fn open_network(&self) -> Result<()> {
+        let shim = self.shim();
+        shim.network_wanted.lock().await.remove(&self.id);
+        if shim.protocol() < crate::shim::messages::NETWORK_GATES {
+            return Ok(());
+        }
+        shim.call(Request::OpenNetwork { member: self.id.clone() }, &[]).await.map(|_| ())
+    }
+
     /// Kill every process of the sandbox and build its namespaces and init
     /// again over the same files (after its init died, e.g. to `kill -1`
     /// from the REPL, or its supervisor died): the filesystem survives,
@@ -224,6 +256,7 @@ impl Sandbox {
             let mut shim = self.shim();
             if shim.alive() {
                 let _ = shim.call(Request::DestroyMember { member: self.id.clone() }, &[]).await;
+                shim.network_wanted.lock().await.remove(&self.id);
             } else {
                 // The supervisor died, and its family with it: start a new
                 // one (the family's other members rebuild into it too).

@@ -62,6 +62,7 @@ mod asm {
         Enosys,
         Fcntl,
         Ioctl,
+        Socket,
         SetPriority,
         IoprioSet,
         PidFirst,
@@ -181,6 +182,8 @@ fn only_on_self(a: &mut asm::Asm, which: u32) {
 /// * `prlimit64`, `sched_setaffinity`, `sched_setscheduler`,
 ///   `sched_setparam`, `sched_setattr`, `migrate_pages`, `move_pages` with a
 ///   pid other than 0: notify;
+/// * `socket` of any domain but `AF_UNIX`: notify (the member's way out
+///   starts on its first, see [`socket_filter`]);
 /// * anything else: allowed.
 ///
 /// "Is 0" compares all 64 bits of an argument, although the kernel reads
@@ -211,6 +214,7 @@ pub fn repl_filter() -> Vec<libc::sock_filter> {
     }
     a.jeq(libc::SYS_fcntl as u32, L(Fcntl), Next);
     a.jeq(libc::SYS_ioctl as u32, L(Ioctl), Next);
+    a.jeq(libc::SYS_socket as u32, L(Socket), Next);
     a.jeq(libc::SYS_setpriority as u32, L(SetPriority), Next);
     a.jeq(libc::SYS_ioprio_set as u32, L(IoprioSet), Next);
     for nr in PID_FIRST {
@@ -231,6 +235,9 @@ pub fn repl_filter() -> Vec<libc::sock_filter> {
     a.jeq(SIOCSPGRP, L(Eperm), Next);
     a.jeq(HANDOVER_TAKE, L(Notify), Next);
     a.jeq(HANDOVER_GIVE, L(Notify), L(Allow));
+
+    a.label(Socket);
+    network_sockets(&mut a);
 
     // setpriority(which, who, prio): allowed as is only for (PRIO_PROCESS, 0).
     a.label(SetPriority);
@@ -259,6 +266,45 @@ pub fn repl_filter() -> Vec<libc::sock_filter> {
         a.label(Enosys);
         a.ret(errno(libc::ENOSYS));
     }
+    a.finish()
+}
+
+/// `socket(domain, ..)`: notify unless `domain` is `AF_UNIX`. The kernel
+/// reads `domain` as an int, so only its low half is compared.
+fn network_sockets(a: &mut asm::Asm) {
+    use asm::Label::{Allow, Notify};
+    use asm::To::L;
+    a.load(arg_low(0));
+    a.jeq(libc::AF_UNIX as u32, L(Allow), L(Notify));
+}
+
+/// The filter of a member's init, inherited by every command it runs
+/// (their own filters come on top, without a listener): `socket` of any
+/// domain but `AF_UNIX` goes to the shim, everything else is allowed.
+///
+/// A sandbox's way out (pasta, its firewall and DNS proxy) costs about
+/// 20 ms of CPU to start and as much to stop, and most sandboxes never use
+/// the network; so it starts when a process of the member first asks for
+/// a network socket (`AF_INET`, `AF_INET6`, also `AF_NETLINK`, by which
+/// glibc and `ip` look at the interfaces, and the rest): the shim parks
+/// the call until the server says the way out runs
+/// (docs/network.md#the-way-out-starts-on-first-use). Calls of another
+/// architecture and x32 calls are left to the member's other filters,
+/// which kill them.
+pub fn socket_filter() -> Vec<libc::sock_filter> {
+    use asm::Label::*;
+    use asm::To::{Next, L};
+    let mut a = asm::Asm::default();
+    a.load(DATA_ARCH);
+    a.jeq(AUDIT_ARCH_NATIVE, Next, L(Allow));
+    a.load(DATA_NR);
+    a.jeq(libc::SYS_socket as u32, L(Socket), L(Allow));
+    a.label(Socket);
+    network_sockets(&mut a);
+    a.label(Allow);
+    a.ret(libc::SECCOMP_RET_ALLOW);
+    a.label(Notify);
+    a.ret(libc::SECCOMP_RET_USER_NOTIF);
     a.finish()
 }
 
@@ -429,6 +475,31 @@ mod tests {
             assert_eq!(check(nr, [1 << 32, 7, 0, 0, 0, 0]), NOTIFY, "nr {nr}");
             assert_eq!(check(nr, [neg(-3), 7, 0, 0, 0, 0]), NOTIFY, "nr {nr}");
         }
+    }
+
+    #[test]
+    fn filters_notify_network_sockets_and_not_unix_ones() {
+        let socket = libc::SYS_socket;
+        for prog in [repl_filter(), socket_filter()] {
+            let on = |args: [u64; 6]| run(&prog, &data(AUDIT_ARCH_NATIVE, socket, args));
+            for domain in [libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK, libc::AF_PACKET, 0, 200] {
+                assert_eq!(on([domain as u64, libc::SOCK_STREAM as u64, 0, 0, 0, 0]), NOTIFY, "domain {domain}");
+            }
+            assert_eq!(on([libc::AF_UNIX as u64, libc::SOCK_STREAM as u64, 0, 0, 0, 0]), ALLOW);
+            // domain is an int: junk in the high half still means AF_UNIX, as for the kernel.
+            assert_eq!(on([(7 << 32) | libc::AF_UNIX as u64, 1, 0, 0, 0, 0]), ALLOW);
+            assert_eq!(on([(7 << 32) | libc::AF_INET as u64, 1, 0, 0, 0, 0]), NOTIFY);
+        }
+    }
+
+    #[test]
+    fn the_socket_filter_lets_everything_else_through() {
+        let prog = socket_filter();
+        for nr in [libc::SYS_kill, libc::SYS_socketpair, libc::SYS_connect, libc::SYS_ioctl, libc::SYS_write] {
+            assert_eq!(run(&prog, &data(AUDIT_ARCH_NATIVE, nr, [libc::AF_INET as u64, 0, 0, 0, 0, 0])), ALLOW, "nr {nr}");
+        }
+        let foreign = if AUDIT_ARCH_NATIVE == AUDIT_ARCH_X86_64 { AUDIT_ARCH_AARCH64 } else { AUDIT_ARCH_X86_64 };
+        assert_eq!(run(&prog, &data(foreign, libc::SYS_socket, [libc::AF_INET as u64, 0, 0, 0, 0, 0])), ALLOW);
     }
 
     #[test]

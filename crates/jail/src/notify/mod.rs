@@ -37,7 +37,7 @@ mod procfs;
 mod vet;
 
 pub use family_proc::mount_family_proc;
-pub use filter::{install_with_listener, repl_filter};
+pub use filter::{install_with_listener, repl_filter, socket_filter};
 pub use listener::{HandOver, Listener, Notification, Served, Verdict};
 pub(crate) use procfs::status_ids;
 pub use procfs::ProcFamilyView;

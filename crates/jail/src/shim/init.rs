@@ -88,7 +88,22 @@ pub fn main() -> ! {
             std::process::exit(1);
         }
     };
+    // Before any command: they all inherit the filter, whose listener the
+    // shim serves (a member's way out starts on its first network socket).
+    if let Err(e) = install_socket_gate(&sock) {
+        eprintln!("forkbox-init: {e}");
+        std::process::exit(1);
+    }
     serve(sock, &confinement)
+}
+
+/// Install `notify::socket_filter` on init itself (so on every command it
+/// forks) and hand its listener to the shim. no_new_privs first: commands
+/// set it anyway, and init execs nothing else.
+fn install_socket_gate(sock: &OwnedFd) -> Result<(), String> {
+    sys::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
+    let listener = crate::notify::install_with_listener(&crate::notify::socket_filter()).map_err(|e| format!("seccomp listener: {e}"))?;
+    channel::send(sock.as_fd(), &InitMessage::Listener, &[listener.as_raw_fd()]).map_err(|e| format!("hand over the seccomp listener: {e}"))
 }
 
 /// What a member's init sets up before it has a root: itself, the name and

@@ -50,7 +50,13 @@ impl ShimConfig {
 /// drops fields it does not know, so a `SpawnCommand`'s `run_as` sent to a
 /// protocol-1 shim would run the command as root.
 /// 2: `SpawnCommand::run_as` (init drops to the user itself).
-pub const PROTOCOL: u32 = 2;
+/// 3: network gates (`CloseNetwork`, `OpenNetwork`, `NetworkWanted`): an
+/// older shim knows neither request, so a member's way out is started
+/// ahead of use in its families.
+pub const PROTOCOL: u32 = 3;
+
+/// The first [`PROTOCOL`] with network gates.
+pub const NETWORK_GATES: u32 = 3;
 
 /// Who a command runs as inside the sandbox. Supplementary groups stay
 /// init's (as `setpriv --keep-groups`).
@@ -145,6 +151,13 @@ pub enum Request {
     /// never sees them close if the server dies; replaces earlier ones.
     /// `repl` is its host pid: ends of a REPL that is gone are refused.
     Deposit { member: String, repl: i32 },
+    /// Hold the member's network sockets: from now on a process of the
+    /// member that asks for a socket of any domain but `AF_UNIX` waits, and
+    /// the first such call sends `NetworkWanted`, until `OpenNetwork`.
+    /// (A member starts open: nothing waits.)
+    CloseNetwork { member: String },
+    /// Let the member's waiting and future network sockets through.
+    OpenNetwork { member: String },
     /// (A new server, adopting the family.) Reply: `Members`.
     ListMembers,
     /// (A new server) take a member back. Reply: `Reattached`, fds: [pidfd
@@ -235,6 +248,11 @@ pub enum ShimEvent {
     InitExited {
         member: String,
     },
+    /// A process of a member whose network is closed asked for a network
+    /// socket and waits for `OpenNetwork` (sent once per `CloseNetwork`).
+    NetworkWanted {
+        member: String,
+    },
 }
 
 /// Server → shim envelope.
@@ -264,6 +282,9 @@ pub enum InitRequest {
 pub enum InitMessage {
     /// Sent with credentials, so the shim learns init's host pid.
     Ready,
+    /// fds: [the listener of init's filter, `notify::socket_filter`],
+    /// which every command of the member inherits.
+    Listener,
     SetupFailed {
         error: String,
     },

@@ -9,6 +9,7 @@
 
 mod confine;
 mod family;
+mod gate;
 mod handover;
 pub mod init;
 mod member;
@@ -76,6 +77,8 @@ struct Shim {
     family_view: crate::notify::ProcFamilyView,
     /// Fork children waiting for their descriptors (see `handover`).
     handovers: handover::HandOvers,
+    /// Members whose network sockets wait for their way out (see `gate`).
+    gates: gate::NetworkGates,
     /// Members whose init is still setting up, with the request to answer.
     creating: Vec<Creating>,
     /// Hollow members moving into their root → the request to answer.
@@ -171,6 +174,7 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
         listeners: Vec::new(),
         family_view,
         handovers: Default::default(),
+        gates: Default::default(),
         creating: Vec::new(),
         rooting: HashMap::new(),
         own_mnt,
@@ -300,6 +304,7 @@ impl Shim {
                     // gone: a hang-up) or an error retires the listener.
                     match self.listeners[i].serve_one(&self.family_view) {
                         Ok(Some(crate::notify::Served::HandOver(n, _, step))) => self.hand_over(i, n, step),
+                        Ok(Some(crate::notify::Served::Socket(n, caller))) => self.on_socket(i, n, caller)?,
                         Ok(Some(_)) => {}
                         Ok(None) if listener_hung_up(&self.listeners[i]) => gone.push(i),
                         Ok(None) => {}
@@ -347,7 +352,24 @@ impl Shim {
         }
     }
 
+    /// A network `socket` call: through, or waiting at its member's gate.
+    fn on_socket(&mut self, listener: usize, n: crate::notify::Notification, caller: crate::notify::Caller) -> Result<()> {
+        match self.gates.on_socket(caller.member, &self.listeners[listener], n.id) {
+            gate::OnSocket::Tell(member) => self.send(ShimMessage::Event(ShimEvent::NetworkWanted { member }), &[]),
+            gate::OnSocket::Through | gate::OnSocket::Wait => Ok(()),
+        }
+    }
+
+    /// The mount-namespace inode by which `name`'s processes are known.
+    fn member_mnt(&self, name: &str) -> Result<u64> {
+        let m = self.members.get(name).ok_or_else(|| Error::Invalid(format!("no member {name}")))?;
+        ns_inode(m.ns.mnt.as_fd())
+    }
+
     fn server_gone(&mut self) {
+        // Nobody would open the gates: what waits goes through (without a
+        // way out); a new server closes them again when it adopts us.
+        self.gates.open_all();
         self.sock = None;
         self.attached = false;
         self.orphaned_at = Some(std::time::Instant::now());
@@ -471,8 +493,8 @@ impl Shim {
     }
 
     fn on_init_message(&mut self, name: &str) -> Result<()> {
-        let got = match channel::recv::<InitMessage>(self.members[name].init.as_fd()) {
-            Ok(Some(m)) => m.msg,
+        let (got, mut fds) = match channel::recv::<InitMessage>(self.members[name].init.as_fd()) {
+            Ok(Some(m)) => (m.msg, m.fds),
             _ => {
                 // Init died: keep the member record (destroy cleans up) but
                 // stop polling a dead socket.
@@ -490,6 +512,11 @@ impl Shim {
             InitMessage::SpawnFailed { id, error } => {
                 tracing::debug!(%error, "spawn failed");
                 self.send(ShimMessage::Event(ShimEvent::CommandExited { member, id, status: ExitStatus::Code(127) }), &[])
+            }
+            InitMessage::Listener if fds.len() == 1 => {
+                let listener = crate::notify::Listener::new(fds.remove(0)).map_err(|e| Error::io("init's seccomp listener", e))?;
+                self.listeners.push(listener);
+                Ok(())
             }
             InitMessage::Rooted => match self.rooting.remove(&member) {
                 Some(req) => self.reply(req, Ok((Reply::Done, vec![]))),
@@ -687,7 +714,20 @@ impl Shim {
                 self.handovers.expect(parent_repl, slot, member, fds);
                 Ok((Reply::Done, vec![]))
             }
+            Request::CloseNetwork { member } => {
+                let mnt = self.member_mnt(&member)?;
+                self.gates.close(mnt, &member);
+                Ok((Reply::Done, vec![]))
+            }
+            Request::OpenNetwork { member } => {
+                let mnt = self.member_mnt(&member)?;
+                self.gates.open(mnt);
+                Ok((Reply::Done, vec![]))
+            }
             Request::DestroyMember { member: name } => {
+                if let Ok(mnt) = self.member_mnt(&name) {
+                    self.gates.forget(mnt);
+                }
                 self.handovers.forget_member(&name);
                 self.deposits.remove(&name);
                 if let Some(m) = self.members.remove(&name) {
