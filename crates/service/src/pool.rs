@@ -20,7 +20,6 @@
 //! family never serves two tenants. A key's pool is made on its first
 //! create and let go after `--pool-idle-seconds` without one.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -84,12 +83,10 @@ impl Service {
             *t = std::time::Instant::now();
         }
         let limits = self.limits_for(settings);
-        let wants_net = !settings.egress.is_off();
-        warm.net_demand.record(wants_net);
-        if let Some(born) = warm.take_born(wants_net) {
+        if let Some(born) = warm.take_born() {
             let usable = born.member.init_alive() && (born.member.limits() == limits || born.member.set_limits(&limits).is_ok());
             if usable {
-                return Ok(Some(self.hand_out(&warm, born.member, born.session, born.pasta, settings).await));
+                return Ok(Some(self.hand_out(&warm, born.member, born.session, settings).await));
             }
             // Not usable: it goes, and this create forks as below.
             self.discard_born(vec![born]).await;
@@ -97,17 +94,7 @@ impl Service {
         // The member is taken, or built, before the zygote's lock: creates
         // queue there for the fork alone, not behind each other's builds
         // (bench/churn.py: a quarter of the creates waited 2 s in that queue).
-        let spare = {
-            // A spare whose network already matches the policy, if any.
-            let mut spares = warm.spares.lock().await;
-            let pastas = warm.pastas.lock().unwrap_or_else(|e| e.into_inner());
-            let fit = spares.iter().rposition(|s| pastas.contains_key(s.member.id()) == wants_net);
-            match fit {
-                Some(i) => Some(spares.remove(i)),
-                None => spares.pop(),
-            }
-        };
-        let pasta = spare.as_ref().and_then(|s| warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).remove(s.member.id()));
+        let spare = warm.spares.lock().await.pop();
         let spare = match spare {
             Some(s) => s,
             None => {
@@ -123,14 +110,14 @@ impl Service {
         };
         if spare.member.limits() != limits {
             if let Err(e) = spare.member.set_limits(&limits) {
-                self.discard_born_parts(vec![(spare.member, None, pasta)]).await;
+                self.discard_born_parts(vec![(spare.member, None)]).await;
                 return Err(crate::error::Error::internal("could not set the sandbox's limits", e));
             }
         }
         let mut zygote_slot = warm.zygote.slot.lock().await;
         let Some(session) = zygote_slot.session.as_mut() else {
             drop(zygote_slot);
-            self.discard_born_parts(vec![(spare.member, None, pasta)]).await;
+            self.discard_born_parts(vec![(spare.member, None)]).await;
             // Creates queue on the zygote; one retired meanwhile is torn
             // down under the same lock, after the forks queued before it.
             // Those queued after it move on to its successor (found by
@@ -152,7 +139,7 @@ impl Service {
             }
         };
         let (member, session) = forked.remove(0);
-        Ok(Some(self.hand_out(&warm, member, session, pasta, settings).await))
+        Ok(Some(self.hand_out(&warm, member, session, settings).await))
     }
 
     /// A sandbox forked from `warm`'s zygote becomes `settings`' new
@@ -162,17 +149,11 @@ impl Service {
         warm: &Arc<Warm>,
         member: crate::engine::MemberRef,
         session: repl_host::session::ReplSession,
-        pasta: Option<crate::sandbox::network::ReadyNet>,
         settings: &Settings,
     ) -> Arc<SandboxEntry> {
+        // No way out yet: it starts on the sandbox's first network socket
+        // (docs/network.md#the-way-out-starts-on-first-use).
         let entry = new_entry(member.id().to_string(), settings.clone(), member, session, Vec::new());
-        match pasta {
-            Some(p) if !settings.egress.is_off() => crate::sandbox::network::adopt_pasta(&entry, p).await,
-            // No way out for this one: pasta (and with it the interface)
-            // must be gone before the sandbox is handed out.
-            Some(p) => crate::sandbox::network::stop_pasta(p.pasta).await,
-            None => {}
-        }
         let served = warm.served.fetch_add(1, Ordering::SeqCst) + 1;
         let live = self.family_sandboxes(warm).await + 1;
         let state = self.clone();
@@ -200,33 +181,21 @@ impl Service {
         self.inner.sandboxes.read().await.values().filter(|e| e.engine.same_family(warm.zygote.engine.as_ref())).count()
     }
 
-    /// Fork the zygote into spares until `BORN` sandboxes wait, as many of
-    /// them with their way out ready as recent creates wanted (when spares
-    /// have one).
+    /// Fork the zygote into spares until `BORN` sandboxes wait.
     async fn bear(&self, warm: &Arc<Warm>) {
         loop {
             if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
                 return;
             }
-            let (count, with_net) = warm.born.lock().map(|b| (b.len(), b.iter().filter(|b| b.pasta.is_some()).count())).unwrap_or((BORN, 0));
-            if count >= BORN {
+            if warm.born.lock().map(|b| b.len()).unwrap_or(BORN) >= BORN {
                 return;
             }
-            let spare = {
-                let mut spares = warm.spares.lock().await;
-                let pastas = warm.pastas.lock().unwrap_or_else(|e| e.into_inner());
-                let want_net = with_net < warm.net_demand.share_of(BORN);
-                match spares.iter().rposition(|s| pastas.contains_key(s.member.id()) == want_net) {
-                    Some(i) => Some(spares.remove(i)),
-                    None => spares.pop(),
-                }
-            };
+            let spare = warm.spares.lock().await.pop();
             let Some(spare) = spare else { return };
-            let pasta = warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).remove(spare.member.id());
             let mut zygote_slot = warm.zygote.slot.lock().await;
             let Some(session) = zygote_slot.session.as_mut() else {
                 drop(zygote_slot);
-                self.discard_born_parts(vec![(spare.member, None, pasta)]).await;
+                self.discard_born_parts(vec![(spare.member, None)]).await;
                 return;
             };
             let forked = self.fork_repl_into(session, warm.zygote.engine.as_ref(), vec![spare], Some(&warm.plan)).await;
@@ -236,13 +205,10 @@ impl Service {
                 Err(e) => {
                     // The create path finds out too, and retires the zygote.
                     tracing::debug!(template = %warm.key.template, err = ?e, "could not fork a sandbox ahead of demand");
-                    if let Some(p) = pasta {
-                        crate::sandbox::network::stop_pasta(p.pasta).await;
-                    }
                     return;
                 }
             };
-            if !self.keep_born(warm, Born { member, session, pasta }).await {
+            if !self.keep_born(warm, Born { member, session }).await {
                 return;
             }
         }
@@ -274,18 +240,12 @@ impl Service {
     /// Destroy sandboxes that were forked ahead of demand and will not be
     /// handed out.
     async fn discard_born(&self, born: Vec<Born>) {
-        self.discard_born_parts(born.into_iter().map(|b| (b.member, Some(b.session), b.pasta)).collect()).await
+        self.discard_born_parts(born.into_iter().map(|b| (b.member, Some(b.session))).collect()).await
     }
 
-    async fn discard_born_parts(
-        &self,
-        parts: Vec<(crate::engine::MemberRef, Option<repl_host::session::ReplSession>, Option<crate::sandbox::network::ReadyNet>)>,
-    ) {
-        for (member, session, pasta) in parts {
+    async fn discard_born_parts(&self, parts: Vec<(crate::engine::MemberRef, Option<repl_host::session::ReplSession>)>) {
+        for (member, session) in parts {
             drop(session);
-            if let Some(p) = pasta {
-                crate::sandbox::network::stop_pasta(p.pasta).await;
-            }
             let _ = self.inner.engine.destroy(member.as_ref()).await;
         }
     }
@@ -310,88 +270,6 @@ impl Service {
             self.bear(warm).await;
             self.make_spares(warm).await;
         }
-        self.start_ways_out(warm).await;
-    }
-
-    /// Start the way out of ready sandboxes that have none while the
-    /// pool's recent creates want more with one: made while the mix was
-    /// another, they would each cost a create's first exec the wait.
-    async fn start_ways_out(&self, warm: &Arc<Warm>) {
-        if self.inner.config.egress_proxy.is_some() {
-            return;
-        }
-        self.start_born_ways_out(warm).await;
-        self.start_spares_ways_out(warm).await;
-    }
-
-    async fn start_born_ways_out(&self, warm: &Arc<Warm>) {
-        loop {
-            let taken = {
-                let mut born = warm.born.lock().unwrap_or_else(|e| e.into_inner());
-                let with_net = born.iter().filter(|b| b.pasta.is_some()).count();
-                if with_net >= warm.net_demand.share_of(born.len()) {
-                    None
-                } else {
-                    born.iter().position(|b| b.pasta.is_none()).map(|i| born.remove(i))
-                }
-            };
-            let Some(mut born) = taken else { return };
-            let blocked_gen = jail::host_addrs::current().generation;
-            let member = Arc::clone(&born.member);
-            let started = tokio::task::spawn_blocking(move || member.prepare_spare()).await;
-            let failed = match started {
-                Ok(Ok(pasta)) => {
-                    born.pasta = Some(crate::sandbox::network::ReadyNet { pasta, blocked_gen });
-                    false
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(err = %e, "no pasta ahead of time for a ready sandbox");
-                    true
-                }
-                Err(_) => true,
-            };
-            if !self.keep_born(warm, born).await || failed {
-                return;
-            }
-        }
-    }
-
-    /// The same for spares: the creates that outrun the ready sandboxes
-    /// fork into spares, and a spare made before the mix changed would
-    /// otherwise keep its lack (creates and `bear` prefer the fitting
-    /// ones, so it would wait last forever).
-    async fn start_spares_ways_out(&self, warm: &Arc<Warm>) {
-        loop {
-            // Taken out of the list while its pasta starts, so no create
-            // takes it meanwhile and starts a second one.
-            let taken = {
-                let mut spares = warm.spares.lock().await;
-                let pastas = warm.pastas.lock().unwrap_or_else(|e| e.into_inner());
-                let with_net = spares.iter().filter(|s| pastas.contains_key(s.member.id())).count();
-                if with_net >= warm.net_demand.share_of(spares.len()) {
-                    None
-                } else {
-                    spares.iter().position(|s| !pastas.contains_key(s.member.id())).map(|i| spares.remove(i))
-                }
-            };
-            let Some(spare) = taken else { return };
-            let blocked_gen = jail::host_addrs::current().generation;
-            let member = Arc::clone(&spare.member);
-            let started = tokio::task::spawn_blocking(move || member.prepare_spare()).await;
-            let ready = match started {
-                Ok(Ok(pasta)) => Some(crate::sandbox::network::ReadyNet { pasta, blocked_gen }),
-                Ok(Err(e)) => {
-                    tracing::debug!(err = %e, "no pasta ahead of time for a spare");
-                    None
-                }
-                Err(_) => None,
-            };
-            let failed = ready.is_none();
-            let ready = ready.map(|r| (spare.member.id().to_string(), r)).into_iter().collect();
-            if !self.keep_spares(warm, vec![spare], ready).await || failed {
-                return;
-            }
-        }
     }
 
     async fn make_spares(&self, warm: &Arc<Warm>) {
@@ -411,49 +289,21 @@ impl Service {
                 return;
             }
         };
-        // Keep spares of both kinds, in the share recent creates wanted:
-        // with a way out (pasta started: about 20 ms a create with egress
-        // on need not wait for) and without (stopping pasta costs about as
-        // much). Through an upstream proxy there is no pasta, and a
-        // sandbox's way out costs little.
-        let mut ready = HashMap::new();
-        let have_ready = warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).len();
-        // Counted with the spares other refills made meanwhile: two refills
-        // at once (one per create) each made theirs as if alone, and the
-        // second's had no way out however many creates wanted one.
-        let want_ready = warm.net_demand.share_of(warm.spares.lock().await.len() + made.len());
-        let wants_pasta = self.inner.config.egress_proxy.is_none();
-        for s in made.iter().filter(|_| wants_pasta) {
-            if have_ready + ready.len() >= want_ready {
-                break;
-            }
-            // A background task: blocking it ~30 ms is fine.
-            let blocked_gen = jail::host_addrs::current().generation;
-            match tokio::task::block_in_place(|| s.member.prepare_spare()) {
-                Ok(pasta) => {
-                    ready.insert(s.member.id().to_string(), crate::sandbox::network::ReadyNet { pasta, blocked_gen });
-                }
-                Err(e) => tracing::debug!(err = %e, "no pasta ahead of time for a spare"),
-            }
-        }
-        self.keep_spares(warm, made, ready).await;
+        self.keep_spares(warm, made).await;
     }
 
-    /// Hand `made` spares (with the ways out in `ready`, by id) over under
-    /// the spares lock, unless the zygote is being retired or the server
+    /// Hand `made` spares over under the spares lock, unless the zygote is being retired or the server
     /// is closing meanwhile (`destroy_warm` drains under the same lock
     /// after setting those flags): then they go, and this says false.
-    async fn keep_spares(&self, warm: &Warm, made: Vec<crate::engine::Forked>, ready: HashMap<String, crate::sandbox::network::ReadyNet>) -> bool {
+    async fn keep_spares(&self, warm: &Warm, made: Vec<crate::engine::Forked>) -> bool {
         let mut spares = warm.spares.lock().await;
         if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
             drop(spares);
-            drop(ready);
             for s in made {
                 let _ = self.inner.engine.destroy(s.member.as_ref()).await;
             }
             return false;
         }
-        warm.pastas.lock().unwrap_or_else(|e| e.into_inner()).extend(ready);
         spares.extend(made);
         true
     }
@@ -560,10 +410,6 @@ impl Service {
 
     async fn destroy_warm(&self, warm: &Warm) {
         let spares: Vec<crate::engine::Forked> = warm.spares.lock().await.drain(..).collect();
-        let pastas = std::mem::take(&mut *warm.pastas.lock().unwrap_or_else(|e| e.into_inner()));
-        for (_, p) in pastas {
-            crate::sandbox::network::stop_pasta(p.pasta).await;
-        }
         for s in spares {
             let _ = self.inner.engine.destroy(s.member.as_ref()).await;
         }
@@ -646,13 +492,11 @@ impl Service {
             zygote,
             spares: Mutex::new(Vec::new()),
             born: Default::default(),
-            pastas: Default::default(),
             served: AtomicUsize::new(0),
             retiring: Default::default(),
             plan,
             last_used: std::sync::Mutex::new(std::time::Instant::now()),
             trust,
-            net_demand: crate::warm::NetDemand::new(self.inner.config.default_egress),
         });
         self.refill_held(&warm).await;
         if self.inner.pool.closing.load(Ordering::SeqCst) {

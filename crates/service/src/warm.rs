@@ -3,7 +3,7 @@
 //! loop is asked to warm.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::Mutex;
@@ -30,8 +30,6 @@ impl PoolKey {
 pub(crate) struct Born {
     pub(crate) member: crate::engine::MemberRef,
     pub(crate) session: repl_host::session::ReplSession,
-    /// Its way out, started ahead of time (see `Warm::pastas`).
-    pub(crate) pasta: Option<crate::sandbox::network::ReadyNet>,
 }
 
 /// One template's zygote and spares, for one owner.
@@ -42,9 +40,6 @@ pub struct Warm {
     /// Sandboxes forked ahead of demand: a create takes one without
     /// waiting for the zygote's fork (docs/fork.md#the-warm-pool).
     pub(crate) born: std::sync::Mutex<Vec<Born>>,
-    /// pasta already serving a spare's network (by spare id), so a create
-    /// with egress on finds its way out ready (docs/network.md).
-    pub(crate) pastas: std::sync::Mutex<HashMap<String, crate::sandbox::network::ReadyNet>>,
     pub(crate) served: AtomicUsize,
     pub(crate) retiring: std::sync::atomic::AtomicBool,
     /// The zygote's fork plan, read once: it runs no user code, so its
@@ -55,34 +50,6 @@ pub struct Warm {
     /// The trust layer its family stands on: when the host's CAs change,
     /// creates stop using it (crates/jail/src/trust).
     pub(crate) trust: Option<std::path::PathBuf>,
-    /// Whether its recent creates wanted a way out: the share of spares and
-    /// ready sandboxes that get their pasta ahead of time follows it.
-    pub(crate) net_demand: NetDemand,
-}
-
-/// Which of the last 8 creates from a pool wanted a way out, one bit each.
-/// A ready sandbox of the wrong kind costs its create about 20 ms either
-/// way: a way out started late (the first exec waits for it) or stopped
-/// (bench/run.py: a create → first exec p95 of 30 ms, all of it the wait).
-pub(crate) struct NetDemand(AtomicU8);
-
-impl NetDemand {
-    /// Until creates say otherwise, they are taken to follow the server's
-    /// default policy (`--default-egress`).
-    pub(crate) fn new(default_egress: bool) -> NetDemand {
-        NetDemand(AtomicU8::new(if default_egress { u8::MAX } else { 0 }))
-    }
-
-    pub(crate) fn record(&self, wants_net: bool) {
-        let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| Some((bits << 1) | u8::from(wants_net)));
-    }
-
-    /// How many of `n` sandboxes kept ready should have their way out: the
-    /// recent share of creates that wanted one, rounded up.
-    pub(crate) fn share_of(&self, n: usize) -> usize {
-        let wanted = self.0.load(Ordering::Relaxed).count_ones() as usize;
-        (n * wanted).div_ceil(8)
-    }
 }
 
 #[derive(Default)]
@@ -121,12 +88,9 @@ pub struct PoolTemplate {
 }
 
 impl Warm {
-    /// A sandbox forked ahead of demand, with its way out ready when
-    /// `wants_net` and one has it (else any).
-    pub(crate) fn take_born(&self, wants_net: bool) -> Option<Born> {
-        let mut born = self.born.lock().ok()?;
-        let i = born.iter().rposition(|b| b.pasta.is_some() == wants_net).or_else(|| born.len().checked_sub(1))?;
-        Some(born.remove(i))
+    /// A sandbox forked ahead of demand, the latest.
+    pub(crate) fn take_born(&self) -> Option<Born> {
+        self.born.lock().ok()?.pop()
     }
 }
 
@@ -184,31 +148,5 @@ impl Pool {
             );
         }
         PoolInfo { templates, fork_spares }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::NetDemand;
-
-    #[test]
-    fn the_share_with_a_way_out_follows_the_last_eight_creates() {
-        let d = NetDemand::new(false);
-        assert_eq!((d.share_of(2), d.share_of(4)), (0, 0));
-        for _ in 0..4 {
-            d.record(true);
-        }
-        assert_eq!((d.share_of(2), d.share_of(4)), (1, 2));
-        for _ in 0..4 {
-            d.record(true);
-        }
-        assert_eq!((d.share_of(2), d.share_of(4)), (2, 4));
-        d.record(false);
-        assert_eq!((d.share_of(2), d.share_of(4)), (2, 4), "rounded up: one create without does not cost the others");
-        for _ in 0..8 {
-            d.record(false);
-        }
-        assert_eq!((d.share_of(2), d.share_of(4)), (0, 0));
-        assert_eq!(NetDemand::new(true).share_of(2), 2);
     }
 }

@@ -201,7 +201,11 @@ impl Member for Sandbox {
         jail::egress::point_resolver(self)
     }
 
-    fn prepare_spare(&self) -> jail::Result<jail::net::Pasta> {
-        jail::egress::prepare_spare(self)
+    async fn hold_network(&self) -> jail::Result<Option<tokio::sync::oneshot::Receiver<()>>> {
+        Sandbox::hold_network(self).await
+    }
+
+    async fn open_network(&self) -> jail::Result<()> {
+        Sandbox::open_network(self).await
     }
 }

@@ -170,9 +170,15 @@ pub trait Member: Send + Sync + 'static {
     fn point_resolver(&self) -> jail::Result<()> {
         Err(unsupported("networks"))
     }
-    /// Start the way out of a warm spare ahead of its create (blocking).
-    fn prepare_spare(&self) -> jail::Result<jail::net::Pasta> {
-        Err(unsupported("networks"))
+    /// Hold its network sockets until [`open_network`](Self::open_network);
+    /// resolves when one waits (`jail::Sandbox::hold_network`). `None`: it
+    /// cannot, start its way out ahead.
+    async fn hold_network(&self) -> jail::Result<Option<tokio::sync::oneshot::Receiver<()>>> {
+        Ok(None)
+    }
+    /// Let its network sockets through.
+    async fn open_network(&self) -> jail::Result<()> {
+        Ok(())
     }
 }
 

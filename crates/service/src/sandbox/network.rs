@@ -31,10 +31,26 @@ pub struct NetState {
     /// (`jail::host_addrs`); older than the latest, its blocked sets are
     /// rewritten.
     blocked_gen: u64,
+    /// The policy lets the sandbox out, but nothing runs for it yet: its
+    /// network sockets wait at its gate, and the first one starts its way
+    /// out (`start_on_first_use`). Whatever puts a policy in force opens
+    /// the gate.
+    held: bool,
 }
 
-/// Put `egress` in force for `entry` (the caller holds its network lock).
+/// Put `egress` in force for `entry` (the caller holds its network lock),
+/// then let the sandbox's network sockets through if they were held.
 pub async fn apply(entry: &SandboxEntry, state: &mut NetState, egress: &Egress) -> Result<(), Error> {
+    let applied = put_in_force(entry, state, egress).await;
+    if std::mem::take(&mut state.held) {
+        if let Err(e) = entry.engine.open_network().await {
+            tracing::warn!(sandbox = %entry.id, error = %e, "could not let the sandbox's network sockets through");
+        }
+    }
+    applied
+}
+
+async fn put_in_force(entry: &SandboxEntry, state: &mut NetState, egress: &Egress) -> Result<(), Error> {
     let plan = plan(egress)?;
     if let Some(upstream) = &entry.settings.setup.egress_proxy {
         apply_through_proxy(entry, state, plan, Arc::clone(upstream)).await?;
@@ -130,45 +146,82 @@ async fn apply_through_proxy(entry: &SandboxEntry, state: &mut NetState, plan: P
     Ok(())
 }
 
-/// Apply `egress` to a sandbox that was just made (create or fork), in the
-/// background: the network lock is taken before this returns, so the
-/// sandbox's first exec waits for the network, not its create.
+/// Apply `egress` to a sandbox that was just made (create, fork, restore,
+/// adoption, a template build), in the background: the network lock is
+/// taken before this returns, so the sandbox's first exec waits for it,
+/// not its create.
+///
+/// A policy that lets the sandbox out is held until its first network
+/// socket (docs/network.md#the-way-out-starts-on-first-use): pasta, the
+/// firewall and the DNS proxy cost about 20 ms of CPU to start and as much
+/// to stop, and most sandboxes never use the network. Only the resolver is
+/// pointed at once: a program reads it before it opens the socket that
+/// starts the rest.
 pub async fn apply_soon(entry: &Arc<SandboxEntry>, egress: Egress) {
     *entry.egress.lock().unwrap_or_else(|e| e.into_inner()) = egress.clone();
     if egress.is_off() {
         return;
     }
     let mut guard = Arc::clone(&entry.network).lock_owned().await;
+    let wanted = match entry.engine.hold_network().await {
+        Ok(wanted) => wanted,
+        Err(e) => {
+            tracing::warn!(sandbox = %entry.id, error = %e, "could not hold the sandbox's network until its first use");
+            None
+        }
+    };
     let entry = Arc::clone(entry);
+    let Some(wanted) = wanted else {
+        tokio::spawn(async move {
+            if let Err(e) = apply(&entry, &mut guard, &egress).await {
+                tracing::warn!(sandbox = %entry.id, error = %e, "egress policy not applied");
+                guard.failed = Some(format!("the sandbox's network could not be set up ({e}); it has loopback only"));
+            }
+        });
+        return;
+    };
+    guard.held = true;
     tokio::spawn(async move {
-        if let Err(e) = apply(&entry, &mut guard, &egress).await {
-            tracing::warn!(sandbox = %entry.id, error = %e, "egress policy not applied");
-            guard.failed = Some(format!("the sandbox's network could not be set up ({e}); it has loopback only"));
+        let engine = Arc::clone(&entry.engine);
+        match tokio::task::spawn_blocking(move || engine.point_resolver()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(sandbox = %entry.id, error = %e, "could not point the sandbox's resolver"),
+            Err(e) => tracing::warn!(sandbox = %entry.id, error = %e, "could not point the sandbox's resolver"),
+        }
+        drop(guard);
+        // Only a weak hold while it waits: a sandbox that never uses the
+        // network is not kept alive by it (its gate's sender goes with it).
+        let weak = Arc::downgrade(&entry);
+        drop(entry);
+        if wanted.await.is_ok() {
+            if let Some(entry) = weak.upgrade() {
+                start_on_first_use(&entry).await;
+            }
         }
     });
 }
 
-/// Give a new sandbox the way out the warm pool made for it ahead of time
-/// (`prepare_spare`): with the default policy, `apply` then only starts the
-/// DNS proxy (and rewrites the firewall if the host's addresses changed
-/// since).
-pub async fn adopt_pasta(entry: &SandboxEntry, ready: ReadyNet) {
-    {
-        let mut net = entry.network.lock().await;
-        net.pasta = Some(ready.pasta);
-        net.rules = Some(Rules::Open);
-        net.blocked_gen = ready.blocked_gen;
+/// A process of the sandbox asked for its first network socket and waits:
+/// put its policy in force (unless something did meanwhile), which lets
+/// it through.
+async fn start_on_first_use(entry: &SandboxEntry) {
+    let mut net = entry.network.lock().await;
+    if !net.held {
+        drop(net);
+        // Put in force (and opened) meanwhile, or turned off: open, in
+        // case the call came before the gate opened.
+        let _ = entry.engine.open_network().await;
+        return;
     }
-    // A firewall written before the host's addresses last changed is
-    // brought up to date before the sandbox is handed out, not after.
-    refresh_blocked(entry, &jail::host_addrs::current()).await;
-}
-
-/// A warm spare's way out, made ahead of its create.
-pub struct ReadyNet {
-    pub pasta: jail::net::Pasta,
-    /// What its firewall blocks (`NetState::blocked_gen`).
-    pub blocked_gen: u64,
+    let egress = entry.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let started = std::time::Instant::now();
+    match apply(entry, &mut net, &egress).await {
+        Ok(()) => tracing::debug!(sandbox = %entry.id, ms = started.elapsed().as_millis() as u64, "way out started on first use"),
+        Err(e) => {
+            tracing::warn!(sandbox = %entry.id, error = %e, "egress policy not applied");
+            net.failed = Some(format!("the sandbox's network could not be set up ({e}); it has loopback only"));
+        }
+    }
 }
 
 /// Keep every sandbox's firewall blocking the host's addresses as they
