@@ -757,3 +757,19 @@ def assert_fetches_wheel(http, sid) -> None:
     lines = ex.stdout.split("\n")
     assert lines[0].split()[0] == WHEEL_SHA256, ex
     assert "imported iniconfig" in ex.stdout, ex
+
+
+def pastas(state_dir: str) -> dict[str, int]:
+    """The sandboxes whose pasta runs, by id, with its pid: pasta is the
+    process started with `--pid <run dir>/<id>.pasta.pid`."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        for a, b in zip(args, args[1:]):
+            if a == b"--pid" and b.startswith(state_dir.encode()) and b.endswith(b".pasta.pid"):
+                found[os.path.basename(b.decode())[: -len(".pasta.pid")]] = int(pid)
+    return found

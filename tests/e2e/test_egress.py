@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from helpers import assert_fetches_wheel, assert_json_error, assert_wheel_absent, create_raw, delete_raw, exec_ok, exec_raw
+from helpers import assert_fetches_wheel, assert_json_error, assert_wheel_absent, create_raw, delete_raw, exec_ok, exec_raw, pastas
 from netns import HostListener, NetNs
 
 
@@ -147,17 +147,18 @@ print(probe({testnet['ns_ip']!r}, 8080))
 
 
 def test_host_addresses_that_appear_later_are_blocked_too(http):
-    """The firewall of a running sandbox, and of a warm spare made ahead of
-    its create, was written before this host address existed (a bridge or
-    VPN coming up); the server rewrites them when the host's addresses
-    change (docs/network.md#the-host-is-never-reached)."""
+    """The firewall of a running sandbox was written before this host
+    address existed (a bridge or VPN coming up); the server rewrites it
+    when the host's addresses change
+    (docs/network.md#the-host-is-never-reached). A sandbox whose way out
+    starts after the change gets it in its firewall from the start."""
     listener = HostListener()
     running = create_raw(http, egress=True)
     later = None
     try:
-        assert py(http, running, "print(1)") == "1\n"
+        # Its way out (and firewall) starts with its first network socket.
+        assert py(http, running, "import socket; socket.socket().close(); print(1)") == "1\n"
         with NetNs(217) as net:
-            # The spare behind this create got its firewall before the address.
             later = create_raw(http, egress=True)
             time.sleep(0.5)  # the kernel's notification, then one nft per sandbox
             for sid in (running, later):
@@ -266,78 +267,111 @@ def test_bad_policies_are_refused(http):
     assert_json_error(http.get("/v1/sandboxes/sb-nosuch/egress"), 404)
 
 
-def _started_s(pid: int) -> float:
-    """When process `pid` started, in seconds of CLOCK_BOOTTIME."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+# The first network socket of a sandbox, then at once a connect through it:
+# the call returned only once the sandbox's way out ran.
+FIRST_SOCKET = PROBE + """
+import os, socket
+before = sorted(os.listdir('/sys/class/net'))
+print(before, probe({ip!r}, 8080)[0], sorted(os.listdir('/sys/class/net')))
+"""
 
 
-def pastas(state_dir: str) -> dict[str, int]:
-    """The sandboxes whose pasta runs, by id, with its pid: pasta is the
-    process started with `--pid <run dir>/<id>.pasta.pid`."""
-    found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+def test_the_way_out_starts_on_the_first_network_socket(server, http, testnet):
+    """A sandbox's way out (pasta, its firewall, its DNS proxy) is not
+    started until one of its processes asks for a network socket
+    (docs/network.md#the-way-out-starts-on-first-use): creates, execs,
+    files, unix sockets and pipes start none. That first socket() waits
+    until the way out runs, so a connect right after it goes through:
+    from the REPL, from a command, from a REPL's subprocess."""
+    first = FIRST_SOCKET.format(ip=testnet["ns_ip"])
+    how = {
+        "repl": lambda sid: py(http, sid, first),
+        "command": lambda sid: exec_ok(http, sid, "python3 - <<'EOF'\n" + first + "EOF", language="bash"),
+        "subprocess": lambda sid: py(http, sid, "import subprocess, sys\nprint(subprocess.run([sys.executable, '-c', " + repr(first) + "], capture_output=True, text=True, check=True).stdout, end='')"),
+    }
+    for name, run in how.items():
+        sid = create_raw(http)
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        for a, b in zip(args, args[1:]):
-            if a == b"--pid" and b.startswith(state_dir.encode()) and b.endswith(b".pasta.pid"):
-                found[os.path.basename(b.decode())[: -len(".pasta.pid")]] = int(pid)
-    return found
-
-
-def settle_pool(http, state_dir: str, ways_out: bool = True):
-    """Wait until the default pool holds its ready sandboxes and spares
-    (it refills 100 ms after a create), each with its pasta running when
-    `ways_out`."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        t = http.get("/v1/pool").json()["templates"].get("default")
-        if t and len(t["ready"]) >= 2 and len(t["spares"]) >= 2:
-            running = pastas(state_dir) if ways_out else {}
-            if not ways_out or all(i in running for i in t["ready"] + t["spares"]):
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"the pool did not refill with ways out: {t}, pastas for {sorted(pastas(state_dir))}")
-
-
-def test_the_pool_hands_out_sandboxes_whose_way_out_already_runs(server, http):
-    """With creates that want a way out (the default), the warm pool keeps
-    its ready sandboxes and spares with pasta already running, so no first
-    exec waits for its network (docs/network.md): once settled, every one
-    has its pasta, and a burst of 3 creates finds each sandbox's pasta
-    started before its create was sent. When the pool kept both kinds half
-    and half, the second of the burst had none; when it started pasta for
-    ready sandboxes only, a spare made before the mix changed kept none."""
-    # First teach the pool the other mix, as other tests on this server
-    # may have, then what creates want now.
-    for _ in range(8):
-        delete_raw(http, create_raw(http, egress=False))
-    settle_pool(http, server.state_dir, ways_out=False)
-    for _ in range(8):
-        delete_raw(http, create_raw(http))
-    late = []
-    for _ in range(2):
-        settle_pool(http, server.state_dir)
-        burst = []
-        for _ in range(3):
-            sent = time.clock_gettime(time.CLOCK_BOOTTIME)
-            burst.append((sent, create_raw(http)))
-        try:
-            for sent, sid in burst:
-                assert exec_ok(http, sid, "print(1)") == "1\n"
-                pid = pastas(server.state_dir).get(sid)
-                assert pid, f"no pasta runs for {sid}"
-                started = _started_s(pid)
-                if started >= sent:
-                    late.append((sid, round(started - sent, 3)))
+            out = py(http, sid, """
+import socket, os
+a, b = socket.socketpair(); a.send(b'x'); assert b.recv(1) == b'x'
+r, w = os.pipe(); os.write(w, b'y'); assert os.read(r, 1) == b'y'
+print(sorted(os.listdir('/sys/class/net')))
+""")
+            assert out == "['lo']\n", out
+            assert exec_ok(http, sid, "echo hi > /tmp/f && cat /tmp/f", language="bash") == "hi\n"
+            assert sid not in pastas(server.state_dir), f"{name}: pasta runs before any network socket"
+            out = run(sid)
+            # Before its first socket it had only loopback; the connect made
+            # right after the socket call went through.
+            assert out.startswith("['lo'] connected ['") and out.count("'") == 6, f"{name}: {out}"
+            assert sid in pastas(server.state_dir), name
         finally:
-            for _, sid in burst:
-                delete_raw(http, sid)
-    assert not late, f"pasta started after the create: {late}"
+            delete_raw(http, sid)
+
+
+def test_a_sandbox_with_egress_off_gets_its_sockets_at_once_and_no_way_out(server, http, testnet):
+    """With egress off nothing is held: sockets are made at once and reach
+    nothing beyond loopback, and no pasta is started for them."""
+    sid = create_raw(http, egress=False)
+    try:
+        out = py(http, sid, PROBE + f"""
+import time, socket
+t = time.time(); s = socket.socket(); s.close(); took = time.time() - t
+print(probe({testnet['ns_ip']!r}, 8080)[0], took < 1)
+""")
+        assert out == "ENETUNREACH True\n", out
+        assert sid not in pastas(server.state_dir)
+        # Turned on later: the way out starts at once (its sockets are not held).
+        assert patch(http, sid, True).status_code == 200
+        assert sid in pastas(server.state_dir)
+        assert py(http, sid, PROBE + f"print(probe({testnet['ns_ip']!r}, 8080)[0])") == "connected\n"
+    finally:
+        delete_raw(http, sid)
+
+
+def test_a_held_allow_list_is_in_force_before_the_first_socket_goes_through(server, http, testnet):
+    """The firewall is written before the held socket is let through: the
+    very first connect of an allow-listed sandbox, to an address the list
+    does not name, is refused; the listed one is reached."""
+    listener = HostListener()
+    sid = create_raw(http, egress={"allow": [f"{testnet['ns_ip']}/32"]})
+    try:
+        assert sid not in pastas(server.state_dir)
+        out = py(http, sid, PROBE + f"""
+print(probe({testnet['host_ip']!r}, {listener.port}))
+print(probe({testnet['ns_ip']!r}, 8080)[0])
+""")
+        lines = out.splitlines()
+        assert lines[0].startswith("('ECONNREFUSED'"), out
+        assert lines[1] == "connected", out
+        assert listener.accepted == []
+    finally:
+        listener.close()
+        delete_raw(http, sid)
+
+
+def test_each_fork_starts_its_own_way_out(server, http, testnet):
+    """Forks share their parent's family (and the shim that holds sockets)
+    but each has its own gate: a child's first socket starts its own way
+    out, not its parent's or its sibling's."""
+    parent = create_raw(http)
+    kids = []
+    try:
+        assert py(http, parent, "x = 41") == ""
+        r = http.post(f"/v1/sandboxes/{parent}/fork", json={"n": 2})
+        assert r.status_code == 200, r.text
+        kids = r.json()["children"]
+        assert len(kids) == 2, r.json()
+        out = py(http, kids[0], PROBE + f"print(x + 1, probe({testnet['ns_ip']!r}, 8080)[0])")
+        assert out == "42 connected\n", out
+        running = pastas(server.state_dir)
+        assert kids[0] in running and parent not in running and kids[1] not in running, running
+        assert py(http, kids[1], PROBE + f"print(probe({testnet['ns_ip']!r}, 8080)[0])") == "connected\n"
+        assert parent not in pastas(server.state_dir)
+    finally:
+        for sid in kids + [parent]:
+            delete_raw(http, sid)
 
 
 def test_a_sandboxs_pasta_is_gone_when_its_delete_or_egress_off_answers(server, http):
@@ -348,7 +382,8 @@ def test_a_sandboxs_pasta_is_gone_when_its_delete_or_egress_off_answers(server, 
     for how in ("delete", "egress off"):
         sid = create_raw(http)
         try:
-            assert exec_ok(http, sid, "print(1)") == "1\n"
+            # Its first network socket starts its pasta.
+            assert exec_ok(http, sid, "import socket; socket.socket().close(); print(1)") == "1\n"
             pid = pastas(server.state_dir).get(sid)
             assert pid, f"no pasta runs for {sid}"
             if how == "delete":
