@@ -7,6 +7,7 @@ import os
 import threading
 import time
 
+import httpx
 import pytest
 from podflare import Sandbox
 
@@ -365,6 +366,30 @@ def test_a_create_takes_a_sandbox_forked_ahead_of_demand(http):
     finally:
         for s in (a, b):
             http.delete(f"/v1/sandboxes/{s}")
+
+
+def test_creates_that_queue_for_the_zygote_each_get_their_own_sandbox(server, http):
+    """Creates that find no sandbox ready queue for the zygote, which forks
+    them several at a time (docs/fork.md#the-warm-pool): 16 at once each
+    get a sandbox of their own, whose REPL runs in its own namespaces (its
+    hostname, seen by Python and by bash, is its id) and keeps its own
+    state."""
+    import concurrent.futures as cf
+
+    def one(i):
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            sid = create_raw(c)
+            try:
+                assert exec_raw(c, sid, f"import socket\nmine = {i}\nprint(socket.gethostname())").stdout == f"{sid}\n"
+                return sid, exec_raw(c, sid, "print(mine)").stdout, exec_raw(c, sid, "hostname", "bash").stdout
+            finally:
+                delete_raw(c, sid)
+
+    with cf.ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(one, range(16)))
+    assert len({sid for sid, _, _ in got}) == 16
+    for i, (sid, mine, host) in enumerate(got):
+        assert (mine, host) == (f"{i}\n", f"{sid}\n"), (i, sid, mine, host)
 
 
 def test_created_sandboxes_come_from_the_warm_pool(http):

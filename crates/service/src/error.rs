@@ -7,7 +7,7 @@
 
 use crate::keys::Refusal;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The request is malformed or out of range: the client's to fix.
     #[error("{0}")]

@@ -29,7 +29,7 @@ use tokio::sync::Mutex;
 use crate::ids::new_id;
 use crate::sandbox::{new_entry, start_repl, SandboxEntry, Settings};
 use crate::state::Service;
-use crate::warm::{Born, Warm};
+use crate::warm::{Batched, Born, Warm};
 pub use crate::warm::{Pool, PoolInfo, PoolKey, PoolTemplate};
 use repl_host::session::ReplItem;
 
@@ -50,6 +50,8 @@ pub(crate) const RETIRE_AT_LIVE: usize = 64;
 const RETIRE_AFTER: usize = 4096;
 /// How long a refill waits after a create that left spares.
 const REFILL_DELAY: Duration = Duration::from_millis(100);
+/// Most creates one call of the zygote forks at once.
+const FORK_BATCH: usize = 8;
 /// Templates warmed at start (others warm on first use).
 const WARM_AT_START: &[&str] = &["default"];
 
@@ -114,32 +116,84 @@ impl Service {
                 return Err(crate::error::Error::internal("could not set the sandbox's limits", e));
             }
         }
-        let mut zygote_slot = warm.zygote.slot.lock().await;
-        let Some(session) = zygote_slot.session.as_mut() else {
-            drop(zygote_slot);
-            self.discard_born_parts(vec![(spare.member, None)]).await;
+        match self.fork_queued(&warm, spare).await {
+            Batched::Made(member, session) => Ok(Some(self.hand_out(&warm, member, session, settings).await)),
             // Creates queue on the zygote; one retired meanwhile is torn
-            // down under the same lock, after the forks queued before it.
-            // Those queued after it move on to its successor (found by
+            // down under its lock, after the forks queued before it. Those
+            // queued after it move on to its successor (found by
             // bench/load.py: they fell back to a cold start, 26 s under load).
-            if warm.retiring.load(Ordering::SeqCst) && attempt < 3 {
-                return Box::pin(self.create_from_zygote(settings, attempt + 1)).await;
-            }
-            return Ok(None);
-        };
-        let forked = self.fork_repl_into(session, warm.zygote.engine.as_ref(), vec![spare], Some(&warm.plan)).await;
-        drop(zygote_slot);
-        let mut forked = match forked {
-            Ok(f) => f,
-            Err(e) => {
+            Batched::NoZygote if warm.retiring.load(Ordering::SeqCst) && attempt < 3 => Box::pin(self.create_from_zygote(settings, attempt + 1)).await,
+            Batched::NoZygote => Ok(None),
+            Batched::Failed(e) => {
                 // A zygote that cannot fork (it died, its supervisor died)
                 // is replaced; this create is made the slow way.
                 self.retire_later(&warm);
-                return Err(e);
+                Err(e)
             }
+        }
+    }
+
+    /// Have the zygote fork `spare` into a sandbox, with whatever other
+    /// creates wait for it: one task forks the waiting creates, oldest
+    /// first, up to `FORK_BATCH` in one call of the zygote's REPL (one
+    /// round of its protocol and of the family supervisor's for all), so
+    /// creates that queue behind each other wait for one batch, not for
+    /// each fork before theirs. The task is the queue's, not the create's:
+    /// a create whose client goes away cancels no one else's fork.
+    async fn fork_queued(&self, warm: &Arc<Warm>, spare: crate::engine::Forked) -> Batched {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let start = {
+            let mut q = warm.fork_queue.lock().unwrap_or_else(|e| e.into_inner());
+            q.waiting.push((spare, tx));
+            !std::mem::replace(&mut q.forking, true)
         };
-        let (member, session) = forked.remove(0);
-        Ok(Some(self.hand_out(&warm, member, session, settings).await))
+        if start {
+            let (state, warm) = (self.clone(), Arc::clone(warm));
+            tokio::spawn(async move { state.fork_waiting(&warm).await });
+        }
+        rx.await.unwrap_or_else(|_| Batched::Failed(crate::error::Error::Internal("the zygote's fork was cut off".into())))
+    }
+
+    /// The queue's task: fork batches until no create waits.
+    async fn fork_waiting(&self, warm: &Arc<Warm>) {
+        loop {
+            let mut zygote_slot = warm.zygote.slot.lock().await;
+            let batch: Vec<_> = {
+                let mut q = warm.fork_queue.lock().unwrap_or_else(|e| e.into_inner());
+                if q.waiting.is_empty() {
+                    q.forking = false;
+                    return;
+                }
+                let n = q.waiting.len().min(FORK_BATCH);
+                q.waiting.drain(..n).collect()
+            };
+            let (spares, answers): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            let Some(session) = zygote_slot.session.as_mut() else {
+                drop(zygote_slot);
+                self.discard_born_parts(spares.into_iter().map(|s| (s.member, None)).collect()).await;
+                for answer in answers {
+                    let _ = answer.send(Batched::NoZygote);
+                }
+                continue;
+            };
+            let forked = self.fork_repl_into(session, warm.zygote.engine.as_ref(), spares, Some(&warm.plan)).await;
+            drop(zygote_slot);
+            match forked {
+                Ok(made) => {
+                    for ((member, session), answer) in made.into_iter().zip(answers) {
+                        if let Err(Batched::Made(member, session)) = answer.send(Batched::Made(member, session)) {
+                            // Its create is gone (the client left): so is it.
+                            self.discard_born(vec![Born { member, session }]).await;
+                        }
+                    }
+                }
+                Err(e) => {
+                    for answer in answers {
+                        let _ = answer.send(Batched::Failed(e.clone()));
+                    }
+                }
+            }
+        }
     }
 
     /// A sandbox forked from `warm`'s zygote becomes `settings`' new
@@ -181,7 +235,10 @@ impl Service {
         self.inner.sandboxes.read().await.values().filter(|e| e.engine.same_family(warm.zygote.engine.as_ref())).count()
     }
 
-    /// Fork the zygote into spares until `BORN` sandboxes wait.
+    /// Fork the zygote into spares until `BORN` sandboxes wait. Through
+    /// the creates' queue: a fork of its own here took the zygote's lock
+    /// once per sandbox, and with a refill behind every create, queued
+    /// creates waited behind them all (bench/churn.py: 640 ms on average).
     async fn bear(&self, warm: &Arc<Warm>) {
         loop {
             if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
@@ -192,17 +249,10 @@ impl Service {
             }
             let spare = warm.spares.lock().await.pop();
             let Some(spare) = spare else { return };
-            let mut zygote_slot = warm.zygote.slot.lock().await;
-            let Some(session) = zygote_slot.session.as_mut() else {
-                drop(zygote_slot);
-                self.discard_born_parts(vec![(spare.member, None)]).await;
-                return;
-            };
-            let forked = self.fork_repl_into(session, warm.zygote.engine.as_ref(), vec![spare], Some(&warm.plan)).await;
-            drop(zygote_slot);
-            let (member, session) = match forked {
-                Ok(mut f) => f.remove(0),
-                Err(e) => {
+            let (member, session) = match self.fork_queued(warm, spare).await {
+                Batched::Made(member, session) => (member, session),
+                Batched::NoZygote => return,
+                Batched::Failed(e) => {
                     // The create path finds out too, and retires the zygote.
                     tracing::debug!(template = %warm.key.template, err = ?e, "could not fork a sandbox ahead of demand");
                     return;
@@ -494,6 +544,7 @@ impl Service {
             born: Default::default(),
             served: AtomicUsize::new(0),
             retiring: Default::default(),
+            fork_queue: Default::default(),
             plan,
             last_used: std::sync::Mutex::new(std::time::Instant::now()),
             trust,

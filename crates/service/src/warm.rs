@@ -32,6 +32,24 @@ pub(crate) struct Born {
     pub(crate) session: repl_host::session::ReplSession,
 }
 
+/// Creates waiting for the zygote to fork them, oldest first; one task at
+/// a time (`forking`) forks them, several per call (`Service::fork_queued`).
+#[derive(Default)]
+pub(crate) struct ForkQueue {
+    pub(crate) waiting: Vec<(crate::engine::Forked, tokio::sync::oneshot::Sender<Batched>)>,
+    pub(crate) forking: bool,
+}
+
+/// What became of a create's spare in the zygote's fork.
+pub(crate) enum Batched {
+    /// Forked: the new sandbox's member and REPL.
+    Made(crate::engine::MemberRef, repl_host::session::ReplSession),
+    /// The zygote was retired meanwhile (the spare is gone).
+    NoZygote,
+    /// The fork failed (the spare is gone); what to answer.
+    Failed(crate::error::Error),
+}
+
 /// One template's zygote and spares, for one owner.
 pub struct Warm {
     pub(crate) key: PoolKey,
@@ -40,6 +58,8 @@ pub struct Warm {
     /// Sandboxes forked ahead of demand: a create takes one without
     /// waiting for the zygote's fork (docs/fork.md#the-warm-pool).
     pub(crate) born: std::sync::Mutex<Vec<Born>>,
+    /// Creates that found nothing ready, waiting for the zygote's fork.
+    pub(crate) fork_queue: std::sync::Mutex<ForkQueue>,
     pub(crate) served: AtomicUsize,
     pub(crate) retiring: std::sync::atomic::AtomicBool,
     /// The zygote's fork plan, read once: it runs no user code, so its
