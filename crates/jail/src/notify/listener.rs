@@ -179,8 +179,8 @@ impl Listener {
     /// readable. `Ok(None)`: the caller went away before it could be
     /// answered. A step of a descriptor hand-over from a process of the
     /// family pid namespace is not answered: it comes back as
-    /// [`Served::HandOver`] for the shim; nor is a network `socket` call of
-    /// a process of the family, which comes back as [`Served::Socket`].
+    /// [`Served::HandOver`] for the shim; nor is a network `socket` call,
+    /// which comes back as [`Served::Socket`], unchecked (see there).
     ///
     /// The caller is looked up by its host pid and only then is the
     /// notification checked to be still pending: a pid is only reused after
@@ -192,12 +192,14 @@ impl Listener {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
             Err(e) => return Err(e),
         };
+        if n.nr == libc::SYS_socket {
+            // The shim knows the caller cheaply (its mount namespace), or
+            // needs not (no gate closed): every network socket comes here.
+            return Ok(Some(Served::Socket(n)));
+        }
         let caller = view.caller(n.pid);
         if !self.id_valid(n.id)? {
             return Ok(None);
-        }
-        if let (libc::SYS_socket, Some(c)) = (n.nr, caller) {
-            return Ok(Some(Served::Socket(n, c)));
         }
         if let (Some(step), Some(c)) = (HandOver::of(&n), caller.as_ref()) {
             if !c.in_leaf {
@@ -217,10 +219,13 @@ pub enum Served {
     /// Left pending: a hand-over step of `Caller`, which the shim answers
     /// (with [`Listener::respond`] or [`Listener::answer_with_fd`]).
     HandOver(Notification, Caller, HandOver),
-    /// Left pending: a `socket` call of a domain other than `AF_UNIX`
-    /// (notified by [`socket_filter`](super::socket_filter) and the REPL's
-    /// filter), which the shim lets through once its member's way out runs.
-    Socket(Notification, Caller),
+    /// Left pending and unchecked: a `socket` call of a domain other than
+    /// `AF_UNIX` (notified by [`socket_filter`](super::socket_filter) and
+    /// the REPL's filter), which the shim lets through once its member's
+    /// way out runs. The shim looks its caller up and then checks the
+    /// notification is still pending ([`Listener::id_valid`]), in that
+    /// order, as `serve_one` does.
+    Socket(Notification),
 }
 
 /// A step of a fork's descriptor hand-over (docs/architecture.md#processes-and-namespaces). The server

@@ -45,6 +45,11 @@ impl NetworkGates {
         self.closed.entry(mnt).or_insert_with(|| Closed { name: member.to_string(), waiting: Vec::new(), told: false });
     }
 
+    /// Whether no gate is closed (every network socket goes through).
+    pub fn all_open(&self) -> bool {
+        self.closed.is_empty()
+    }
+
     /// A network `socket` call (notification `id` on `listener`) of a
     /// process whose mount namespace is `mnt`: through at once when its
     /// member's gate is open (or it is in no member), else it waits.
