@@ -88,6 +88,27 @@ def test_a_quiet_sandbox_outweighs_a_busy_one_until_the_busy_one_calms_down(http
         delete_raw(http, busy)
 
 
+def test_the_zygote_outweighs_every_sandbox(http):
+    """Creates that find nothing ready wait for the zygote's fork, and it
+    runs no user code: its cgroup has the most weight there is, so under
+    load (bench/load.py) it is not one busy cgroup among fifty
+    (docs/fork.md#the-warm-pool). A sandbox created from it does not
+    inherit that."""
+    zygote = None
+    for _ in range(600):
+        zygote = http.get("/v1/pool").json()["templates"].get("default", {}).get("zygote")
+        if zygote:
+            break
+        time.sleep(0.1)
+    assert zygote, "no default zygote"
+    assert cpu_weight(zygote) == 10_000
+    sid = create_raw(http)
+    try:
+        assert cpu_weight(sid) in (BASE, BASE * BOOST)
+    finally:
+        delete_raw(http, sid)
+
+
 def test_short_lived_processes_count_as_busy(http):
     """The CPU counter includes processes that have exited (v1 cpuacct, v2
     cpu.stat): a loop of brief compilers-like children loses the boost too."""

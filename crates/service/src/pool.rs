@@ -50,6 +50,12 @@ pub(crate) const RETIRE_AT_LIVE: usize = 64;
 const RETIRE_AFTER: usize = 4096;
 /// How long a refill waits after a create that left spares.
 const REFILL_DELAY: Duration = Duration::from_millis(100);
+/// The zygote's CPU weight: the most a cgroup can have (cgroup v2's
+/// `cpu.weight` range; v1 shares are scaled from it). A create that finds
+/// nothing ready waits for the zygote's fork, and at a sandbox's weight
+/// the zygote was one of the 50-odd busy cgroups of bench/load.py, each
+/// as heavy. It runs no user code, and forks only what creates ask for.
+const ZYGOTE_CPU_WEIGHT: u64 = 10_000;
 /// Most creates one call of the zygote forks at once.
 const FORK_BATCH: usize = 8;
 /// Templates warmed at start (others warm on first use).
@@ -522,7 +528,8 @@ impl Service {
         let repl_state = self.inner.templates.repl_state(template);
         let settings = Settings { ram_mib: settings.ram_mib.max(self.inner.templates.limits(template).ram_mib.unwrap_or(0)), ..settings };
         let trust = self.trust_layer(&root)?;
-        let spec = root.spec(id.clone(), self.limits_for(&settings), repl_state.clone(), trust.clone());
+        let limits = jail::Limits { cpu_weight: ZYGOTE_CPU_WEIGHT, ..self.limits_for(&settings) };
+        let spec = root.spec(id.clone(), limits, repl_state.clone(), trust.clone());
         let engine = self.inner.engine.create(spec).await?;
         let mut session = match start_repl(engine.as_ref(), &settings.setup).await {
             Ok(s) => s,
