@@ -350,18 +350,17 @@ impl Service {
 
     /// Hand `made` spares over under the spares lock, unless the zygote is being retired or the server
     /// is closing meanwhile (`destroy_warm` drains under the same lock
-    /// after setting those flags): then they go, and this says false.
-    async fn keep_spares(&self, warm: &Warm, made: Vec<crate::engine::Forked>) -> bool {
+    /// after setting those flags): then they go.
+    async fn keep_spares(&self, warm: &Warm, made: Vec<crate::engine::Forked>) {
         let mut spares = warm.spares.lock().await;
         if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
             drop(spares);
             for s in made {
                 let _ = self.inner.engine.destroy(s.member.as_ref()).await;
             }
-            return false;
+            return;
         }
         spares.extend(made);
-        true
     }
 
     /// [`Self::retire`] on a task of its own.

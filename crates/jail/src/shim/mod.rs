@@ -487,8 +487,7 @@ impl Shim {
         let mut host_pids = Vec::with_capacity(children.len());
         let mut pidfds = Vec::with_capacity(children.len());
         for child in children {
-            let m = self.members.get(&child.member).ok_or_else(|| Error::Invalid(format!("no member {}", child.member)))?;
-            let want = ns_inode(m.ns.mnt.as_fd())?;
+            let want = self.member_mnt(&child.member)?;
             let pid = candidates
                 .iter()
                 .copied()

@@ -173,20 +173,16 @@ pub async fn apply_soon(entry: &Arc<SandboxEntry>, egress: Egress) {
     let entry = Arc::clone(entry);
     let Some(wanted) = wanted else {
         tokio::spawn(async move {
-            if let Err(e) = apply(&entry, &mut guard, &egress).await {
-                tracing::warn!(sandbox = %entry.id, error = %e, "egress policy not applied");
-                guard.failed = Some(format!("the sandbox's network could not be set up ({e}); it has loopback only"));
-            }
+            apply_or_note(&entry, &mut guard, &egress).await;
         });
         return;
     };
     guard.held = true;
     tokio::spawn(async move {
         let engine = Arc::clone(&entry.engine);
-        match tokio::task::spawn_blocking(move || engine.point_resolver()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(sandbox = %entry.id, error = %e, "could not point the sandbox's resolver"),
-            Err(e) => tracing::warn!(sandbox = %entry.id, error = %e, "could not point the sandbox's resolver"),
+        let pointed = tokio::task::spawn_blocking(move || engine.point_resolver()).await;
+        if let Some(e) = pointed.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())).err() {
+            tracing::warn!(sandbox = %entry.id, error = %e, "could not point the sandbox's resolver");
         }
         drop(guard);
         // Only a weak hold while it waits: a sandbox that never uses the
@@ -215,11 +211,20 @@ async fn start_on_first_use(entry: &SandboxEntry) {
     }
     let egress = entry.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let started = std::time::Instant::now();
-    match apply(entry, &mut net, &egress).await {
-        Ok(()) => tracing::debug!(sandbox = %entry.id, ms = started.elapsed().as_millis() as u64, "way out started on first use"),
+    if apply_or_note(entry, &mut net, &egress).await {
+        tracing::debug!(sandbox = %entry.id, ms = started.elapsed().as_millis() as u64, "way out started on first use");
+    }
+}
+
+/// `apply` where no caller waits for the answer: a failure is logged and
+/// kept for the sandbox's next exec to report. True if it was applied.
+async fn apply_or_note(entry: &SandboxEntry, net: &mut NetState, egress: &Egress) -> bool {
+    match apply(entry, net, egress).await {
+        Ok(()) => true,
         Err(e) => {
             tracing::warn!(sandbox = %entry.id, error = %e, "egress policy not applied");
             net.failed = Some(format!("the sandbox's network could not be set up ({e}); it has loopback only"));
+            false
         }
     }
 }
