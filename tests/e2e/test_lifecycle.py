@@ -169,6 +169,14 @@ def test_sigterm_with_live_sandboxes_leaves_nothing(say):
             host_pids = [p for sid in ids for p in sandbox_host_pids(sid)]
             assert len(host_pids) >= 9, host_pids
             assert os.path.ismount(os.path.join(srv.state_dir, "volume"))
+            # cgroup v1: an empty cgroup kept frozen beside the parent keeps
+            # the kernel's freezer switched on (docs/fork.md#the-v1-freezer).
+            anchor = f"/sys/fs/cgroup/freezer/{srv.cgroup_parent}.freezer-on"
+            if os.path.isdir("/sys/fs/cgroup/freezer"):
+                with open(os.path.join(anchor, "freezer.state")) as f:
+                    assert f.read().strip() == "FROZEN"
+                with open(os.path.join(anchor, "cgroup.procs")) as f:
+                    assert f.read() == "", "the anchor holds no process"
             t0 = time.monotonic()
             srv.proc.send_signal(signal.SIGTERM)
             rc = srv.proc.wait(60)
@@ -188,7 +196,7 @@ def test_sigterm_with_live_sandboxes_leaves_nothing(say):
         loops = subprocess.run(["losetup", "-j", image], capture_output=True, text=True).stdout
         assert loops.strip() == "", loops
         # So did this server's parent cgroups.
-        leftover = [d for d in glob.glob("/sys/fs/cgroup/*/" + (srv.cgroup_parent or "forkbox-none")) if os.path.isdir(d)]
+        leftover = [d for d in glob.glob("/sys/fs/cgroup/*/" + (srv.cgroup_parent or "forkbox-none") + "*") if os.path.isdir(d)]
         assert leftover == [], leftover
     finally:
         srv.stop()
