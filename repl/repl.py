@@ -696,7 +696,7 @@ _FORK_FDS = {'mnt': 0, 'net': 1, 'uts': 2, 'ipc': 3, 'leaf': 4, 'control': 5, 's
 _forks = set()                # pids of our fork children, reaped between frames
 _forks_dead = {}              # fork child pid -> when we first saw it dead
 _REAP_AFTER = 1.0             # seconds a dead fork child stays a zombie
-_pending = []                 # descriptor counts of the fork being assembled
+_pending = []                 # (hand-over slot, descriptor count) of each child of the fork being assembled
 _plan = None
 
 
@@ -729,18 +729,20 @@ def _fork_frame(ctl, msg):
     global _plan
     for fd in ctl.take_fds(len(ctl.fds)):    # nothing is sent with a fork frame
         _close(fd)
-    if msg.get('index', 0) == 0:
+    index = msg.get('index', 0)
+    if index == 0:
         _pending.clear()
         _plan = msg.get('plan') or {}
-    _pending.append(msg.get('fds', 8))
+    _pending.append((msg.get('slot', index), msg.get('fds', 8)))
     if len(_pending) < msg['count']:
         return
-    counts = list(_pending)
+    children = list(_pending)
     _pending.clear()
-    _fork(msg['id'], counts, _plan)
+    _fork(msg['id'], children, _plan)
 
 
-def _fork(fid, counts, plan):
+def _fork(fid, children, plan):
+    """Fork once per (hand-over slot, descriptor count) of ``children``."""
     global _child
     _flush_all()
     _flush_now()
@@ -750,7 +752,7 @@ def _fork(fid, counts, plan):
         cwd = '/'
     pids = []
     error = None
-    for i, n in enumerate(counts):
+    for i, (slot, n) in enumerate(children):
         if n < 8:
             error = 'fork frame %d announced %d descriptors, not 8 or more' % (i, n)
             break
@@ -762,7 +764,7 @@ def _fork(fid, counts, plan):
         if pid == 0:
             _child = False    # a sandbox's REPL, not a user's fork child
             try:
-                fds = _take_descriptors(i)
+                fds = _take_descriptors(slot)
             except OSError:
                 _exit_now(121)
             if len(fds) != n:
@@ -771,7 +773,7 @@ def _fork(fid, counts, plan):
             return
         _forks.add(pid)
         try:
-            _ioctl(i, _HANDOVER_GIVE, pid)
+            _ioctl(slot, _HANDOVER_GIVE, pid)
         except OSError as e:
             error = 'hand-over to fork child %d: %s' % (i, e)
             try:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from podflare import Sandbox
 
-from helpers import assert_json_error, create_raw, delete_raw, exec_raw, sandbox_cgroup_dirs, wait_until
+from helpers import assert_json_error, create_raw, delete_raw, exec_raw, sandbox_cgroup_dirs, wait_pool, wait_until
 
 
 def py(sb, code: str) -> str:
@@ -390,6 +390,33 @@ def test_creates_that_queue_for_the_zygote_each_get_their_own_sandbox(server, ht
     assert len({sid for sid, _, _ in got}) == 16
     for i, (sid, mine, host) in enumerate(got):
         assert (mine, host) == (f"{i}\n", f"{sid}\n"), (i, sid, mine, host)
+
+
+def test_overlapping_batches_of_creates_all_fork_from_one_zygote(server, http):
+    """The zygote forks the next batch of creates while the last batch's
+    children still take their descriptors from the shim, each child by its
+    hand-over slot (docs/repl-protocol.md): 40 creates at once all come
+    from the zygote. A failed batch (two children given one slot) would
+    have made its creates from scratch and retired the zygote."""
+    import concurrent.futures as cf
+
+    before = wait_pool(http)
+
+    def one(i):
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            sid = create_raw(c)
+            return sid, exec_raw(c, sid, "import socket\nprint(socket.gethostname())").stdout
+
+    with cf.ThreadPoolExecutor(40) as pool:
+        got = list(pool.map(one, range(40)))
+    try:
+        assert [out for _, out in got] == [f"{sid}\n" for sid, _ in got]
+        after = http.get("/v1/pool").json()["templates"]["default"]
+        assert after["zygote"] == before["zygote"], (before, after)
+        assert after["served"] == before["served"] + 40, (before, after)
+    finally:
+        for sid, _ in got:
+            delete_raw(http, sid)
 
 
 def test_created_sandboxes_come_from_the_warm_pool(http):

@@ -231,12 +231,12 @@ mod tests {
     async fn a_fork_is_answered_with_the_children_s_pids_or_refused() {
         let ok = |_: &str| Reply::Ok { stdout: Vec::new(), exit_code: 0 };
         let (mut s, _) = session(Arc::new(ok), Some(vec![7, 8])).await;
-        let id = s.send_fork(&serde_json::json!({}), &[5, 5]).await.expect("send");
+        let id = s.send_fork(&serde_json::json!({}), &[5, 5], 0).await.expect("send");
         let f = s.wait_forked(id).await.expect("an answer");
         assert_eq!((f.pids, f.error), (vec![7, 8], None));
 
         let (mut s, _) = session(Arc::new(ok), None).await;
-        let id = s.send_fork(&serde_json::json!({}), &[5]).await.expect("send");
+        let id = s.send_fork(&serde_json::json!({}), &[5], 0).await.expect("send");
         assert_eq!(s.wait_forked(id).await.expect("an answer").error.as_deref(), Some("fork refused"));
     }
 
@@ -245,7 +245,7 @@ mod tests {
         let (mut s, _) = session(Arc::new(|_| Reply::Die(ExitStatus::Code(1))), Some(vec![1])).await;
         // The exec kills it; the fork sent after finds it gone.
         let _ = s.send_exec("die").await;
-        let id = s.send_fork(&serde_json::json!({}), &[5]).await.unwrap_or(0);
+        let id = s.send_fork(&serde_json::json!({}), &[5], 0).await.unwrap_or(0);
         assert!(matches!(s.wait_forked(id).await, Err(SessionError::DiedWhileForking)));
     }
 }

@@ -298,14 +298,19 @@ impl ReplSession {
 
     /// Ask the REPL to fork itself once per child: one `F` frame per child,
     /// saying how many descriptors that child gets from the shim
-    /// (docs/repl-protocol.md). Returns the fork id its `Forked` answer
-    /// carries.
-    pub async fn send_fork(&mut self, plan: &serde_json::Value, children: &[usize]) -> std::io::Result<u64> {
+    /// (docs/repl-protocol.md); child `i` takes the shim's hand-over slot
+    /// `first_slot + i`. Returns the fork id its `Forked` answer carries.
+    pub async fn send_fork(&mut self, plan: &serde_json::Value, children: &[usize], first_slot: usize) -> std::io::Result<u64> {
         let id = self.next_id;
         self.next_id += 1;
         let mut frames = Vec::new();
         for (index, fds) in children.iter().enumerate() {
             let mut msg = serde_json::json!({"id": id, "index": index, "count": children.len(), "fds": fds});
+            if first_slot > 0 {
+                // Absent, the slot is the index (what a REPL started by an
+                // older server understands).
+                msg["slot"] = serde_json::json!(first_slot + index);
+            }
             if index == 0 {
                 msg["plan"] = plan.clone();
             }

@@ -28,6 +28,7 @@ pub mod engine;
 pub mod error;
 pub mod exec;
 pub mod fork;
+pub mod fork_steps;
 pub mod ids;
 pub mod keys;
 pub mod lifecycle;

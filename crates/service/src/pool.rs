@@ -160,18 +160,22 @@ impl Service {
         rx.await.unwrap_or_else(|_| Batched::Failed(crate::error::Error::Internal("the zygote's fork was cut off".into())))
     }
 
-    /// The queue's task: fork batches until no create waits.
+    /// The queue's task: fork batches until no create waits. A batch holds
+    /// the zygote only until its REPL has answered; its children start and
+    /// are adopted on a task of their own (`settle_batch`) while the next
+    /// batch forks. Under bench/load.py the zygote was busy forking 95% of
+    /// the time, half of it waiting for children that no longer needed it.
     async fn fork_waiting(&self, warm: &Arc<Warm>) {
         loop {
             let mut zygote_slot = warm.zygote.slot.lock().await;
-            let batch: Vec<_> = {
+            let (batch, first_slot) = {
                 let mut q = warm.fork_queue.lock().unwrap_or_else(|e| e.into_inner());
                 if q.waiting.is_empty() {
                     q.forking = false;
                     return;
                 }
                 let n = q.waiting.len().min(FORK_BATCH);
-                q.waiting.drain(..n).collect()
+                (q.waiting.drain(..n).collect::<Vec<_>>(), q.take_slots(n))
             };
             let (spares, answers): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
             let Some(session) = zygote_slot.session.as_mut() else {
@@ -182,21 +186,42 @@ impl Service {
                 }
                 continue;
             };
-            let forked = self.fork_repl_into(session, warm.zygote.engine.as_ref(), spares, Some(&warm.plan)).await;
+            // Taken under the zygote's lock: its teardown (`destroy_warm`)
+            // waits for every batch it answered to settle.
+            let settling = Arc::clone(&warm.settling).read_owned().await;
+            let answered = self.fork_answered(session, warm.zygote.engine.as_ref(), spares, Some(&warm.plan), first_slot).await;
             drop(zygote_slot);
-            match forked {
-                Ok(made) => {
-                    for ((member, session), answer) in made.into_iter().zip(answers) {
-                        if let Err(Batched::Made(member, session)) = answer.send(Batched::Made(member, session)) {
-                            // Its create is gone (the client left): so is it.
-                            self.discard_born(vec![Born { member, session }]).await;
-                        }
-                    }
+            match answered {
+                Ok(answered) => {
+                    let (state, warm) = (self.clone(), Arc::clone(warm));
+                    tokio::spawn(async move {
+                        state.settle_batch(&warm, answered, answers).await;
+                        drop(settling);
+                    });
                 }
                 Err(e) => {
                     for answer in answers {
                         let _ = answer.send(Batched::Failed(e.clone()));
                     }
+                }
+            }
+        }
+    }
+
+    /// Wait for a batch's children and hand each to its create.
+    async fn settle_batch(&self, warm: &Warm, answered: crate::fork_steps::Answered, answers: Vec<tokio::sync::oneshot::Sender<Batched>>) {
+        match self.settle_fork(warm.zygote.engine.as_ref(), answered).await {
+            Ok(made) => {
+                for ((member, session), answer) in made.into_iter().zip(answers) {
+                    if let Err(Batched::Made(member, session)) = answer.send(Batched::Made(member, session)) {
+                        // Its create is gone (the client left): so is it.
+                        self.discard_born(vec![Born { member, session }]).await;
+                    }
+                }
+            }
+            Err(e) => {
+                for answer in answers {
+                    let _ = answer.send(Batched::Failed(e.clone()));
                 }
             }
         }
@@ -219,7 +244,9 @@ impl Service {
         let state = self.clone();
         let warm = Arc::clone(warm);
         tokio::spawn(async move {
-            if live >= RETIRE_AT_LIVE || served >= RETIRE_AFTER {
+            // Once its successor is on the way, a zygote refills on: it
+            // serves the creates until the successor takes over.
+            if (live >= RETIRE_AT_LIVE || served >= RETIRE_AFTER) && !warm.retiring.load(Ordering::SeqCst) {
                 state.retire(&warm).await;
             } else {
                 // Let the new sandbox's first calls run first: refilling
@@ -247,7 +274,7 @@ impl Service {
     /// creates waited behind them all (bench/churn.py: 640 ms on average).
     async fn bear(&self, warm: &Arc<Warm>) {
         loop {
-            if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
+            if self.inner.pool.closing.load(Ordering::SeqCst) || warm.draining.load(Ordering::SeqCst) {
                 return;
             }
             if warm.born.lock().map(|b| b.len()).unwrap_or(BORN) >= BORN {
@@ -271,13 +298,13 @@ impl Service {
     }
 
     /// Put a sandbox forked ahead of demand where creates find it, unless
-    /// the zygote is retiring or the server closing: then it is destroyed
+    /// the zygote is being torn down or the server closing: then it is destroyed
     /// (false). Checked and kept under the one lock `destroy_warm` drains
     /// with, after the flags it sets first: nothing is left behind.
     async fn keep_born(&self, warm: &Warm, born: Born) -> bool {
         let refused = {
             let mut ready = warm.born.lock().unwrap_or_else(|e| e.into_inner());
-            if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
+            if self.inner.pool.closing.load(Ordering::SeqCst) || warm.draining.load(Ordering::SeqCst) {
                 Some(born)
             } else {
                 ready.push(born);
@@ -329,7 +356,7 @@ impl Service {
     }
 
     async fn make_spares(&self, warm: &Arc<Warm>) {
-        if self.inner.pool.closing.load(Ordering::SeqCst) {
+        if self.inner.pool.closing.load(Ordering::SeqCst) || warm.draining.load(Ordering::SeqCst) {
             return;
         }
         let have = warm.spares.lock().await.len();
@@ -348,12 +375,12 @@ impl Service {
         self.keep_spares(warm, made).await;
     }
 
-    /// Hand `made` spares over under the spares lock, unless the zygote is being retired or the server
+    /// Hand `made` spares over under the spares lock, unless the zygote is being torn down or the server
     /// is closing meanwhile (`destroy_warm` drains under the same lock
     /// after setting those flags): then they go.
     async fn keep_spares(&self, warm: &Warm, made: Vec<crate::engine::Forked>) {
         let mut spares = warm.spares.lock().await;
-        if self.inner.pool.closing.load(Ordering::SeqCst) || warm.retiring.load(Ordering::SeqCst) {
+        if self.inner.pool.closing.load(Ordering::SeqCst) || warm.draining.load(Ordering::SeqCst) {
             drop(spares);
             for s in made {
                 let _ = self.inner.engine.destroy(s.member.as_ref()).await;
@@ -464,6 +491,7 @@ impl Service {
     }
 
     async fn destroy_warm(&self, warm: &Warm) {
+        warm.draining.store(true, Ordering::SeqCst);
         let spares: Vec<crate::engine::Forked> = warm.spares.lock().await.drain(..).collect();
         for s in spares {
             let _ = self.inner.engine.destroy(s.member.as_ref()).await;
@@ -471,6 +499,9 @@ impl Service {
         // Forks of it already queued finish first; later ones see no
         // session and go to the successor (`create_from_pool`).
         let mut slot = warm.zygote.slot.lock().await;
+        // Batches it answered finish first (their children are the zygote
+        // REPL's until the shim adopts them).
+        let _settled = warm.settling.write().await;
         self.teardown(&warm.zygote).await;
         slot.session = None;
         drop(slot);
@@ -550,7 +581,9 @@ impl Service {
             born: Default::default(),
             served: AtomicUsize::new(0),
             retiring: Default::default(),
+            draining: Default::default(),
             fork_queue: Default::default(),
+            settling: Default::default(),
             plan,
             last_used: std::sync::Mutex::new(std::time::Instant::now()),
             trust,

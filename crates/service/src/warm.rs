@@ -38,6 +38,26 @@ pub(crate) struct Born {
 pub(crate) struct ForkQueue {
     pub(crate) waiting: Vec<(crate::engine::Forked, tokio::sync::oneshot::Sender<Batched>)>,
     pub(crate) forking: bool,
+    /// The shim's hand-over slot of the next child: batches overlap (one
+    /// forks while the last one's children take their descriptors), so
+    /// each continues the numbering (docs/repl-protocol.md).
+    next_slot: usize,
+}
+
+/// Hand-over slots a zygote numbers before it starts again from 0 (far
+/// more than it forks: it retires after `pool::RETIRE_AFTER` creates).
+const SLOTS: usize = 1 << 20;
+
+impl ForkQueue {
+    /// The first of `n` consecutive slots for the next batch.
+    pub(crate) fn take_slots(&mut self, n: usize) -> usize {
+        if self.next_slot + n > SLOTS {
+            self.next_slot = 0;
+        }
+        let first = self.next_slot;
+        self.next_slot += n;
+        first
+    }
 }
 
 /// What became of a create's spare in the zygote's fork.
@@ -60,8 +80,18 @@ pub struct Warm {
     pub(crate) born: std::sync::Mutex<Vec<Born>>,
     /// Creates that found nothing ready, waiting for the zygote's fork.
     pub(crate) fork_queue: std::sync::Mutex<ForkQueue>,
+    /// Held (read) by each batch of forks from the zygote's answer until its
+    /// children are adopted; the zygote's teardown takes it (write).
+    pub(crate) settling: Arc<tokio::sync::RwLock<()>>,
     pub(crate) served: AtomicUsize,
+    /// A successor is being made (or it is let go): set once, by whoever
+    /// does the work.
     pub(crate) retiring: std::sync::atomic::AtomicBool,
+    /// It is being torn down: nothing it makes is kept any more. Until
+    /// then a retiring zygote serves creates and refills as before, while
+    /// its successor warms up (seconds under load: bench/load.py's creates
+    /// waited that long, building their members on the spot).
+    pub(crate) draining: std::sync::atomic::AtomicBool,
     /// The zygote's fork plan, read once: it runs no user code, so its
     /// descriptors and mappings do not change.
     pub(crate) plan: serde_json::Value,
