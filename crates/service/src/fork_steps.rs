@@ -35,6 +35,17 @@ struct ChildStart {
     exited: tokio::sync::oneshot::Receiver<jail::ExitStatus>,
 }
 
+impl ChildStart {
+    /// The child's session, once its REPL said it is ready.
+    async fn start(self) -> Result<ReplSession, ForkError> {
+        self.control.set_nonblocking(true).map_err(ForkError::Channels)?;
+        let control = tokio::net::UnixStream::from_std(self.control).map_err(ForkError::Channels)?;
+        let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(self.stdout).map_err(ForkError::Channels)?;
+        let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(self.stderr).map_err(ForkError::Channels)?;
+        ReplSession::start_forked(control, stdout, stderr, self.exited).await.map_err(ForkError::ChildStart)
+    }
+}
+
 /// The server's ends of one child's REPL channels, and the child's ends
 /// that travel to the shim, which copies them into the forked child.
 struct ChildChannels {
@@ -91,33 +102,33 @@ impl Service {
             members.push(member);
             rest.push((ns, exited));
         }
-        match self.answer_steps(session, parent, &members, rest, plan, first_slot).await {
-            Ok(children) => Ok(Answered { members, children, parent_repl: session.host_pid }),
-            Err(e) => {
-                // Dropping the server's ends (gone with `answer_steps`)
-                // makes any child REPL that did start exit; destroying the
-                // members frees the rest.
-                self.discard_members(&members).await;
-                Err(e.into())
-            }
-        }
+        let children = self.answer_steps(session, parent, &members, rest, plan, first_slot).await;
+        let children = self.or_discard(&members, children).await?;
+        Ok(Answered { members, children, parent_repl: session.host_pid })
     }
 
     /// The second half of `fork_repl_into`: wait until each child REPL is
     /// ready and the shim adopted it.
     pub(crate) async fn settle_fork(&self, parent: &dyn Member, answered: Answered) -> Result<Vec<(MemberRef, ReplSession)>, Error> {
         let Answered { members, children, parent_repl } = answered;
-        match self.settle_steps(parent, parent_repl, &members, children).await {
-            Ok(sessions) => Ok(members.into_iter().zip(sessions).collect()),
-            Err(e) => {
-                self.discard_members(&members).await;
-                Err(e.into())
-            }
+        let sessions = self.settle_steps(parent, parent_repl, &members, children).await;
+        let sessions = self.or_discard(&members, sessions).await?;
+        Ok(members.into_iter().zip(sessions).collect())
+    }
+
+    /// A fork step's outcome; on failure the fork's members are destroyed
+    /// first. Dropping the server's ends (gone with the failed step) makes
+    /// any child REPL that did start exit; destroying the members frees the
+    /// rest.
+    async fn or_discard<T>(&self, members: &[MemberRef], outcome: Result<T, ForkError>) -> Result<T, Error> {
+        if outcome.is_err() {
+            self.discard_members(members).await;
         }
+        outcome.map_err(Error::from)
     }
 
     /// Destroy fork members that will not become sandboxes.
-    pub(crate) async fn discard_members(&self, members: &[MemberRef]) {
+    async fn discard_members(&self, members: &[MemberRef]) {
         for m in members {
             if let Err(e) = self.inner.engine.destroy(m.as_ref()).await {
                 tracing::warn!(member = %m.id(), err = %e, "could not destroy a fork member");
@@ -188,7 +199,7 @@ impl Service {
         children: Vec<ChildStart>,
     ) -> Result<Vec<ReplSession>, ForkError> {
         let engine = &self.inner.engine;
-        let starts = children.into_iter().map(|c| start_child(c.control, c.stdout, c.stderr, c.exited));
+        let starts = children.into_iter().map(ChildStart::start);
         let mut sessions = futures::future::join_all(starts).await.into_iter().collect::<Result<Vec<_>, _>>()?;
         let refs: Vec<&dyn Member> = members.iter().map(|s| s.as_ref()).collect();
         let adopted = engine.adopt_forks(parent, parent_repl, &refs).await.map_err(ForkError::Adopt)?;
@@ -206,19 +217,6 @@ impl Service {
         });
         Ok(sessions)
     }
-}
-
-async fn start_child(
-    control: std::os::unix::net::UnixStream,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
-    exited: tokio::sync::oneshot::Receiver<jail::ExitStatus>,
-) -> Result<ReplSession, ForkError> {
-    control.set_nonblocking(true).map_err(ForkError::Channels)?;
-    let control = tokio::net::UnixStream::from_std(control).map_err(ForkError::Channels)?;
-    let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(stdout).map_err(ForkError::Channels)?;
-    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr).map_err(ForkError::Channels)?;
-    ReplSession::start_forked(control, stdout, stderr, exited).await.map_err(ForkError::ChildStart)
 }
 
 /// Why a fork failed at one of its steps. The client sees only "could not
