@@ -24,6 +24,8 @@ import httpx
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FORKBOX_BIN = os.environ.get("FORKBOX_BIN", os.path.join(REPO, "target", "debug", "forkbox"))
 TEMPLATES_DIR = os.environ.get("FORKBOX_TEMPLATES_DIR", "/var/lib/forkbox/templates")
+# Tools roots (`forkbox tools build criu`), which every test server uses.
+TOOLS_DIR = os.environ.get("FORKBOX_TOOLS_DIR", "/var/lib/forkbox/tools")
 # Not /tmp: it may be a tmpfs, and the server keeps a (sparse) volume image here.
 E2E_ROOT = os.environ.get("FORKBOX_E2E_ROOT", "/var/lib/forkbox-e2e")
 
@@ -166,6 +168,8 @@ class ForkboxServer:
     def command(self) -> list[str]:
         cmd = [FORKBOX_BIN, "serve", "--listen", f"{self.listen_host}:{self.port}",
                "--state-dir", self.state_dir, "--templates-dir", self.templates_dir]
+        if not any(a.startswith("--tools-dir") for a in self.args):
+            cmd += ["--tools-dir", TOOLS_DIR]
         for k in self.api_keys:
             cmd += ["--api-key", k]
         if not self.build_templates:
@@ -182,7 +186,7 @@ class ForkboxServer:
         self._log_file = open(self.log_path, "ab")
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "info")
-        for k in ("FORKBOX_API_KEYS", "FORKBOX_LISTEN", "FORKBOX_STATE_DIR", "FORKBOX_TEMPLATES_DIR"):
+        for k in ("FORKBOX_API_KEYS", "FORKBOX_LISTEN", "FORKBOX_STATE_DIR", "FORKBOX_TEMPLATES_DIR", "FORKBOX_TOOLS_DIR"):
             env.pop(k, None)
         self.proc = subprocess.Popen(self.command(), stdout=self._log_file, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env)
@@ -256,6 +260,11 @@ class ForkboxServer:
             # A bug the tests report; do not recurse into a mounted volume.
             subprocess.run(["umount", "-l", vol], check=False)
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def log_text(self) -> str:
+        """The whole log, without the terminal colours tracing adds."""
+        with open(self.log_path, "rb") as f:
+            return re.sub(r"\x1b\[[0-9;]*m", "", f.read().decode("utf-8", "replace"))
 
     def log_tail(self, lines: int = 60) -> str:
         try:

@@ -5,6 +5,7 @@ never resume a half-written Space."""
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 
@@ -174,6 +175,34 @@ def test_persistent_sandboxes_freeze_when_idle_and_at_shutdown(srv, c):
         again = resume(c, frozen["space_id"], persistent=False)
         assert py(c, again, "print(kept)") == "shutdown\n"
         delete_raw(c, again)
+
+
+def test_a_space_says_what_it_kept_and_why_not_the_processes(srv, c, say):
+    """Each Space names its kind, and a `globals` one says why the
+    processes were not kept: whether criu is here (the tools root every
+    test server is given), and what stops it."""
+    sid = create_raw(c, egress=False)
+    py(c, sid, "x = 1")
+    info = freeze(c, sid)
+    assert info["kind"] == "globals", info
+    why = info["processes_not_kept"]
+    assert re.search(r"criu 4\.\d+\.\d+ \((tools root|/).*\) is ready", why), why
+    assert "zygote" in why and "docs/state.md#why-processes-are-not-kept-yet" in why, why
+    listed = c.get(f"/v1/spaces/{info['space_id']}").json()
+    assert (listed["kind"], listed["processes_not_kept"]) == ("globals", why)
+    assert c.delete(f"/v1/spaces/{info['space_id']}").status_code == 204
+    log = srv.log_text()
+    assert re.search(r"freezes make Spaces that keep files and the REPL's globals.*criu=criu 4\.", log), log[-2000:]
+
+    # A server with no criu says so, and how to get one.
+    bare = start_server(say, "nocriu", args=["--tools-dir", "/nonexistent/forkbox-tools", "--no-warm-pool"], build=False)
+    try:
+        with bare.http(timeout=120) as b:
+            sid = create_raw(b, egress=False)
+            why = freeze(b, sid)["processes_not_kept"]
+            assert "criu is not installed" in why and "forkbox tools build criu" in why, why
+    finally:
+        stop_and_assert_clean(bare)
 
 
 def test_spaces_can_be_deleted_and_bad_ids_are_refused(c):

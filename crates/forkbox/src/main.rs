@@ -3,6 +3,7 @@
 mod client;
 mod node;
 mod recipe_file;
+mod tools_root;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,6 +31,12 @@ enum Command {
     Template {
         #[command(subcommand)]
         command: TemplateCommand,
+    },
+    /// Roots of host tools the server runs; today criu, for freezes that
+    /// keep every process (docs/state.md#where-criu-comes-from).
+    Tools {
+        #[command(subcommand)]
+        command: ToolsCommand,
     },
     /// Run code in a sandbox and print its output (exit code = the code's).
     Run(RunArgs),
@@ -124,6 +131,22 @@ enum TemplateCommand {
         force: bool,
         #[arg(required = true)]
         names: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ToolsCommand {
+    /// Build tools root NAME (`criu`) under <state-dir>/tools unless it is
+    /// built for its recipe; prints its path.
+    Build {
+        name: String,
+        #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox")]
+        state_dir: PathBuf,
+    },
+    /// Say which criu a server here would use, or why none (exit 1).
+    Check {
+        #[arg(long, env = "FORKBOX_STATE_DIR", default_value = "/var/lib/forkbox")]
+        state_dir: PathBuf,
     },
 }
 
@@ -231,6 +254,10 @@ struct ServeArgs {
     /// Where templates are built and cached (default: <state-dir>/templates).
     #[arg(long, env = "FORKBOX_TEMPLATES_DIR")]
     templates_dir: Option<PathBuf>,
+    /// Where tools roots are built (`forkbox tools build criu`; default:
+    /// <state-dir>/tools); a host criu >= 4.2 is used before them.
+    #[arg(long, env = "FORKBOX_TOOLS_DIR")]
+    tools_dir: Option<PathBuf>,
     #[command(flatten)]
     debian: DebianArg,
     /// Accepted bearer API key (repeat, or comma-separate in the env var);
@@ -510,6 +537,17 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Template { command: TemplateCommand::Rm { client, force, names } } => {
             tokio::runtime::Runtime::new()?.block_on(client::templates::rm(&client, &names, force))
         }
+        Command::Tools { command: ToolsCommand::Build { name, state_dir } } => {
+            template::check_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let built = tools_root::build(&state_dir.join("tools"), &name)?;
+            println!("{} {} {}", built.name, built.hash, built.rootfs.display());
+            Ok(0)
+        }
+        Command::Tools { command: ToolsCommand::Check { state_dir } } => {
+            let readiness = tools_root::criu_readiness(&state_dir.join("tools"));
+            println!("{}", readiness.describe());
+            Ok(if matches!(readiness, criu::Readiness::Ready(_)) { 0 } else { 1 })
+        }
         Command::Run(args) => tokio::runtime::Runtime::new()?.block_on(client::run(args)),
         Command::Ls(args) => tokio::runtime::Runtime::new()?.block_on(client::ls(args)),
         Command::Top { client, interval, once } => {
@@ -610,6 +648,7 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         max_checkpoints: a.max_checkpoints,
         ..Default::default()
     };
+    let criu = tools_root::criu_readiness(&a.tools_dir.clone().unwrap_or_else(|| a.state_dir.join("tools")));
     Ok(server::ServerConfig {
         listen: a.listen,
         templates_dir: a.templates_dir.unwrap_or_else(|| a.state_dir.join("templates")),
@@ -640,6 +679,7 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         orphan_grace: Duration::from_secs(a.orphan_grace_seconds),
         drain: Duration::from_secs(a.drain_seconds),
         cpu_boost: a.cpu_boost,
+        criu,
         directory: Default::default(),
         cluster_secret_sha256: None,
     })

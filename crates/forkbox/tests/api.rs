@@ -56,6 +56,7 @@ fn fixture() -> &'static Fixture {
             cpu_boost: 1,
             directory: Default::default(),
             cluster_secret_sha256: None,
+            criu: criu::Readiness::Unavailable("not probed in tests".into()),
             drain: std::time::Duration::from_secs(30),
         };
         let jail =

@@ -50,6 +50,22 @@ pub struct SpaceInfo {
     pub bytes: u64,
     /// Globals that could not be kept.
     pub unsaved: Vec<Unsaved>,
+    /// What the Space keeps (docs/state.md#what-each-kind-keeps); Spaces
+    /// written before kinds existed are `globals`.
+    #[serde(default)]
+    pub kind: SpaceKind,
+    /// Why a `globals` Space did not keep the sandbox's processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes_not_kept: Option<String>,
+}
+
+/// What a Space keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SpaceKind {
+    /// The sandbox's changed files and the REPL's picklable globals.
+    #[default]
+    Globals,
 }
 
 /// `GET /v1/spaces`, oldest first.

@@ -55,6 +55,9 @@ pub struct ServerConfig {
     /// the others run in the idle scheduling class (src/cpu_boost.rs).
     /// 1: every sandbox weighs the same, none is idle-class.
     pub cpu_boost: u64,
+    /// The criu freezes could keep every process with, or why there is none
+    /// (docs/state.md#where-criu-comes-from).
+    pub criu: criu::Readiness,
     /// What this server's sandboxes are beyond it: a cluster node's
     /// registry, quotas and Spaces (src/directory.rs); alone by default.
     pub directory: DirectoryHandle,

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use protocol::{ResumeSpace, SpaceInfo, Unsaved};
+use protocol::{ResumeSpace, SpaceInfo, SpaceKind, Unsaved};
 
 use crate::error::Error;
 use crate::keys::Caller;
@@ -15,7 +15,20 @@ pub use crate::space_store::{Resumed, SpaceMeta, SpaceStart, SpaceStore};
 use crate::state::Service;
 use repl_host::events::now_ms;
 
+/// Why no sandbox's processes are kept today, criu or not.
+pub(crate) const PROCESSES_NOT_KEPT: &str = "criu cannot dump a forkbox sandbox yet: its REPL is forked from its template's zygote \
+     and lives outside its member's pid namespace (docs/state.md#why-processes-are-not-kept-yet)";
+
 impl Service {
+    /// What a Space says of the processes it did not keep: whether criu is
+    /// here, and why it was not used.
+    fn processes_not_kept(&self) -> String {
+        match &self.inner.config.criu {
+            criu::Readiness::Ready(criu) => format!("{} is ready, but {PROCESSES_NOT_KEPT}", criu.describe()),
+            criu::Readiness::Unavailable(why) => format!("{why}; and {PROCESSES_NOT_KEPT}"),
+        }
+    }
+
     /// Freeze sandbox `id` into a new Space and destroy it.
     pub async fn freeze(&self, caller: &Caller, id: &str) -> Result<SpaceMeta, Error> {
         let entry = self.get(caller, id).await?;
@@ -82,6 +95,8 @@ impl Service {
                 created_at: now_ms(),
                 bytes: 0,
                 unsaved: unsaved_list(&answer["unsaved"]),
+                kind: SpaceKind::Globals,
+                processes_not_kept: Some(self.processes_not_kept()),
             },
             sandbox: info,
             owner: entry.settings.owner.clone(),

@@ -69,6 +69,7 @@ impl Service {
             Some(_) => drop(state.inner.trust.refresh()),
             None => tracing::info!("sandboxes trust only their template's CAs (--no-host-cas)"),
         }
+        tracing::info!(criu = %config.criu.describe(), kinds = "globals", "freezes make Spaces that keep files and the REPL's globals; {}", crate::spaces::PROCESSES_NOT_KEPT);
         if let Some(proxy) = &config.egress_proxy {
             tracing::info!(proxy = %proxy, "sandboxes with egress reach the network only through the upstream proxy");
         }

@@ -20,6 +20,21 @@ pub fn builtin_names() -> &'static [&'static str] {
     NAMES
 }
 
+/// Roots the server runs host tools in, never a sandbox's (the repository's
+/// tools/ dir): built into their own store, `<state-dir>/tools`.
+const TOOLS: &[(&str, &str)] = &[("criu", include_str!("../../../tools/criu.toml"))];
+
+/// The recipe of tools root `name`.
+pub fn tool_recipe(name: &str) -> Option<Recipe> {
+    let (_, text) = TOOLS.iter().find(|(n, _)| *n == name)?;
+    Some(Recipe::from_toml(text).expect("built-in tools recipe is valid"))
+}
+
+/// Names of the tools roots.
+pub fn tool_names() -> Vec<&'static str> {
+    TOOLS.iter().map(|(name, _)| *name).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -38,6 +53,21 @@ mod tests {
             }
         }
         assert!(builtin("nope").is_none());
+    }
+
+    #[test]
+    fn tools_recipes_parse_stay_out_of_the_templates_and_pin_their_release() {
+        for name in tool_names() {
+            let recipe = tool_recipe(name).unwrap();
+            assert_eq!(recipe.name, name);
+            assert!(builtin(name).is_none(), "{name} must not be a sandbox template");
+            // A tools root is made from the release its recipe names, whatever `--debian` says.
+            assert_eq!(recipe.suite, "trixie");
+        }
+        let criu = tool_recipe("criu").unwrap();
+        assert!(criu.run.iter().any(|c| c.contains("-t sid criu")));
+        assert!(criu.run.iter().any(|c| c.contains("Check-Valid-Until")));
+        assert!(tool_recipe("nope").is_none());
     }
 
     #[test]

@@ -24,7 +24,7 @@ mod steps;
 mod store;
 mod tools;
 
-pub use builtin::{builtin, builtin_names};
+pub use builtin::{builtin, builtin_names, tool_names, tool_recipe};
 pub use debian::Debian;
 pub use error::TemplateError;
 pub use key::BUILDER_VERSION;

@@ -116,6 +116,10 @@ export interface Space {
   bytes: number;
   /** Globals that could not be kept. */
   unsaved: Unsaved[];
+  /** What it keeps (docs/state.md#what-each-kind-keeps). */
+  kind: "globals";
+  /** Why the sandbox's processes were not kept. */
+  processes_not_kept?: string;
 }
 
 /** `stat`, `mkdir` and `list` entries (docs/files.md#fileinfo). */

@@ -49,6 +49,7 @@ fn config(state: &Path) -> ServerConfig {
         cpu_boost: 1,
         directory: Default::default(),
         cluster_secret_sha256: None,
+        criu: criu::Readiness::Unavailable("not probed in tests".into()),
     }
 }
 

@@ -1,0 +1,24 @@
+//! criu for forkbox: where it comes from and how it is run
+//! (docs/state.md#where-criu-comes-from).
+//!
+//! criu 4.2 is the first release that dumps on Linux >= 6.16. A host whose
+//! own criu is that new uses it; elsewhere forkbox builds a *tools root*
+//! (a Debian 13 root with sid's criu, `forkbox tools build criu`) and runs
+//! criu pivoted into it: criu restores a mount namespace only when its own
+//! root is its mount namespace's root (a chroot is not enough), and its
+//! helpers (`ip`, `iptables-restore`) then come from the same release.
+//!
+//! Layout: [`version`] reads `criu --version`, [`locate`] picks the criu
+//! ([`Criu`]), [`pivot`] makes the command that runs inside the tools root,
+//! [`check`] asks criu whether this kernel can take a dump.
+
+mod check;
+mod error;
+mod locate;
+mod pivot;
+mod version;
+
+pub use check::Readiness;
+pub use error::CriuError;
+pub use locate::{Criu, Source};
+pub use version::{Version, MINIMUM};

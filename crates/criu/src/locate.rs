@@ -1,0 +1,96 @@
+//! Which criu to run: the host's when it is new enough, else the tools root's.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::error::CriuError;
+use crate::pivot::PivotedCommand;
+use crate::version::{Version, MINIMUM};
+
+/// Where criu sits in a tools root.
+const CRIU_IN_ROOT: &str = "/usr/sbin/criu";
+/// Searched after PATH: the server's PATH may lack the sbin directories.
+const SBIN_DIRS: [&str; 3] = ["/usr/local/sbin", "/usr/sbin", "/sbin"];
+
+/// Where the criu in use comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The host's own criu, run as it is.
+    Host(PathBuf),
+    /// forkbox's tools root: criu runs pivoted into it.
+    ToolsRoot(PathBuf),
+}
+
+/// A criu that is new enough for this kernel, and how to run it.
+#[derive(Debug, Clone)]
+pub struct Criu {
+    pub source: Source,
+    pub version: Version,
+}
+
+impl Criu {
+    /// The host's criu if it is at least [`MINIMUM`], else the criu of
+    /// `tools_root` (a built tools root, if any); `expected_root` is where
+    /// one would be, for the error that says how to get it.
+    pub fn find(tools_root: Option<&Path>, expected_root: &Path) -> Result<Criu, CriuError> {
+        let host = host_binary();
+        let mut too_old = None;
+        if let Some(path) = &host {
+            let version = version_of(Command::new(path), path)?;
+            if version >= MINIMUM {
+                return Ok(Criu { source: Source::Host(path.clone()), version });
+            }
+            too_old = Some(CriuError::TooOld { path: path.clone(), found: version, minimum: MINIMUM });
+        }
+        if let Some(root) = tools_root.filter(|r| r.join(CRIU_IN_ROOT.trim_start_matches('/')).is_file()) {
+            let source = Source::ToolsRoot(root.to_path_buf());
+            let command = PivotedCommand::new(root, Path::new(CRIU_IN_ROOT), &[]).into_command();
+            let version = version_of(command, &root.join(CRIU_IN_ROOT.trim_start_matches('/')))?;
+            if version < MINIMUM {
+                return Err(CriuError::TooOld { path: root.join(CRIU_IN_ROOT.trim_start_matches('/')), found: version, minimum: MINIMUM });
+            }
+            return Ok(Criu { source, version });
+        }
+        Err(too_old.unwrap_or(CriuError::NotFound { minimum: MINIMUM, tools_root: expected_root.to_path_buf() }))
+    }
+
+    /// `criu <subcommand>`, ready for more arguments. With `binds`, each
+    /// host directory is reachable at the path paired with it (inside the
+    /// tools root; on the host it is the host path itself, see [`Criu::seen`]).
+    pub fn command(&self, subcommand: &str, binds: &[(&Path, &Path)]) -> Command {
+        let mut command = match &self.source {
+            Source::Host(path) => Command::new(path),
+            Source::ToolsRoot(root) => PivotedCommand::new(root, Path::new(CRIU_IN_ROOT), binds).into_command(),
+        };
+        command.arg(subcommand);
+        command
+    }
+
+    /// The path criu sees for host directory `host`, bound at `inside` when
+    /// criu runs in the tools root.
+    pub fn seen<'a>(&self, host: &'a Path, inside: &'a Path) -> &'a Path {
+        match self.source {
+            Source::Host(_) => host,
+            Source::ToolsRoot(_) => inside,
+        }
+    }
+
+    /// "criu 4.2.1 (tools root /var/lib/forkbox/tools/criu/…/rootfs)", for logs and errors.
+    pub fn describe(&self) -> String {
+        match &self.source {
+            Source::Host(path) => format!("criu {} ({})", self.version, path.display()),
+            Source::ToolsRoot(root) => format!("criu {} (tools root {})", self.version, root.display()),
+        }
+    }
+}
+
+fn host_binary() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).chain(SBIN_DIRS.iter().map(PathBuf::from)).map(|dir| dir.join("criu")).find(|p| p.is_file())
+}
+
+fn version_of(mut command: Command, path: &Path) -> Result<Version, CriuError> {
+    let output = command.arg("--version").output().map_err(|source| CriuError::Spawn { what: format!("{} --version", path.display()), source })?;
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    Version::from_output(&text).ok_or_else(|| CriuError::NoVersion { output: text.trim().to_string() })
+}
