@@ -15,7 +15,10 @@ that root as the server runs it, writes its images to the state disk.
 - freeze: `criu dump` until it returns (the tree is gone, its memory free)
   and its images are synced to disk;
 - resume: `criu restore -d` until it returns, and until the restored
-  counter writes again (the first sign of life, like a first exec's answer).
+  counter writes again (the first sign of life, like a first exec's answer);
+- lazy resume: the same images restored with `--lazy-pages` beside a
+  `criu lazy-pages` server: until the counter writes, and until every page
+  is in.
 
 Beside them, in the same run: writing the same bytes to a file on the same
 disk with fsync, and reading them back (what a freeze and a resume must at
@@ -68,15 +71,25 @@ def newest_root(store: str, name: str, needs: str) -> str:
     return max(roots, key=os.path.getmtime)
 
 
-def criu(tools_root: str, binds: list[tuple[str, str]], *args: str) -> None:
+def criu_argv(tools_root: str, binds: list[tuple[str, str]], *args: str) -> list[str]:
     """criu pivoted into the tools root, with each (host dir, path inside) bound."""
     mounts = "".join(f"mkdir -p $R{inside}; mount --rbind {host} $R{inside}; " for host, inside in binds)
     script = (f"set -e; R={tools_root}; mount --rbind $R $R; mount -t proc proc $R/proc; mount --rbind /sys $R/sys; "
               f"mount --rbind /dev $R/dev; {mounts}cd $R; pivot_root . .; umount -l .; cd /; exec criu \"$@\"")
-    out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "criu", *args],
-                         capture_output=True, text=True, close_fds=True)
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "criu", *args]
+
+
+def criu(tools_root: str, binds: list[tuple[str, str]], *args: str) -> None:
+    out = subprocess.run(criu_argv(tools_root, binds, *args), capture_output=True, text=True, close_fds=True)
     if out.returncode != 0:
-        raise SystemExit(f"criu {args[0]} failed: {out.stderr[-2000:]}")
+        logged = ""
+        if "-o" in args and "-D" in args:
+            host_images = next(h for h, inside in binds if inside == args[args.index("-D") + 1])
+            try:
+                logged = "".join(ln for ln in open(os.path.join(host_images, args[args.index("-o") + 1])) if ln.startswith("Error"))
+            except OSError:
+                pass
+        raise SystemExit(f"criu {args[0]} failed: {out.stderr[-2000:]}{logged[-2000:]}")
 
 
 def last_line(pid: int) -> list[str] | None:
@@ -119,8 +132,9 @@ def start_tree(rootfs: str, mountpoint: str, mib: int) -> tuple[subprocess.Popen
     return outer, wait("the tree to start", tree_pid)
 
 
-def freeze_resume(tools_root: str, rootfs: str, mib: int) -> tuple[float, float, float, int]:
-    """One tree: (dump s, restore s, restore to its next log line s, image bytes)."""
+def freeze_resume(tools_root: str, rootfs: str, mib: int) -> tuple[float, float, float, float, float, int]:
+    """One tree: (dump s, restore s, restore to its next log line s, the same
+    lazily, lazily until every page is in s, image bytes)."""
     work = tempfile.mkdtemp(dir=WORK)
     images, mountpoint = os.path.join(work, "images"), os.path.join(work, "tree")
     os.makedirs(images)
@@ -139,25 +153,53 @@ def freeze_resume(tools_root: str, rootfs: str, mib: int) -> tuple[float, float,
         dump_s = time.perf_counter() - t0
         outer.wait(timeout=30)
         size = sum(os.path.getsize(os.path.join(images, f)) for f in os.listdir(images))
+        binds = [(images, "/forkbox/images"), (rootfs, "/forkbox/root")]
+        restore = ("restore", "-D", "/forkbox/images", "-d", "--root", "/forkbox/root", "--pidfile", "/forkbox/images/pid")
         t0 = time.perf_counter()
-        criu(tools_root, [(images, "/forkbox/images"), (rootfs, "/forkbox/root")], "restore", "-D", "/forkbox/images",
-             "-o", "restore.log", "-d", "--root", "/forkbox/root", "--pidfile", "/forkbox/images/pid")
+        criu(tools_root, binds, *restore, "-o", "restore.log")
         restore_s = time.perf_counter() - t0
-        restored = int(open(os.path.join(images, "pid")).read())
-        lines_then = len(open(f"/proc/{restored}/root/tmp/log").read().splitlines())
-        wait("the restored tree to write", lambda: len(open(f"/proc/{restored}/root/tmp/log").read().splitlines()) > lines_then)
-        alive_s = time.perf_counter() - t0
-        line = wait("a count past the dump", lambda: (ln := last_line(restored)) and int(ln[1]) > before and ln)
-        if line[0] != "1" or line[2] != "None" or int(line[3]) != mib << 20:
-            raise SystemExit(f"restored tree is not the one dumped: {line}")
-        os.kill(restored, 9)
-        wait("the restored tree to end", lambda: not os.path.exists(f"/proc/{restored}"))
-        return dump_s, restore_s, alive_s, size
+        alive_s, restored = alive_since(images, t0)
+        check_and_end(restored, before, mib)
+        # The same images again, lazily: the tree runs once its state is
+        # back, and its memory streams in from a page server (userfaultfd).
+        os.remove(os.path.join(images, "pid"))
+        t0 = time.perf_counter()
+        pages = subprocess.Popen(criu_argv(tools_root, binds, "lazy-pages", "-D", "/forkbox/images", "-o", "lazy.log"), close_fds=True)
+        try:
+            wait("the page server's socket", lambda: os.path.exists(os.path.join(images, "lazy-pages.socket")))
+            criu(tools_root, binds, *restore, "-o", "lazy-restore.log", "--lazy-pages")
+            lazy_s, restored = alive_since(images, t0)
+            if pages.wait(timeout=120) != 0:
+                raise SystemExit("criu lazy-pages failed")
+        finally:
+            if pages.poll() is None:
+                pages.kill()
+        all_pages_s = time.perf_counter() - t0
+        check_and_end(restored, before, mib)
+        return dump_s, restore_s, alive_s, lazy_s, all_pages_s, size
     finally:
         if outer.poll() is None:
             outer.kill()
         subprocess.run(["umount", "-l", mountpoint], stderr=subprocess.DEVNULL)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def alive_since(images: str, t0: float) -> tuple[float, int]:
+    """Seconds from t0 until the restored tree writes again, and its host pid."""
+    restored = int(open(os.path.join(images, "pid")).read())
+    lines_then = len(open(f"/proc/{restored}/root/tmp/log").read().splitlines())
+    wait("the restored tree to write", lambda: len(open(f"/proc/{restored}/root/tmp/log").read().splitlines()) > lines_then)
+    return time.perf_counter() - t0, restored
+
+
+def check_and_end(restored: int, before: int, mib: int) -> None:
+    """The restored tree is the one dumped (pid 1, counting past the dump,
+    its blob whole, its http.server alive); then it ends."""
+    line = wait("a count past the dump", lambda: (ln := last_line(restored)) and int(ln[1]) > before and ln)
+    if line[0] != "1" or line[2] != "None" or int(line[3]) != mib << 20:
+        raise SystemExit(f"restored tree is not the one dumped: {line}")
+    os.kill(restored, 9)
+    wait("the restored tree to end", lambda: not os.path.exists(f"/proc/{restored}"))
 
 
 def bare_write_read(mib: int) -> tuple[float, float]:
@@ -199,24 +241,26 @@ def main() -> int:
         runs = []
         for i in range(a.reps):
             runs.append(freeze_resume(tools_root, rootfs, mib))
-            log(f"{mib} MiB run {i + 1}: dump {runs[-1][0]:.2f} s, restore {runs[-1][1]:.3f} s, alive {runs[-1][2]:.3f} s")
+            log(f"{mib} MiB run {i + 1}: dump {runs[-1][0]:.2f} s, restore {runs[-1][1]:.3f} s, alive {runs[-1][2]:.3f} s, "
+                f"lazy alive {runs[-1][3]:.3f} s, every page {runs[-1][4]:.3f} s")
         bare = [bare_write_read(mib) for _ in range(a.reps)]
         med = lambda xs: statistics.median(xs)  # noqa: E731
-        dump_s, restore_s, alive_s = (med([r[k] for r in runs]) for k in range(3))
-        size_mib = med([r[3] for r in runs]) / (1 << 20)
+        dump_s, restore_s, alive_s, lazy_s, all_pages_s = (med([r[k] for r in runs]) for k in range(5))
+        size_mib = med([r[5] for r in runs]) / (1 << 20)
         write_s, read_s = med([b[0] for b in bare]), med([b[1] for b in bare])
         gib = mib / 1024
         rows.append(f"| {mib} MiB | {size_mib:.0f} MiB | {dump_s:.2f} s ({dump_s / gib:.2f} s/GiB) | {write_s:.2f} s | "
                     f"{dump_s / write_s:.1f}× | {E2B_PAUSE_S_PER_GIB * gib:.1f} s | {restore_s * 1000:.0f} ms | "
-                    f"{alive_s * 1000:.0f} ms | {read_s * 1000:.0f} ms | {E2B_RESUME_S * 1000:.0f} ms |")
+                    f"{alive_s * 1000:.0f} ms | {lazy_s * 1000:.0f} ms ({all_pages_s * 1000:.0f} ms) | {read_s * 1000:.0f} ms | "
+                    f"{E2B_RESUME_S * 1000:.0f} ms |")
     body = "\n".join([
         f"{run_header()}; criu from the tools root ({os.path.basename(os.path.dirname(tools_root))}), images on the state disk, "
         f"medians of {a.reps} runs. A container-shaped Python tree (pid 1 of its own namespaces, a counting thread, an "
         "http.server child), not yet a forkbox sandbox (docs/state.md#the-sandbox-shape-a-process-keeping-space-needs-decided-not-built).",
         "",
         "| memory | image | freeze (criu dump + fsync) | bare write + fsync | ratio | E2B pause (published) | resume (criu restore) "
-        "| resume to first sign of life | bare cold read | E2B resume (published) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| resume to first sign of life | lazy resume to first sign of life (every page in) | bare cold read | E2B resume (published) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
         "Targets (issue: Spaces that keep every process): freeze ≤ 1 s per GiB, resume to the first exec ≤ 300 ms.",

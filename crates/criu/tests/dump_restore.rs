@@ -94,6 +94,17 @@ fn last_line(pid: i32) -> Option<(u32, u64)> {
     Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
 }
 
+/// Kills a tree's init (and so its whole pid namespace) when dropped, so a
+/// failing test leaves no tree behind; forgotten once the tree is gone, so
+/// a reused pid is never hit.
+struct Ends(i32);
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
 fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
     loop {
@@ -139,6 +150,7 @@ fn a_container_shaped_tree_is_dumped_and_restored_running() {
     std::fs::create_dir_all(&images).unwrap();
 
     let (mut unshare, pid) = start_tree(&rootfs, &mountpoint);
+    let dumped = Ends(pid);
     let (inner_pid, before) = wait_for("a count above 20", || last_line(pid).filter(|(_, n)| *n > 20));
     assert_eq!(inner_pid, 1, "the counter is its pid namespace's init");
 
@@ -148,6 +160,7 @@ fn a_container_shaped_tree_is_dumped_and_restored_running() {
     run(dump, &images, "dump.log");
     // A dump ends the tree, and with it `unshare`.
     unshare.wait().expect("unshare ends with its tree");
+    std::mem::forget(dumped);
     assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the dumped tree still runs");
 
     let seen_root = criu.seen(&rootfs, Path::new("/forkbox/root"));
@@ -157,6 +170,7 @@ fn a_container_shaped_tree_is_dumped_and_restored_running() {
     restore.arg("--pidfile").arg(seen_images.join("pid"));
     run(restore, &images, "restore.log");
     let restored: i32 = std::fs::read_to_string(images.join("pid")).unwrap().trim().parse().unwrap();
+    let restored_tree = Ends(restored);
 
     // The same process: pid 1 inside, its thread still counting from where
     // it stood, its log appended at the offset it had.
@@ -167,6 +181,6 @@ fn a_container_shaped_tree_is_dumped_and_restored_running() {
     assert!(counts.windows(2).all(|w| w[0] <= w[1]), "the log was rewritten from its start, not appended: {counts:?}");
     assert!(after > before);
     // Killing the tree's init ends its pid namespace.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(restored), nix::sys::signal::Signal::SIGKILL).unwrap();
+    drop(restored_tree);
     wait_for("the restored tree to end", || (!Path::new(&format!("/proc/{restored}")).exists()).then_some(()));
 }
