@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use crate::error::CriuError;
-use crate::locate::Criu;
+use crate::locate::{printed, Criu};
 
 /// What the server can promise about freezes that keep processes.
 #[derive(Debug, Clone)]
@@ -36,10 +36,10 @@ impl Criu {
     /// `criu check`: exit 0 and "Looks good." when the kernel has what a dump needs.
     pub fn check(&self) -> Result<(), CriuError> {
         let output = self.command("check", &[]).output().map_err(|source| CriuError::Spawn { what: self.describe(), source })?;
-        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         if output.status.success() {
             return Ok(());
         }
+        let text = printed(&output);
         let last: Vec<&str> = text.lines().rev().take(5).collect();
         Err(CriuError::CheckFailed { output: last.into_iter().rev().collect::<Vec<_>>().join(" | ") })
     }

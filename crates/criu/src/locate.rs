@@ -42,14 +42,15 @@ impl Criu {
             }
             too_old = Some(CriuError::TooOld { path: path.clone(), found: version, minimum: MINIMUM });
         }
-        if let Some(root) = tools_root.filter(|r| r.join(CRIU_IN_ROOT.trim_start_matches('/')).is_file()) {
-            let source = Source::ToolsRoot(root.to_path_buf());
-            let command = PivotedCommand::new(root, Path::new(CRIU_IN_ROOT), &[]).into_command();
-            let version = version_of(command, &root.join(CRIU_IN_ROOT.trim_start_matches('/')))?;
-            if version < MINIMUM {
-                return Err(CriuError::TooOld { path: root.join(CRIU_IN_ROOT.trim_start_matches('/')), found: version, minimum: MINIMUM });
+        if let Some(root) = tools_root {
+            let binary = root.join(CRIU_IN_ROOT.trim_start_matches('/'));
+            if binary.is_file() {
+                let version = version_of(PivotedCommand::new(root, Path::new(CRIU_IN_ROOT), &[]).into_command(), &binary)?;
+                if version < MINIMUM {
+                    return Err(CriuError::TooOld { path: binary, found: version, minimum: MINIMUM });
+                }
+                return Ok(Criu { source: Source::ToolsRoot(root.to_path_buf()), version });
             }
-            return Ok(Criu { source, version });
         }
         Err(too_old.unwrap_or(CriuError::NotFound { minimum: MINIMUM, tools_root: expected_root.to_path_buf() }))
     }
@@ -91,6 +92,11 @@ fn host_binary() -> Option<PathBuf> {
 
 fn version_of(mut command: Command, path: &Path) -> Result<Version, CriuError> {
     let output = command.arg("--version").output().map_err(|source| CriuError::Spawn { what: format!("{} --version", path.display()), source })?;
-    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let text = printed(&output);
     Version::from_output(&text).ok_or_else(|| CriuError::NoVersion { output: text.trim().to_string() })
+}
+
+/// What a criu command printed, standard output then standard error.
+pub(crate) fn printed(output: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
 }

@@ -539,12 +539,12 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Tools { command: ToolsCommand::Build { name, state_dir } } => {
             template::check_tools().map_err(|e| anyhow::anyhow!("{e}"))?;
-            let built = tools_root::build(&state_dir.join("tools"), &name)?;
+            let built = tools_root::build(&tools_root::default_dir(&state_dir), &name)?;
             println!("{} {} {}", built.name, built.hash, built.rootfs.display());
             Ok(0)
         }
         Command::Tools { command: ToolsCommand::Check { state_dir } } => {
-            let readiness = tools_root::criu_readiness(&state_dir.join("tools"));
+            let readiness = tools_root::criu_readiness(&tools_root::default_dir(&state_dir));
             println!("{}", readiness.describe());
             Ok(if matches!(readiness, criu::Readiness::Ready(_)) { 0 } else { 1 })
         }
@@ -648,7 +648,7 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         max_checkpoints: a.max_checkpoints,
         ..Default::default()
     };
-    let criu = tools_root::criu_readiness(&a.tools_dir.clone().unwrap_or_else(|| a.state_dir.join("tools")));
+    let criu = tools_root::criu_readiness(&a.tools_dir.clone().unwrap_or_else(|| tools_root::default_dir(&a.state_dir)));
     Ok(server::ServerConfig {
         listen: a.listen,
         templates_dir: a.templates_dir.unwrap_or_else(|| a.state_dir.join("templates")),
