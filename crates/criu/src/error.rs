@@ -17,4 +17,6 @@ pub enum CriuError {
     NoVersion { output: String },
     #[error("`criu check` failed on this kernel: {output}")]
     CheckFailed { output: String },
+    #[error("criu image {path}: {why}")]
+    Image { path: PathBuf, why: String },
 }

@@ -67,6 +67,23 @@ impl Criu {
         command
     }
 
+    /// [`command`](Self::command) run as `id` (real, effective and saved
+    /// uid and gid), keeping root's capabilities as ambient ones, with
+    /// `--unprivileged`: criu then works as the owner of a family's user
+    /// namespace. A tree dumped that way needs no CAP_SYS_RESOURCE over it
+    /// (which some hosts withhold even from root), and the user namespace
+    /// a restore creates belongs to `id`, not to host root, so what its
+    /// processes hold is charged to the family's host root.
+    pub fn command_as(&self, subcommand: &str, binds: &[(&Path, &Path)], id: u32) -> Command {
+        let mut command = self.command(subcommand, binds);
+        // SAFETY: the closure runs between fork and exec and only makes system calls.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, move || crate::identity::become_keeping_caps(id));
+        }
+        command.arg("--unprivileged");
+        command
+    }
+
     /// The path criu sees for host directory `host`, bound at `inside` when
     /// criu runs in the tools root.
     pub fn seen<'a>(&self, host: &'a Path, inside: &'a Path) -> &'a Path {
