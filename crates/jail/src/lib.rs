@@ -41,7 +41,7 @@ pub use forkplan::plan_for as fork_plan;
 /// How many families (sandboxes) one server's block of host ids holds.
 pub use ids::SLOT_BLOCKS;
 pub use layer_copy::Copied;
-pub use shim::messages::{ExitStatus, RunAs};
+pub use shim::messages::{Edges, ExitStatus, RunAs};
 pub use tools::require_tool;
 
 /// The processes the engine runs as the server's own executable under

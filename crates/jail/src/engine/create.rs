@@ -7,6 +7,13 @@ use super::*;
 impl Jail {
     /// Create a sandbox: subvolume, cgroup, family shim, member.
     pub async fn create(&self, spec: SandboxSpec) -> Result<Sandbox> {
+        let (sandbox, _, _) = self.build(spec, create_member_request).await?;
+        Ok(sandbox)
+    }
+
+    /// A sandbox whose member the shim makes with `first(id, cgroup,
+    /// subvolume)`; with the reply and the descriptors after init's pidfd.
+    pub(super) async fn build(&self, spec: SandboxSpec, first: impl FnOnce(&str, &Cgroup, &Path) -> Request) -> Result<(Sandbox, Reply, Vec<OwnedFd>)> {
         let range = self.ids.lock().map_err(|_| Error::Thread("id allocator poisoned".into()))?.allocate()?;
         let release = |ids: &StdMutex<IdAllocator>| {
             if let Ok(mut ids) = ids.lock() {
@@ -27,9 +34,10 @@ impl Jail {
                 return Err(e);
             }
         };
-        let made = self.create_member(&spec, &cgroup, &subvolume, range).await;
+        let made = self.create_member(&spec, first(&spec.id, &cgroup, &subvolume), range).await;
         match made {
-            Ok((shim, init_pidfd, config)) => {
+            Ok((shim, reply, mut fds, config)) => {
+                let init_pidfd = (!fds.is_empty()).then(|| fds.remove(0));
                 let family = Arc::new(FamilyHandle {
                     shim: StdMutex::new(shim),
                     shim_exe: self.config.shim_exe.clone(),
@@ -38,7 +46,7 @@ impl Jail {
                     hollows: tokio::sync::Mutex::new(Vec::new()),
                     restart: tokio::sync::Mutex::new(()),
                 });
-                Ok(Sandbox::new(spec.id, family, spec.template_rootfs, spec.limits, cgroup, subvolume, self.volume.clone(), init_pidfd))
+                Ok((Sandbox::new(spec.id, family, spec.template_rootfs, spec.limits, cgroup, subvolume, self.volume.clone(), init_pidfd), reply, fds))
             }
             Err(e) => {
                 let _ = cgroup.kill_all(DESTROY_DEADLINE);
@@ -78,10 +86,9 @@ impl Jail {
     async fn create_member(
         &self,
         spec: &SandboxSpec,
-        cgroup: &Cgroup,
-        subvolume: &Path,
+        request: Request,
         range: crate::ids::IdRange,
-    ) -> Result<(Arc<ShimHandle>, Option<OwnedFd>, ShimConfig)> {
+    ) -> Result<(Arc<ShimHandle>, Reply, Vec<OwnedFd>, ShimConfig)> {
         let config = ShimConfig {
             family: spec.id.clone(),
             id_base: range.base,
@@ -91,10 +98,11 @@ impl Jail {
             trust_layer: spec.trust_layer.clone(),
             run_dir: self.run_dir(&spec.id),
             orphan_grace_ms: self.config.orphan_grace.as_millis() as u64,
+            solo: spec.solo,
         };
         let shim = ShimHandle::start(&self.config.shim_exe, &config, range).await?;
-        match shim.call(create_member_request(&spec.id, cgroup, subvolume), &[]).await {
-            Ok((_, fds)) => Ok((shim, fds.into_iter().next(), config)),
+        match shim.call(request, &[]).await {
+            Ok((reply, fds)) => Ok((shim, reply, fds, config)),
             Err(e) => {
                 shim.shutdown().await;
                 Err(e)

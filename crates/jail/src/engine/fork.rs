@@ -4,6 +4,9 @@ use std::os::fd::BorrowedFd;
 
 use super::*;
 
+/// Why a solo sandbox's family takes no second member.
+const SOLO_HAS_NO_SIBLINGS: &str = "a sandbox that keeps its processes is a family of one: it cannot fork yet";
+
 impl Jail {
     /// Make `ids.len()` new members of `parent`'s family whose files are a
     /// snapshot of the parent's, taken while the parent is frozen. Their
@@ -15,6 +18,9 @@ impl Jail {
     /// are built hollow now (names from `ids`); each then gets its root: a
     /// snapshot of the parent's layer, mounted in its own mount namespace.
     pub async fn fork_members(&self, parent: &Sandbox, ids: &[String]) -> Result<Vec<ForkChild>> {
+        if parent.is_solo() {
+            return Err(Error::Unsupported(SOLO_HAS_NO_SIBLINGS.into()));
+        }
         let n = ids.len();
         let mut children: Vec<ForkChild> = {
             let mut spares = parent.family.hollows.lock().await;
@@ -97,7 +103,7 @@ impl Jail {
     /// are destroyed at once.
     pub async fn refill_hollows(&self, member: &Sandbox, target: usize, new_id: &(dyn Fn() -> String + Sync)) -> Result<()> {
         let open = self.refills.read().await;
-        if !*open {
+        if !*open || member.is_solo() {
             return Ok(());
         }
         let have = member.family.hollows.lock().await.len();
@@ -158,6 +164,9 @@ impl Jail {
     /// New members of `sibling`'s family over fresh (template-only) files,
     /// waiting for a REPL like fork children do: the warm pool's spares.
     pub async fn spare_members(&self, sibling: &Sandbox, ids: &[String], limits: &Limits) -> Result<Vec<ForkChild>> {
+        if sibling.is_solo() {
+            return Err(Error::Unsupported(SOLO_HAS_NO_SIBLINGS.into()));
+        }
         self.new_members(sibling, ids, limits, false).await
     }
 

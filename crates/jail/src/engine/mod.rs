@@ -20,7 +20,9 @@ use crate::volume::Volume;
 mod adopt;
 mod create;
 mod destroy;
+mod dump;
 mod fork;
+mod restore;
 mod sandbox;
 pub use adopt::{Adopted, Kept, MemberRecord};
 pub use fork::ForkChild;
@@ -63,6 +65,9 @@ pub struct SandboxSpec {
     /// Files to start with instead of an empty upper layer: a layer saved
     /// by `Sandbox::export_upper` (a Space), owners relative to the range.
     pub initial_upper: Option<PathBuf>,
+    /// A family of one that criu can dump whole (`ShimConfig::solo`): it
+    /// cannot fork, and its way out starts at create.
+    pub solo: bool,
 }
 
 pub struct Jail {

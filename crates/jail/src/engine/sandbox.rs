@@ -62,6 +62,11 @@ impl Sandbox {
         self.family.shim()
     }
 
+    /// Whether it is a solo sandbox (`SandboxSpec::solo`).
+    pub fn is_solo(&self) -> bool {
+        self.family.config.solo
+    }
+
     pub fn limits(&self) -> Limits {
         *self.limits.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -125,8 +130,16 @@ impl Sandbox {
     pub async fn start_repl(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, source: &[u8]) -> Result<ReplProcess> {
         let (stdout_r, stdout_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
         let (stderr_r, stderr_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(|e| Error::io("socketpair", e))?;
+        let (ours, theirs) =
+            if self.is_solo() { self.socketpair_inside()? } else { std::os::unix::net::UnixStream::pair().map_err(|e| Error::io("socketpair", e))? };
         let memfd = source_memfd(source)?;
+        if self.is_solo() {
+            // Owned by the sandbox's root, as what it makes is: criu
+            // restores a file's owner, and host root is no owner inside.
+            let root = Some(self.family.config.id_base);
+            nix::unistd::fchown(&memfd, root.map(nix::unistd::Uid::from_raw), root.map(nix::unistd::Gid::from_raw))
+                .map_err(|e| Error::sys("chown the REPL's source", e))?;
+        }
         let theirs_fd = OwnedFd::from(theirs);
         let fds = [stdout_w.as_raw_fd(), stderr_w.as_raw_fd(), theirs_fd.as_raw_fd(), memfd.as_raw_fd()];
         let (exited_tx, exited_rx) = oneshot::channel();
@@ -221,7 +234,8 @@ impl Sandbox {
     /// member is destroyed or rebuilt first.
     pub async fn hold_network(&self) -> Result<Option<oneshot::Receiver<()>>> {
         let shim = self.shim();
-        if shim.protocol() < crate::shim::messages::NETWORK_GATES {
+        // A solo member has no notify filter to hold sockets with.
+        if shim.protocol() < crate::shim::messages::NETWORK_GATES || self.is_solo() {
             return Ok(None);
         }
         let (tx, rx) = oneshot::channel();
@@ -238,7 +252,7 @@ impl Sandbox {
     pub async fn open_network(&self) -> Result<()> {
         let shim = self.shim();
         shim.network_wanted.lock().await.remove(&self.id);
-        if shim.protocol() < crate::shim::messages::NETWORK_GATES {
+        if shim.protocol() < crate::shim::messages::NETWORK_GATES || self.is_solo() {
             return Ok(());
         }
         shim.call(Request::OpenNetwork { member: self.id.clone() }, &[]).await.map(|_| ())
@@ -359,7 +373,24 @@ impl Sandbox {
         Ok(pasta)
     }
 
-    fn init_pid(&self) -> Result<i32> {
+    /// A socketpair that belongs to the sandbox's network namespace: criu
+    /// finds a unix socket only in the namespaces of the tree it dumps.
+    /// Made on a thread of its own, which alone enters the namespace.
+    fn socketpair_inside(&self) -> Result<(std::os::unix::net::UnixStream, std::os::unix::net::UnixStream)> {
+        let netns = self.netns()?;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| Error::sys("enter the sandbox's network namespace", e))?;
+                    std::os::unix::net::UnixStream::pair().map_err(|e| Error::io("socketpair", e))
+                })
+                .join()
+                .map_err(|_| Error::Thread("the socketpair thread panicked".into()))?
+        })
+    }
+
+    /// Its init's pid on the host (while init lives).
+    pub fn init_pid(&self) -> Result<i32> {
         let slot = self.init_pidfd.lock().unwrap_or_else(|e| e.into_inner());
         let pidfd = slot.as_ref().ok_or_else(|| Error::Invalid("the sandbox has no init".into()))?;
         crate::sys::pidfd_pid(pidfd.as_fd()).ok_or_else(|| Error::Invalid("the sandbox's init has exited".into()))

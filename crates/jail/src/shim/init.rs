@@ -16,7 +16,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{chdir, pivot_root, sethostname, Pid};
 
 use super::confine::Confinement;
-use super::messages::{ExitStatus, InitMessage, InitRequest};
+use super::messages::{ExitStatus, InitMessage, InitRequest, RunAs};
 use crate::channel;
 use crate::sys::{self, Forked};
 
@@ -26,8 +26,49 @@ const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 const MASKED_FILES: [&str; 5] = ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sysrq-trigger", "/proc/latency_stats"];
 const MASKED_DIRS: [&str; 4] = ["/proc/acpi", "/proc/scsi", "/sys/firmware", "/proc/driver"];
 
+/// A mount inside a member that binds a host file in: criu records it as
+/// external (by `key`) and binds `host` there again at a restore.
+pub struct HostBind {
+    pub inside: String,
+    pub key: String,
+    pub host: std::path::PathBuf,
+}
+
+/// Every host bind `enter_root` makes in a solo member whose init binary
+/// is `init_binary`.
+pub fn host_binds(init_binary: &Path) -> Vec<HostBind> {
+    let devices = DEVICES.iter().map(|name| HostBind { inside: format!("/dev/{name}"), key: format!("dev-{name}"), host: Path::new("/dev").join(name) });
+    let masks = MASKED_FILES.iter().map(|file| HostBind {
+        inside: file.to_string(),
+        key: format!("mask-{}", file.trim_start_matches('/').replace('/', "-")),
+        host: "/dev/null".into(),
+    });
+    let init = HostBind { inside: SOLO_INIT_PATH.to_string(), key: "forkbox-init".into(), host: init_binary.to_path_buf() };
+    devices.chain(masks).chain([init]).collect()
+}
+
 /// `argv[0]` of an exec'd init; `main` dispatches on it.
 pub const INIT_ARGV0: &str = "forkbox-init";
+/// `argv[1]` of a solo sandbox's init (see [`Shape::Solo`]).
+const SOLO_ARG: &str = "solo";
+/// Where a solo sandbox's init binary is bound, read-only, inside its root.
+/// Under `/dev` (our own tmpfs) so no template file is shadowed; the bind
+/// is a mount of its own, so `/dev`'s noexec does not apply to it.
+pub const SOLO_INIT_PATH: &str = "/dev/.forkbox-init";
+
+/// What a member's process tree looks like.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Shape {
+    /// A member of a shared family: init runs the forkbox binary from a
+    /// host descriptor, and every process inherits the network gate's
+    /// notify filter (docs/architecture.md#processes-and-namespaces).
+    Pooled,
+    /// A family of one that criu can dump (docs/state.md): init runs its
+    /// binary from a bind inside the root, the REPL is init's child, and
+    /// no process carries a notify filter (criu cannot restore a
+    /// listener that lives in the shim).
+    Solo,
+}
 
 /// In the forked child: finish the root, then exec a fresh copy of our own
 /// binary as init, so nothing of the shim's memory (host paths, other
@@ -35,12 +76,15 @@ pub const INIT_ARGV0: &str = "forkbox-init";
 ///
 /// `root: None` makes a *hollow* member: namespaces and init ready, its root
 /// attached later (`InitRequest::Root`, when a fork hands it its files).
-pub fn run(sock: OwnedFd, root: Option<&Path>, hostname: &str) -> ! {
+pub fn run(sock: OwnedFd, root: Option<&Path>, hostname: &str, shape: Shape) -> ! {
+    if shape == Shape::Solo {
+        solo_exec(sock, root, hostname)
+    }
     let exe = fs::File::open("/proc/self/exe").map(OwnedFd::from);
     let result = exe
         .map_err(|e| format!("open own executable: {e}"))
         .and_then(|exe| prepare(hostname).map(|()| exe))
-        .and_then(|exe| root.map_or(Ok(()), enter_root).map(|()| exe));
+        .and_then(|exe| root.map_or(Ok(()), |r| enter_root(r, None)).map(|()| exe));
     let exe = match result {
         Ok(exe) => exe,
         Err(e) => {
@@ -65,9 +109,45 @@ pub fn run(sock: OwnedFd, root: Option<&Path>, hostname: &str) -> ! {
     std::process::exit(1)
 }
 
+/// A solo member's init: finish the root with our binary bound into it,
+/// then exec that bind, so every mapping of init lies inside the
+/// sandbox's mount namespace (criu dumps only what it can find there).
+fn solo_exec(sock: OwnedFd, root: Option<&Path>, hostname: &str) -> ! {
+    // By path, in this mount namespace: a bind needs a source mount of the
+    // caller's namespace, which /proc/self/exe (the shim's) is not.
+    let result = match root {
+        None => Err("a solo member needs its root at create".to_string()),
+        Some(root) => fs::read_link("/proc/self/exe")
+            .map_err(|e| format!("find own executable: {e}"))
+            .and_then(|exe| if exe.exists() { Ok(exe) } else { Err(format!("the server's binary {} is gone (replaced?)", exe.display())) })
+            .and_then(|exe| prepare(hostname).and_then(|()| enter_root(root, Some(&exe)))),
+    };
+    if let Err(e) = result {
+        let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: e }, &[]);
+        std::process::exit(1);
+    }
+    // criu dumps a tree whose sessions all lead from inside it.
+    let _ = nix::unistd::setsid();
+    let _ = sys::dup_to(sock.as_raw_fd(), 3);
+    sys::close_fds_from(4);
+    let path = std::ffi::CString::new(SOLO_INIT_PATH).unwrap_or_default();
+    let argv0 = std::ffi::CString::new(INIT_ARGV0).unwrap_or_default();
+    let argv1 = std::ffi::CString::new(SOLO_ARG).unwrap_or_default();
+    let argv = [argv0.as_ptr(), argv1.as_ptr(), std::ptr::null()];
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    // SAFETY: NUL-terminated arrays of valid C strings that outlive the call.
+    unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    let err = format!("exec init from {SOLO_INIT_PATH}: {}", std::io::Error::last_os_error());
+    // SAFETY: fd 3 is the socket placed above.
+    let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(3) };
+    let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: err }, &[]);
+    std::process::exit(1)
+}
+
 /// Entry point of the exec'd init (`argv[0] == forkbox-init`): the socket
 /// to the shim is fd 3.
 pub fn main() -> ! {
+    let shape = if std::env::args().nth(1).as_deref() == Some(SOLO_ARG) { Shape::Solo } else { Shape::Pooled };
     sys::close_fds_from(4);
     // SAFETY: prctl with a NUL-terminated name.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"forkbox-init".as_ptr(), 0, 0, 0) };
@@ -79,6 +159,16 @@ pub fn main() -> ! {
     if channel::send_with_credentials(sock.as_fd(), &InitMessage::Ready).is_err() {
         std::process::exit(1);
     }
+    let sock = match shape {
+        Shape::Pooled => sock,
+        Shape::Solo => match own_channel(sock) {
+            Ok(sock) => sock,
+            Err(e) => {
+                eprintln!("forkbox-init: {e}");
+                std::process::exit(1);
+            }
+        },
+    };
     let confinement = match Confinement::load() {
         Ok(c) => c,
         Err(e) => {
@@ -90,11 +180,30 @@ pub fn main() -> ! {
     };
     // Before any command: they all inherit the filter, whose listener the
     // shim serves (a member's way out starts on its first network socket).
-    if let Err(e) = install_socket_gate(&sock) {
+    // A solo member has no gate: its way out starts at create.
+    let gated = match shape {
+        Shape::Pooled => install_socket_gate(&sock),
+        Shape::Solo => sys::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}")),
+    };
+    if let Err(e) = gated {
         eprintln!("forkbox-init: {e}");
         std::process::exit(1);
     }
     serve(sock, &confinement)
+}
+
+/// Move to a channel made here, in the member's network namespace, and
+/// hand its other end to the shim (`InitMessage::Channel`): criu finds a
+/// unix socket only in the namespaces of the tree it dumps, and the first
+/// channel was made in the host's.
+fn own_channel(first: OwnedFd) -> Result<OwnedFd, String> {
+    let (ours, theirs) = channel::pair().map_err(|e| format!("socketpair: {e}"))?;
+    channel::send(first.as_fd(), &InitMessage::Channel, &[theirs.as_raw_fd()]).map_err(|e| format!("hand over the channel: {e}"))?;
+    drop(first);
+    sys::dup_to(ours.as_raw_fd(), 3).map_err(|e| format!("dup the channel: {e}"))?;
+    drop(ours);
+    // SAFETY: the channel was just placed on fd 3.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(3) })
 }
 
 /// Install `notify::socket_filter` on init itself (so on every command it
@@ -116,7 +225,8 @@ fn prepare(hostname: &str) -> Result<(), String> {
 
 /// Make `root` (an overlay mounted in this mount namespace) the sandbox's
 /// root: /proc, /dev, /sys and masks inside it, then pivot_root.
-fn enter_root(root: &Path) -> Result<(), String> {
+/// `init_binary`: bind it read-only at [`SOLO_INIT_PATH`] (a solo member).
+fn enter_root(root: &Path, init_binary: Option<&Path>) -> Result<(), String> {
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).map_err(|e| format!("make / private: {e}"))?;
     // The overlay came from the shim's more privileged mount namespace, so it
@@ -147,6 +257,9 @@ fn enter_root(root: &Path) -> Result<(), String> {
     {
         symlink(to, dev.join(link)).map_err(|e| format!("symlink /dev/{link}: {e}"))?;
     }
+    if let Some(binary) = init_binary {
+        bind_read_only(binary, &at(SOLO_INIT_PATH))?;
+    }
     ensure_dir(&at("sys"))?;
     // Read-only sysfs, as container runtimes give; optional where refused.
     let _ = mount(Some("sysfs"), &at("sys"), Some("sysfs"), nosuid | MsFlags::MS_RDONLY, none);
@@ -173,6 +286,16 @@ fn enter_root(root: &Path) -> Result<(), String> {
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detach old root: {e}"))?;
     chdir("/").map_err(|e| format!("chdir /: {e}"))?;
     Ok(())
+}
+
+/// Bind the file `from` at `to` (created), then make the bind read-only:
+/// a bind takes its flags only from the remount that follows it.
+fn bind_read_only(from: &Path, to: &Path) -> Result<(), String> {
+    let none: Option<&str> = None;
+    fs::write(to, b"").map_err(|e| format!("create {}: {e}", to.display()))?;
+    mount(Some(from), to, none, MsFlags::MS_BIND, none).map_err(|e| format!("bind {}: {e}", from.display()))?;
+    let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(none, to, none, flags, none).map_err(|e| format!("make {} read-only: {e}", to.display()))
 }
 
 fn ensure_dir(p: &Path) -> Result<(), String> {
@@ -227,29 +350,67 @@ fn reap(sock: &OwnedFd, running: &mut HashMap<i32, u64>) {
 }
 
 fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Confinement, running: &mut HashMap<i32, u64>) {
-    let (id, argv, env, cwd, tty, run_as) = match req {
-        InitRequest::Spawn { id, argv, env, cwd, tty, run_as } => (id, argv, env, cwd, tty, run_as),
+    match req {
+        InitRequest::Spawn { id, argv, env, cwd, tty, run_as } => {
+            if fds.len() != 3 {
+                let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: "spawn needs 3 descriptors".into() }, &[]);
+                return;
+            }
+            spawn(sock, id, running, false, || {
+                for (i, fd) in fds.iter().enumerate() {
+                    let _ = sys::dup_to(fd.as_raw_fd(), i as i32);
+                }
+                // A new session leader takes its terminal as controlling tty,
+                // so ^C, job control and SIGWINCH reach it.
+                if tty {
+                    // SAFETY: ioctl on fd 0 with an integer argument.
+                    unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) };
+                }
+                sys::close_fds_from(3);
+                run_in(&cwd, || confinement.exec_as(run_as, &argv, &env))
+            });
+        }
+        InitRequest::SpawnRepl { id, argv, env, cwd } => {
+            if fds.len() != 4 {
+                let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: "a REPL needs 4 descriptors".into() }, &[]);
+                return;
+            }
+            spawn(sock, id, running, true, || {
+                // docs/repl-protocol.md: 0 /dev/null, 1/2 output, 3 control, 4 source.
+                let Ok(null) = fs::File::open("/dev/null") else { return "open /dev/null".to_string() };
+                let sources = [null.as_raw_fd(), fds[0].as_raw_fd(), fds[1].as_raw_fd(), fds[2].as_raw_fd(), fds[3].as_raw_fd()];
+                // Above every target first, so no dup2 clobbers a source.
+                // SAFETY: fcntl duplicating descriptors we hold.
+                let high: Vec<i32> = sources.iter().map(|fd| unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) }).collect();
+                for (target, fd) in high.iter().enumerate() {
+                    let _ = sys::dup_to(*fd, target as i32);
+                }
+                sys::close_fds_from(5);
+                // A member's confinement: alone in its pid namespace, the
+                // REPL has no other namespace to switch to.
+                run_in(&cwd, || confinement.exec_as(RunAs::ROOT, &argv, &env))
+            });
+        }
         InitRequest::Root { root } => {
-            let msg = match enter_root(&root) {
+            let msg = match enter_root(&root, None) {
                 Ok(()) => InitMessage::Rooted,
                 Err(error) => InitMessage::SetupFailed { error },
             };
             let _ = channel::send(sock.as_fd(), &msg, &[]);
-            return;
         }
         InitRequest::Signal { id, signal } => {
             if let Some((pid, _)) = running.iter().find(|(_, v)| **v == id) {
                 signal_session(*pid, signal);
             }
-            return;
         }
-    };
-    if fds.len() != 3 {
-        let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: "spawn needs 3 descriptors".into() }, &[]);
-        return;
     }
-    // The child waits until the shim has heard "started": a command whose
-    // start was never reported must not have run (the server may retry it).
+}
+
+/// Fork a child that leads its own session and runs `exec` (which returns
+/// only an error) once the shim has heard it started: a process whose
+/// start was never reported must not have run (the server may retry it).
+/// `repl`: report it as `ReplStarted`, with its pid.
+fn spawn(sock: &OwnedFd, id: u64, running: &mut HashMap<i32, u64>, repl: bool, exec: impl FnOnce() -> String) {
     let (go_r, go_w) = match nix::unistd::pipe() {
         Ok(p) => p,
         Err(e) => {
@@ -268,22 +429,9 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
             }
             drop(go_r);
             let _ = nix::unistd::setsid();
-            for (i, fd) in fds.iter().enumerate() {
-                let _ = sys::dup_to(fd.as_raw_fd(), i as i32);
-            }
-            // A new session leader takes its terminal as controlling tty,
-            // so ^C, job control and SIGWINCH reach it.
-            if tty {
-                // SAFETY: ioctl on fd 0 with an integer argument.
-                unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) };
-            }
-            sys::close_fds_from(3);
             // Init is exempt from the OOM killer; its children are not.
             let _ = fs::write("/proc/self/oom_score_adj", "0");
-            if chdir(cwd.as_str()).is_err() {
-                let _ = chdir("/");
-            }
-            let err = confinement.exec_as(run_as, &argv, &env);
+            let err = exec();
             let msg = format!("forkbox: {err}\n");
             // SAFETY: writing a buffer to stderr, then leaving the forked child.
             unsafe {
@@ -294,7 +442,8 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
         Ok(Forked::Parent(pid)) => {
             drop(go_r);
             running.insert(pid.as_raw(), id);
-            if channel::send(sock.as_fd(), &InitMessage::Started { id }, &[]).is_ok() {
+            let started = if repl { InitMessage::ReplStarted { id, pid: pid.as_raw() } } else { InitMessage::Started { id } };
+            if channel::send(sock.as_fd(), &started, &[]).is_ok() {
                 let _ = nix::unistd::write(go_w.as_fd(), b"g");
             }
         }
@@ -302,6 +451,14 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
             let _ = channel::send(sock.as_fd(), &InitMessage::SpawnFailed { id, error: format!("fork: {e}") }, &[]);
         }
     }
+}
+
+/// Run `exec` in `cwd` (or `/` where `cwd` is missing).
+fn run_in(cwd: &str, exec: impl FnOnce() -> String) -> String {
+    if chdir(cwd).is_err() {
+        let _ = chdir("/");
+    }
+    exec()
 }
 
 /// Signal every process of the session `sid` leads (each command leads its

@@ -30,6 +30,21 @@ pub struct MemberNs {
     pub pid: OwnedFd,
 }
 
+impl MemberNs {
+    /// The namespaces of the member whose init is host pid `init`, which
+    /// is spared by the OOM killer (it must pick user processes, never init).
+    pub fn of_init(init: Pid) -> Result<MemberNs> {
+        let _ = fs::write(format!("/proc/{init}/oom_score_adj"), "-1000");
+        Ok(MemberNs {
+            mnt: open_ns(init, "mnt")?,
+            net: open_ns(init, "net")?,
+            uts: open_ns(init, "uts")?,
+            ipc: open_ns(init, "ipc")?,
+            pid: open_ns(init, "pid")?,
+        })
+    }
+}
+
 pub struct Member {
     pub root: PathBuf,
     pub ns: MemberNs,
@@ -109,14 +124,14 @@ pub struct Pending {
 ///
 /// `root` is where the member's overlay is (or, for a hollow member, will
 /// be) mounted; a hollow member's init waits for `InitRequest::Root`.
-pub fn start(family: &Family, hostname: &str, root: &Path, hollow: bool, cgroup_procs: &[PathBuf]) -> Result<Pending> {
+pub fn start(family: &Family, hostname: &str, root: &Path, hollow: bool, cgroup_procs: &[PathBuf], shape: init::Shape) -> Result<Pending> {
     let (ours, theirs) = channel::pair()?;
     channel::pass_credentials(ours.as_fd())?;
     // SAFETY: the shim is single-threaded.
     match unsafe { sys::fork_with(0) }.map_err(|e| Error::sys("fork", e))? {
         Forked::Child => {
             drop(ours);
-            let code = match build_in_child(family, hostname, (!hollow).then_some(root), cgroup_procs, theirs) {
+            let code = match build_in_child(family, hostname, (!hollow).then_some(root), cgroup_procs, theirs, shape) {
                 Ok(()) => 0,
                 Err((sock, e)) => {
                     let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: e }, &[]);
@@ -134,7 +149,7 @@ pub fn start(family: &Family, hostname: &str, root: &Path, hollow: bool, cgroup_
 }
 
 /// Complete a member once its init said whether it is ready.
-pub fn finish(pending: Pending) -> Result<Member> {
+pub fn finish(pending: Pending, shape: init::Shape) -> Result<Member> {
     let Pending { root, sock: ours, helper } = pending;
     let first = channel::recv::<InitMessage>(ours.as_fd());
     let _ = waitpid(helper, None);
@@ -142,26 +157,38 @@ pub fn finish(pending: Pending) -> Result<Member> {
     match got.msg {
         InitMessage::Ready => {
             let pid = Pid::from_raw(got.sender_pid.ok_or_else(|| Error::Protocol("init sent no credentials".into()))?);
-            // The OOM killer must pick user processes, never init.
-            let _ = fs::write(format!("/proc/{pid}/oom_score_adj"), "-1000");
-            let ns = MemberNs {
-                mnt: open_ns(pid, "mnt")?,
-                net: open_ns(pid, "net")?,
-                uts: open_ns(pid, "uts")?,
-                ipc: open_ns(pid, "ipc")?,
-                pid: open_ns(pid, "pid")?,
+            let ns = MemberNs::of_init(pid)?;
+            let init = match shape {
+                init::Shape::Pooled => ours,
+                init::Shape::Solo => own_channel(&ours)?,
             };
-            Ok(Member { root, ns, init: ours, init_pid: pid })
+            Ok(Member { root, ns, init, init_pid: pid })
         }
         InitMessage::SetupFailed { error } => Err(Error::Setup(error)),
         other => Err(Error::Protocol(format!("unexpected first message from init: {other:?}"))),
     }
 }
 
+/// The channel a solo member's init moved to (`InitMessage::Channel`).
+fn own_channel(first: &OwnedFd) -> Result<OwnedFd> {
+    let mut got = channel::recv::<InitMessage>(first.as_fd())?.ok_or_else(|| Error::Died("member init died during setup".into()))?;
+    match got.msg {
+        InitMessage::Channel if got.fds.len() == 1 => Ok(got.fds.remove(0)),
+        other => Err(Error::Protocol(format!("expected init's channel, got {other:?}"))),
+    }
+}
+
 /// In the forked helper: enter the family, then fork into the family's pid
 /// namespace (so the new leaf becomes its child), unshare the member's
 /// namespaces and fork init.
-fn build_in_child(family: &Family, hostname: &str, root: Option<&Path>, cgroup_procs: &[PathBuf], sock: OwnedFd) -> std::result::Result<(), (OwnedFd, String)> {
+fn build_in_child(
+    family: &Family,
+    hostname: &str,
+    root: Option<&Path>,
+    cgroup_procs: &[PathBuf],
+    sock: OwnedFd,
+    shape: init::Shape,
+) -> std::result::Result<(), (OwnedFd, String)> {
     if let Err(e) = enter_family(family, cgroup_procs) {
         return Err((sock, e));
     }
@@ -185,7 +212,7 @@ fn build_in_child(family: &Family, hostname: &str, root: Option<&Path>, cgroup_p
             }
             // SAFETY: single-threaded.
             match unsafe { sys::fork_with(0) } {
-                Ok(Forked::Child) => init::run(sock, root, hostname),
+                Ok(Forked::Child) => init::run(sock, root, hostname, shape),
                 Ok(Forked::Parent(_)) => {
                     // SAFETY: leaving a forked child; init is reparented to the reaper.
                     unsafe { libc::_exit(0) }

@@ -26,6 +26,11 @@ pub struct ShimConfig {
     /// a new server to adopt it. Zero: it ends with the server.
     #[serde(default)]
     pub orphan_grace_ms: u64,
+    /// A family of one whose process tree criu can dump: its init is
+    /// bound into its root, its REPL is init's child, no notify filter
+    /// (docs/state.md, "the sandbox shape a process-keeping Space needs").
+    #[serde(default)]
+    pub solo: bool,
 }
 
 impl ShimConfig {
@@ -83,6 +88,33 @@ impl RunAs {
     }
 }
 
+/// The edge of a dumped solo sandbox: the descriptors that led out of its
+/// tree, as `/proc/<pid>/fd` names them, which a restore replaces.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Edges {
+    /// `socket:[ino]` of init's channel to the shim (its fd 3).
+    pub init_channel: String,
+    /// The REPL's fds 1, 2 and 3 (`pipe:[ino]`, `pipe:[ino]`,
+    /// `socket:[ino]`), when one ran.
+    pub repl: Option<[String; 3]>,
+}
+
+impl Edges {
+    /// Inode numbers of the unix sockets among them.
+    pub fn sockets(&self) -> Vec<u64> {
+        self.all().filter(|(kind, _)| *kind == "socket").map(|(_, ino)| ino).collect()
+    }
+
+    /// Every edge as (kind, inode): init's channel, then the REPL's fds 1, 2, 3.
+    pub fn all(&self) -> impl Iterator<Item = (&str, u64)> {
+        let repl = self.repl.iter().flat_map(|r| r.iter());
+        [&self.init_channel].into_iter().chain(repl).filter_map(|link| {
+            let (kind, rest) = link.split_once(":[")?;
+            Some((kind, rest.strip_suffix(']')?.parse().ok()?))
+        })
+    }
+}
+
 /// The socket in a family's run directory where an orphaned shim waits.
 pub const SHIM_SOCKET_NAME: &str = "shim.sock";
 
@@ -111,6 +143,13 @@ pub enum Request {
     /// layers (`upper`/`work` None) the member is *hollow*: everything but
     /// its root, which `RootMember` attaches later (a fork's spare).
     CreateMember { member: String, hostname: String, upper: Option<PathBuf>, work: Option<PathBuf>, cgroup_procs: Vec<PathBuf> },
+    /// (A solo family) build the member from criu's `images` of a dumped
+    /// one (`edges` from the dump), over these layers, running criu of the
+    /// tools root `criu_root` (or the host's). Reply: `Restored`; fds:
+    /// [pidfd of init, its mnt, net, uts, ipc and pid namespaces], then, when
+    /// a REPL was dumped, [pidfd of the REPL, control socket, stdout read
+    /// end, stderr read end] (the server's new ends of it).
+    RestoreMember { member: String, upper: PathBuf, work: PathBuf, cgroup_procs: Vec<PathBuf>, images: PathBuf, edges: Edges, criu_root: Option<PathBuf> },
     /// Give a hollow member its root over these layers (answered once its
     /// init has moved into it).
     RootMember { member: String, upper: PathBuf, work: PathBuf },
@@ -220,6 +259,9 @@ pub enum Reply {
     Reattached {
         repl_host_pid: Option<i32>,
     },
+    Restored {
+        repl_host_pid: Option<i32>,
+    },
     Failed {
         error: String,
     },
@@ -270,6 +312,10 @@ pub enum InitRequest {
     /// The command runs as `run_as` (shim and init are one binary, so they
     /// always agree on this message).
     Spawn { id: u64, argv: Vec<String>, env: Vec<String>, cwd: String, tty: bool, run_as: RunAs },
+    /// A solo member's REPL (init's child, docs/state.md). fds: [stdout
+    /// write end, stderr write end, control socket, source memfd];
+    /// answered with `ReplStarted`.
+    SpawnRepl { id: u64, argv: Vec<String>, env: Vec<String>, cwd: String },
     /// Signal every process of a running command's session.
     Signal { id: u64, signal: i32 },
     /// A hollow member gets its root: an overlay the shim mounted at `root`
@@ -282,6 +328,9 @@ pub enum InitRequest {
 pub enum InitMessage {
     /// Sent with credentials, so the shim learns init's host pid.
     Ready,
+    /// (A solo member's init, right after `Ready`) fds: [the channel to
+    /// use from now on, made in the member's network namespace].
+    Channel,
     /// fds: [the listener of init's filter, `notify::socket_filter`],
     /// which every command of the member inherits.
     Listener,
@@ -290,6 +339,11 @@ pub enum InitMessage {
     },
     Started {
         id: u64,
+    },
+    /// The REPL of `SpawnRepl` runs as `pid` of the member's namespace.
+    ReplStarted {
+        id: u64,
+        pid: i32,
     },
     /// The member's root is in place (answer to `InitRequest::Root`).
     Rooted,

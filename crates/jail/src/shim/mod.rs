@@ -14,6 +14,8 @@ mod handover;
 pub mod init;
 mod member;
 pub mod messages;
+mod restore;
+mod solo;
 
 use std::collections::HashMap;
 use std::fs;
@@ -85,6 +87,8 @@ struct Shim {
     rooting: HashMap<String, u64>,
     /// The shim's own mount namespace, to come back to from a member's.
     own_mnt: OwnedFd,
+    /// REPLs that solo members' inits started (see `solo`).
+    solo_repls: solo::SoloRepls,
 }
 
 struct Creating {
@@ -178,6 +182,7 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
         creating: Vec::new(),
         rooting: HashMap::new(),
         own_mnt,
+        solo_repls: Default::default(),
     };
     let result = shim.serve();
     shim.family.terminate();
@@ -519,13 +524,33 @@ impl Shim {
                     let (dead, _) = channel::pair()?;
                     m.init = dead;
                 }
+                // A solo member's REPL died with its init (a dump ends
+                // both), which can no longer say how.
+                if let Some(host_pid) = self.solo_repls.forget_member(name) {
+                    self.forget_deposit(name, host_pid);
+                    self.send(ShimMessage::Event(ShimEvent::ReplExited { member: name.to_string(), host_pid, status: None }), &[])?;
+                }
                 return self.send(ShimMessage::Event(ShimEvent::InitExited { member: name.to_string() }), &[]);
             }
         };
         let member = name.to_string();
         match got {
             InitMessage::Started { id } => self.send(ShimMessage::Event(ShimEvent::CommandStarted { member, id }), &[]),
-            InitMessage::Exited { id, status } => self.send(ShimMessage::Event(ShimEvent::CommandExited { member, id, status }), &[]),
+            InitMessage::ReplStarted { id, pid } => match self.solo_repls.started(id) {
+                Some((req, _)) => self.on_solo_repl_started(req, &member, pid),
+                None => Ok(()),
+            },
+            InitMessage::Exited { id, status } => match self.solo_repls.exited(&member, id) {
+                Some(host_pid) => {
+                    self.forget_deposit(&member, host_pid);
+                    self.send(ShimMessage::Event(ShimEvent::ReplExited { member, host_pid, status: Some(status) }), &[])
+                }
+                None => self.send(ShimMessage::Event(ShimEvent::CommandExited { member, id, status }), &[]),
+            },
+            InitMessage::SpawnFailed { id, error } if id >= solo::FIRST_ID => match self.solo_repls.started(id) {
+                Some((req, _)) => self.reply(req, Err(Error::Setup(error))),
+                None => Ok(()),
+            },
             InitMessage::SpawnFailed { id, error } => {
                 tracing::debug!(%error, "spawn failed");
                 self.send(ShimMessage::Event(ShimEvent::CommandExited { member, id, status: ExitStatus::Code(127) }), &[])
@@ -564,6 +589,25 @@ impl Shim {
                 Ok(()) => Ok(()),
                 Err(e) => self.reply(req, Err(e)),
             },
+            Request::RestoreMember { member, upper, work, cgroup_procs, images, edges, criu_root } => {
+                let asked = restore::Request {
+                    name: &member,
+                    upper: &upper,
+                    work: &work,
+                    cgroup_procs: &cgroup_procs,
+                    images: &images,
+                    edges: &edges,
+                    criu_root: criu_root.as_deref(),
+                    id_base: self.config.id_base,
+                };
+                let result = self.restore_member(&asked);
+                self.reply(req, result)
+            }
+            // A solo member's REPL is init's child: answered once init started it.
+            Request::SpawnRepl { member, argv, env, cwd, .. } if self.config.solo => match self.spawn_solo_repl(req, &member, argv, env, cwd, &fds) {
+                Ok(()) => Ok(()),
+                Err(e) => self.reply(req, Err(e)),
+            },
             request => {
                 let result = self.handle(request, fds);
                 self.reply(req, result)
@@ -589,6 +633,58 @@ impl Shim {
         Ok(())
     }
 
+    /// Build a solo member from criu's images (see `restore`).
+    fn restore_member(&mut self, req: &restore::Request<'_>) -> Result<(Reply, Vec<OwnedFd>)> {
+        if !self.config.solo || !self.members.is_empty() || !self.creating.is_empty() {
+            return Err(Error::Invalid("only an empty solo family takes a restored member".into()));
+        }
+        let restored = restore::restore(&self.family, &self.config.run_dir, req)?;
+        let m = &restored.member;
+        let mut fds = vec![sys::pidfd_open(m.init_pid).map_err(|e| Error::sys("pidfd_open init", e))?];
+        for ns in [&m.ns.mnt, &m.ns.net, &m.ns.uts, &m.ns.ipc, &m.ns.pid] {
+            fds.push(ns.try_clone().map_err(|e| Error::io("dup namespace", e))?);
+        }
+        let repl_host_pid = restored.repl.as_ref().map(|(pid, _)| *pid);
+        if let Some((pid, ends)) = restored.repl {
+            fds.push(sys::pidfd_open(Pid::from_raw(pid)).map_err(|e| Error::sys("pidfd_open REPL", e))?);
+            fds.extend(ends);
+            self.solo_repls.running(req.name, pid);
+        }
+        self.members.insert(req.name.to_string(), restored.member);
+        Ok((Reply::Restored { repl_host_pid }, fds))
+    }
+
+    /// Ask a solo member's init for its REPL (see `solo`).
+    fn spawn_solo_repl(&mut self, req: u64, name: &str, argv: Vec<String>, env: Vec<String>, cwd: String, fds: &[OwnedFd]) -> Result<()> {
+        let m = self.members.get(name).ok_or_else(|| Error::Invalid(format!("no member {name}")))?;
+        if fds.len() != 4 {
+            return Err(Error::Invalid("spawn repl needs 4 descriptors".into()));
+        }
+        let id = self.solo_repls.start(req, name);
+        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        if let Err(e) = channel::send(m.init.as_fd(), &InitRequest::SpawnRepl { id, argv, env, cwd }, &raw) {
+            self.solo_repls.started(id);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Init started a solo member's REPL as `leaf_pid`: answer its request
+    /// as a pooled REPL's spawn is answered.
+    fn on_solo_repl_started(&mut self, req: u64, name: &str, leaf_pid: i32) -> Result<()> {
+        let found = self.members.get(name).and_then(|m| solo::host_pid_of(m.init_pid.as_raw(), leaf_pid));
+        let opened = found
+            .ok_or_else(|| Error::Died(format!("the REPL of {name} is gone")))
+            .and_then(|pid| sys::pidfd_open(Pid::from_raw(pid)).map(|fd| (pid, fd)).map_err(|e| Error::sys("pidfd_open REPL", e)));
+        match opened {
+            Ok((host_pid, pidfd)) => {
+                self.solo_repls.running(name, host_pid);
+                self.reply(req, Ok((Reply::ReplSpawned { host_pid }, vec![pidfd])))
+            }
+            Err(e) => self.reply(req, Err(e)),
+        }
+    }
+
     fn reply(&mut self, req: u64, result: Result<(Reply, Vec<OwnedFd>)>) -> Result<()> {
         let (reply, out_fds) = result.unwrap_or_else(|e| (Reply::Failed { error: e.to_string() }, vec![]));
         let raw: Vec<i32> = out_fds.iter().map(|f| f.as_raw_fd()).collect();
@@ -603,7 +699,12 @@ impl Shim {
 
     /// The host pid of `member`'s live REPL, if it has one.
     fn repl_of(&self, member: &str) -> Option<i32> {
-        self.repls.iter().find(|(_, m)| *m == member).map(|(pid, _)| *pid).or_else(|| self.forked.iter().find(|(_, (m, _))| m == member).map(|(pid, _)| *pid))
+        self.repls
+            .iter()
+            .find(|(_, m)| *m == member)
+            .map(|(pid, _)| *pid)
+            .or_else(|| self.forked.iter().find(|(_, (m, _))| m == member).map(|(pid, _)| *pid))
+            .or_else(|| self.solo_repls.of(member))
     }
 
     /// Hand a member back to a new server (`Reattach`).
@@ -637,7 +738,8 @@ impl Shim {
             // Hollow: its overlay is mounted by `root_member`, in its own namespace.
             None => self.config.run_dir.join(&name).join("root"),
         };
-        match member::start(&self.family, hostname, &root, layers.is_none(), cgroup_procs) {
+        let shape = if self.config.solo { init::Shape::Solo } else { init::Shape::Pooled };
+        match member::start(&self.family, hostname, &root, layers.is_none(), cgroup_procs, shape) {
             Ok(pending) => {
                 self.creating.push(Creating { req, name, root, pending });
                 Ok(())
@@ -652,7 +754,8 @@ impl Shim {
     /// A member's init answered: finish the member and reply to its create.
     fn on_member_ready(&mut self, index: usize) -> Result<()> {
         let Creating { req, name, root, pending } = self.creating.remove(index);
-        let made = member::finish(pending).and_then(|m| {
+        let shape = if self.config.solo { init::Shape::Solo } else { init::Shape::Pooled };
+        let made = member::finish(pending, shape).and_then(|m| {
             // The server watches init through a pidfd: its death must be
             // known before the next request, not after.
             let mut fds = vec![sys::pidfd_open(m.init_pid).map_err(|e| Error::sys("pidfd_open init", e))?];
@@ -675,7 +778,7 @@ impl Shim {
 
     fn handle(&mut self, request: Request, fds: Vec<OwnedFd>) -> Result<(Reply, Vec<OwnedFd>)> {
         match request {
-            Request::CreateMember { .. } | Request::RootMember { .. } => Err(Error::Invalid("answered in on_request".into())),
+            Request::CreateMember { .. } | Request::RootMember { .. } | Request::RestoreMember { .. } => Err(Error::Invalid("answered in on_request".into())),
             Request::SpawnRepl { member: name, cgroup_procs, argv, env, cwd } => {
                 let pidfd = self.spawn_repl(&name, &cgroup_procs, &argv, &env, &cwd, fds)?;
                 Ok((Reply::ReplSpawned { host_pid: pidfd.0 }, vec![pidfd.1]))
@@ -746,6 +849,7 @@ impl Shim {
                     self.gates.forget(mnt);
                 }
                 self.handovers.forget_member(&name);
+                let _ = self.solo_repls.forget_member(&name);
                 self.deposits.remove(&name);
                 if let Some(m) = self.members.remove(&name) {
                     self.repls.retain(|_, mem| *mem != name);
@@ -816,7 +920,7 @@ impl Shim {
 }
 
 /// Host pids of the children of every thread of `pid`.
-fn children_of(pid: i32) -> Vec<i32> {
+pub(crate) fn children_of(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
     if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
         for task in tasks.flatten() {

@@ -64,6 +64,7 @@ pub fn spec(id: &str) -> SandboxSpec {
         trust_layer: None,
         limits: Limits { memory_bytes: 256 << 20, pids: 128, cpu_weight: 100, disk_bytes: 1 << 30 },
         initial_upper: None,
+        solo: false,
     }
 }
 

@@ -304,7 +304,7 @@ impl Root {
 
     /// A new sandbox on this root; `trust_layer`: the host's CAs over it.
     pub fn spec(self, id: String, limits: jail::Limits, initial_upper: Option<PathBuf>, trust_layer: Option<PathBuf>) -> jail::SandboxSpec {
-        jail::SandboxSpec { id, template_rootfs: self.rootfs, template_layers: self.layers, trust_layer, limits, initial_upper }
+        jail::SandboxSpec { id, template_rootfs: self.rootfs, template_layers: self.layers, trust_layer, limits, initial_upper, solo: false }
     }
 }
 

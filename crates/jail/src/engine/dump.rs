@@ -1,0 +1,82 @@
+//! Dumping a solo sandbox's whole process tree with criu
+//! (docs/state.md, "the sandbox shape a process-keeping Space needs").
+//!
+//! The tree is the member's init (pid 1 of its own pid namespace) and
+//! everything under it; the mounts that bind host files in are named to
+//! criu as external, and the descriptors that cross the sandbox's edge
+//! (init's channel to the shim, the REPL's control socket and output
+//! pipes) are recorded, by inode, so a restore can hand in new ones.
+
+use std::path::Path;
+
+use super::*;
+
+/// Where criu, run in its tools root, sees the images directory.
+const IMAGES_INSIDE: &str = "/forkbox/images";
+/// The log criu writes into the images directory.
+pub const DUMP_LOG: &str = "dump.log";
+
+impl Jail {
+    /// Dump `sandbox` (solo) into `images` with `criu`; the tree ends
+    /// once the dump is complete (criu's default), so a failed dump
+    /// leaves it running.
+    pub async fn dump(&self, sandbox: &Sandbox, criu: &criu::Criu, images: &Path) -> Result<Edges> {
+        if !sandbox.is_solo() {
+            return Err(Error::Unsupported("only a solo sandbox's processes can be dumped".into()));
+        }
+        let init = sandbox.init_pid()?;
+        let edges = edges_of(init)?;
+        // Init is the shim's binary, bound in where it was found.
+        let init_binary = std::fs::canonicalize(&self.config.shim_exe).map_err(|e| Error::io("find the shim's binary", e))?;
+        let seen = criu.seen(images, Path::new(IMAGES_INSIDE)).to_path_buf();
+        let mut command = criu.command_as("dump", &[(images, Path::new(IMAGES_INSIDE))], sandbox.family.config.id_base);
+        command.arg("-t").arg(init.to_string()).arg("-D").arg(&seen).args(["-o", DUMP_LOG, "--network-lock", "skip", "--ext-unix-sk", "--empty-ns", "net"]);
+        for socket in edges.sockets() {
+            command.arg("--external").arg(format!("unix[{socket}]"));
+        }
+        for bind in crate::shim::init::host_binds(&init_binary) {
+            command.arg("--external").arg(format!("mnt[{}]:{}", bind.inside, bind.key));
+        }
+        command.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
+        let output = tokio::task::spawn_blocking(move || command.output())
+            .await
+            .map_err(|e| Error::Thread(e.to_string()))?
+            .map_err(|e| Error::io("run criu dump", e))?;
+        if !output.status.success() {
+            let log = std::fs::read_to_string(images.join(DUMP_LOG)).unwrap_or_default();
+            let errors: Vec<&str> = log.lines().filter(|l| l.contains("Error")).collect();
+            let printed = String::from_utf8_lossy(&output.stderr);
+            return Err(Error::Setup(format!("criu dump failed ({}): {}{}", output.status, errors.join("; "), printed.trim())));
+        }
+        seal(images)?;
+        Ok(edges)
+    }
+}
+
+/// The images are the server's alone: criu wrote them as the family's
+/// host root (the sandbox's root on the host), so hand them to host root,
+/// readable by it only.
+fn seal(images: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let own = |path: &Path, mode: u32| -> Result<()> {
+        std::os::unix::fs::lchown(path, Some(0), Some(0)).map_err(|e| Error::io("give the images to root", e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| Error::io("close the images", e))
+    };
+    for entry in std::fs::read_dir(images).map_err(|e| Error::io("read the images", e))?.flatten() {
+        own(&entry.path(), 0o600)?;
+    }
+    own(images, 0o700)
+}
+
+/// The edge descriptors of the tree whose init is host pid `init`.
+fn edges_of(init: i32) -> Result<Edges> {
+    let link = |pid: i32, fd: i32| std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).map(|p| p.to_string_lossy().into_owned());
+    let init_channel = link(init, 3).map_err(|e| Error::io("read init's channel", e))?;
+    // The REPL is the child of init whose fd 3 is a socket (commands have
+    // nothing above fd 2).
+    let repl = crate::shim::children_of(init).into_iter().find_map(|child| {
+        let control = link(child, 3).ok().filter(|l| l.starts_with("socket:"))?;
+        Some([link(child, 1).ok()?, link(child, 2).ok()?, control])
+    });
+    Ok(Edges { init_channel, repl })
+}
