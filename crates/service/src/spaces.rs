@@ -16,8 +16,9 @@ use crate::state::Service;
 use repl_host::events::now_ms;
 
 /// Why no sandbox's processes are kept today, criu or not.
-pub(crate) const PROCESSES_NOT_KEPT: &str = "criu cannot dump a forkbox sandbox yet: its REPL is forked from its template's zygote \
-     and lives outside its member's pid namespace (docs/state.md#why-processes-are-not-kept-yet)";
+pub(crate) const PROCESSES_NOT_KEPT: &str = "criu cannot dump a pooled forkbox sandbox: its REPL is forked from its template's zygote \
+     and lives outside its member's pid namespace (docs/state.md#why-processes-are-not-kept-yet); \
+     the solo sandboxes criu can dump are not made by freezes yet";
 
 impl Service {
     /// What a Space says of the processes it did not keep: whether criu is
