@@ -74,6 +74,11 @@ async fn a_solo_sandboxs_init_runs_from_a_read_only_bind_and_its_repl_is_inits_c
     // Init runs from inside its root, or criu could not find its binary.
     let init = sb.init_pid().expect("init's pid");
     assert_eq!(std::fs::read_link(format!("/proc/{init}/exe")).unwrap(), std::path::Path::new("/dev/.forkbox-init"));
+    // It holds no host file (the shim's streams are the server's log, which
+    // criu could not dump): its standard streams are the sandbox's /dev/null.
+    for fd in 0..3 {
+        assert_eq!(std::fs::read_link(format!("/proc/{init}/fd/{fd}")).unwrap(), std::path::Path::new("/dev/null"), "init's fd {fd}");
+    }
 
     let argv = vec!["/usr/bin/python3".to_string(), "-u".into(), "-c".into(), LINE_REPL.into()];
     let repl = sb.start_repl(argv, env(), "/root", b"").await.expect("start the REPL");

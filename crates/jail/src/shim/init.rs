@@ -126,9 +126,16 @@ fn solo_exec(sock: OwnedFd, root: Option<&Path>, hostname: &str) -> ! {
         let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: e }, &[]);
         std::process::exit(1);
     }
-    // criu dumps a tree whose sessions all lead from inside it.
+    // criu dumps a tree whose sessions all lead from inside it, and whose
+    // files all lie inside it: the shim's standard streams (the server's
+    // log) give way to the sandbox's /dev/null.
     let _ = nix::unistd::setsid();
     let _ = sys::dup_to(sock.as_raw_fd(), 3);
+    if let Ok(null) = fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+        for fd in 0..3 {
+            let _ = sys::dup_to(null.as_raw_fd(), fd);
+        }
+    }
     sys::close_fds_from(4);
     let path = std::ffi::CString::new(SOLO_INIT_PATH).unwrap_or_default();
     let argv0 = std::ffi::CString::new(INIT_ARGV0).unwrap_or_default();
