@@ -157,15 +157,6 @@ async fn destroy_leaves_no_process_cgroup_mount_or_volume() {
     assert!(!cg, "the cgroup survived");
 }
 
-fn walk_contains(dir: &std::path::Path, name: &str, depth: u32) -> bool {
-    if depth == 0 {
-        return false;
-    }
-    std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy() == name || (e.path().is_dir() && walk_contains(&e.path(), name, depth - 1))))
-        .unwrap_or(false)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn writes_inside_never_reach_the_template() {
     let sb = jail().create(spec(&unique("t-tmpl"))).await.unwrap();

@@ -116,6 +116,29 @@ fn find_criu() -> criu::Criu {
     criu::Criu::find(root.as_deref(), &dir).expect("criu: run `forkbox tools build criu`")
 }
 
+/// A dumped sandbox, as a Space would keep it: its images and files (in
+/// `work`, removed when dropped) and the edges a restore replaces.
+struct Frozen {
+    work: tempfile::TempDir,
+    images: std::path::PathBuf,
+    files: std::path::PathBuf,
+    edges: forkbox_jail::Edges,
+}
+
+/// Dump `old`, save its files, destroy it.
+async fn freeze(old: forkbox_jail::Sandbox, criu: &criu::Criu) -> Frozen {
+    let work = tempfile::tempdir().expect("tempdir");
+    let (images, files) = (work.path().join("images"), work.path().join("files"));
+    std::fs::create_dir(&images).unwrap();
+    let edges = jail().dump(&old, criu, &images).await.expect("dump");
+    old.export_upper(&files).expect("save the files");
+    jail().destroy(&old).await.expect("destroy the dumped sandbox");
+    Frozen { work, images, files, edges }
+}
+
+/// A way to damage a copy of the images.
+type Damage = Box<dyn Fn(&std::path::Path)>;
+
 #[tokio::test(flavor = "multi_thread")]
 async fn criu_dumps_a_solo_sandbox_whole() {
     let criu = find_criu();
@@ -188,12 +211,7 @@ async fn a_dumped_solo_sandbox_comes_back_running_in_a_family_of_its_own() {
     assert_eq!(confined[1], "2", "the REPL runs under the member's two filters");
     let counted: u64 = ask(&mut control, "n[0]").await.parse().unwrap();
 
-    let work = tempfile::tempdir().expect("tempdir");
-    let (images, files) = (work.path().join("images"), work.path().join("files"));
-    std::fs::create_dir(&images).unwrap();
-    let edges = jail().dump(&old, &criu, &images).await.expect("dump");
-    old.export_upper(&files).expect("save the files");
-    jail().destroy(&old).await.expect("destroy the dumped sandbox");
+    let Frozen { work: _work, images, files, edges } = freeze(old, &criu).await;
 
     let new_id = unique("t-solo-new");
     let spec = SandboxSpec { initial_upper: Some(files), ..solo_spec(&new_id) };
@@ -225,4 +243,35 @@ async fn a_dumped_solo_sandbox_comes_back_running_in_a_family_of_its_own() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(&lines[1..], ["abc", new_id.as_str()], "{out}");
     jail().destroy(&new).await.expect("destroy");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn damaged_images_fail_the_restore_and_leave_nothing_behind() {
+    let criu = find_criu();
+    let (old, repl) = solo_with_repl("t-solo-bad").await;
+    let mut control = BufReader::new(repl.control);
+    assert_eq!(ask(&mut control, "x = 1").await, "ok");
+    let Frozen { work, images, files, edges } = freeze(old, &criu).await;
+
+    let userns = std::fs::read_dir(&images).unwrap().flatten().map(|e| e.file_name()).find(|n| n.to_string_lossy().starts_with("userns-")).unwrap();
+    let damages: [(&str, Damage); 3] = [
+        ("no process tree", Box::new(|dir| std::fs::remove_file(dir.join("pstree.img")).unwrap())),
+        ("a user namespace image that is not one", Box::new(move |dir| std::fs::write(dir.join(&userns), [7u8; 64]).unwrap())),
+        ("an inventory of garbage", Box::new(|dir| std::fs::write(dir.join("inventory.img"), b"not an image at all").unwrap())),
+    ];
+    for (what, damage) in damages {
+        let damaged = work.path().join("damaged");
+        let _ = std::fs::remove_dir_all(&damaged);
+        assert!(std::process::Command::new("cp").arg("-a").arg(&images).arg(&damaged).status().unwrap().success());
+        damage(&damaged);
+        let id = unique("t-solo-bad-new");
+        let spec = SandboxSpec { initial_upper: Some(files.clone()), ..solo_spec(&id) };
+        let restored = jail().restore(spec, &damaged, &edges, &criu).await;
+        assert!(restored.is_err(), "{what}: restored anyway");
+        nothing_left_of(&id);
+    }
+    // The engine goes on making sandboxes.
+    let sb = jail().create(solo_spec(&unique("t-solo-after"))).await.expect("create after failed restores");
+    assert_eq!(bash(&sb, "echo ok").await.1, "ok\n");
+    jail().destroy(&sb).await.expect("destroy");
 }

@@ -7,13 +7,19 @@ use super::*;
 impl Jail {
     /// Create a sandbox: subvolume, cgroup, family shim, member.
     pub async fn create(&self, spec: SandboxSpec) -> Result<Sandbox> {
-        let (sandbox, _, _) = self.build(spec, create_member_request).await?;
+        let (sandbox, _, _, _) = self.build(spec, create_member_request).await?;
         Ok(sandbox)
     }
 
     /// A sandbox whose member the shim makes with `first(id, cgroup,
-    /// subvolume)`; with the reply and the descriptors after init's pidfd.
-    pub(super) async fn build(&self, spec: SandboxSpec, first: impl FnOnce(&str, &Cgroup, &Path) -> Request) -> Result<(Sandbox, Reply, Vec<OwnedFd>)> {
+    /// subvolume)`; with the reply, the descriptors after init's pidfd,
+    /// and for a restore, the waiter of the restored REPL's end
+    /// (registered before the restore, so no end is missed).
+    pub(super) async fn build(
+        &self,
+        spec: SandboxSpec,
+        first: impl FnOnce(&str, &Cgroup, &Path) -> Request,
+    ) -> Result<(Sandbox, Reply, Vec<OwnedFd>, Option<oneshot::Receiver<ExitStatus>>)> {
         let range = self.ids.lock().map_err(|_| Error::Thread("id allocator poisoned".into()))?.allocate()?;
         let release = |ids: &StdMutex<IdAllocator>| {
             if let Ok(mut ids) = ids.lock() {
@@ -36,7 +42,7 @@ impl Jail {
         };
         let made = self.create_member(&spec, first(&spec.id, &cgroup, &subvolume), range).await;
         match made {
-            Ok((shim, reply, mut fds, config)) => {
+            Ok((shim, reply, mut fds, config, repl_exited)) => {
                 let init_pidfd = (!fds.is_empty()).then(|| fds.remove(0));
                 let family = Arc::new(FamilyHandle {
                     shim: StdMutex::new(shim),
@@ -46,7 +52,12 @@ impl Jail {
                     hollows: tokio::sync::Mutex::new(Vec::new()),
                     restart: tokio::sync::Mutex::new(()),
                 });
-                Ok((Sandbox::new(spec.id, family, spec.template_rootfs, spec.limits, cgroup, subvolume, self.volume.clone(), init_pidfd), reply, fds))
+                Ok((
+                    Sandbox::new(spec.id, family, spec.template_rootfs, spec.limits, cgroup, subvolume, self.volume.clone(), init_pidfd),
+                    reply,
+                    fds,
+                    repl_exited,
+                ))
             }
             Err(e) => {
                 let _ = cgroup.kill_all(DESTROY_DEADLINE);
@@ -88,7 +99,7 @@ impl Jail {
         spec: &SandboxSpec,
         request: Request,
         range: crate::ids::IdRange,
-    ) -> Result<(Arc<ShimHandle>, Reply, Vec<OwnedFd>, ShimConfig)> {
+    ) -> Result<(Arc<ShimHandle>, Reply, Vec<OwnedFd>, ShimConfig, Option<oneshot::Receiver<ExitStatus>>)> {
         let config = ShimConfig {
             family: spec.id.clone(),
             id_base: range.base,
@@ -101,8 +112,16 @@ impl Jail {
             solo: spec.solo,
         };
         let shim = ShimHandle::start(&self.config.shim_exe, &config, range).await?;
+        let repl_exited = match request {
+            Request::RestoreMember { .. } => {
+                let (tx, rx) = oneshot::channel();
+                shim.repl_exits.lock().await.insert(spec.id.clone(), tx);
+                Some(rx)
+            }
+            _ => None,
+        };
         match shim.call(request, &[]).await {
-            Ok((reply, fds)) => Ok((shim, reply, fds, config)),
+            Ok((reply, fds)) => Ok((shim, reply, fds, config, repl_exited)),
             Err(e) => {
                 shim.shutdown().await;
                 Err(e)

@@ -26,8 +26,8 @@ impl Jail {
             edges: edges.clone(),
             criu_root,
         };
-        let (sandbox, reply, fds) = self.build(spec, request).await?;
-        let repl = match repl_of(&sandbox, reply, fds).await {
+        let (sandbox, reply, fds, exited) = self.build(spec, request).await?;
+        let repl = match repl_of(reply, fds, exited) {
             Ok(repl) => repl,
             Err(e) => {
                 let _ = self.destroy(&sandbox).await;
@@ -40,7 +40,7 @@ impl Jail {
 
 /// The restored REPL from the shim's reply: fds after init's pidfd are its
 /// five namespaces, then the REPL's pidfd, control socket, stdout, stderr.
-async fn repl_of(sandbox: &Sandbox, reply: Reply, fds: Vec<OwnedFd>) -> Result<Option<ReplProcess>> {
+fn repl_of(reply: Reply, fds: Vec<OwnedFd>, exited: Option<oneshot::Receiver<ExitStatus>>) -> Result<Option<ReplProcess>> {
     let host_pid = match reply {
         Reply::Restored { repl_host_pid } => repl_host_pid,
         other => return Err(Error::Protocol(format!("unexpected reply {other:?}"))),
@@ -50,8 +50,7 @@ async fn repl_of(sandbox: &Sandbox, reply: Reply, fds: Vec<OwnedFd>) -> Result<O
     let (Some(pidfd), Some(control), Some(stdout), Some(stderr)) = (ends.next(), ends.next(), ends.next(), ends.next()) else {
         return Err(Error::Protocol("the restored REPL's descriptors are missing".into()));
     };
-    let (exited_tx, exited) = oneshot::channel();
-    sandbox.shim().repl_exits.lock().await.insert(sandbox.id.clone(), exited_tx);
+    let exited = exited.ok_or_else(|| Error::Protocol("no waiter for the restored REPL".into()))?;
     let control = std::os::unix::net::UnixStream::from(control);
     control.set_nonblocking(true).map_err(|e| Error::io("nonblocking", e))?;
     Ok(Some(ReplProcess {

@@ -125,3 +125,21 @@ pub async fn collect(mut cmd: CommandProcess) -> (i32, String, String) {
 pub fn code(s: ExitStatus) -> i32 {
     s.code()
 }
+
+/// Whether an entry named `name` lies in `dir`, at most `depth` levels down.
+pub fn walk_contains(dir: &std::path::Path, name: &str, depth: u32) -> bool {
+    if depth == 0 {
+        return false;
+    }
+    std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy() == name || (e.path().is_dir() && walk_contains(&e.path(), name, depth - 1))))
+        .unwrap_or(false)
+}
+
+/// Nothing of sandbox `id` is left: no mount, volume or cgroup.
+pub fn nothing_left_of(id: &str) {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(id), "a mount of {id} survived");
+    assert!(!jail().volume_root().join("sandboxes").join(id).exists(), "the volume of {id} survived");
+    assert!(!walk_contains(std::path::Path::new("/sys/fs/cgroup"), id, 4), "the cgroup of {id} survived");
+}
