@@ -17,6 +17,8 @@ pub enum CriuError {
     NoVersion { output: String },
     #[error("`criu check` failed on this kernel: {output}")]
     CheckFailed { output: String },
+    #[error("criu {what} failed ({status}): {errors}")]
+    Failed { what: String, status: String, errors: String },
     #[error("criu image {path}: {why}")]
     Image { path: PathBuf, why: String },
 }

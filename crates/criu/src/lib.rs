@@ -11,19 +11,21 @@
 //! Layout: [`version`] reads `criu --version`, [`locate`] picks the criu
 //! ([`Criu`]), [`pivot`] makes the command that runs inside the tools root,
 //! [`check`] asks criu whether this kernel can take a dump, [`identity`]
-//! runs it as a family's host root, [`userns_image`] moves a dump to
-//! another uid range.
+//! runs it as a family's host root, [`run`] runs it to its end,
+//! [`userns_image`] moves a dump to another uid range.
 
 mod check;
 mod error;
 mod identity;
 mod locate;
 mod pivot;
+mod run;
 mod userns_image;
 mod version;
 
 pub use check::Readiness;
 pub use error::CriuError;
 pub use locate::{Criu, Source};
+pub use run::run_logged;
 pub use userns_image::{rebase_userns_image, share_tree_namespace, NsField};
 pub use version::{Version, MINIMUM};

@@ -90,7 +90,6 @@ fn put_varint(out: &mut Vec<u8>, mut value: u64) {
 #[derive(Clone, Copy, Debug)]
 pub enum NsField {
     Uts = 8,
-    User = 10,
 }
 
 /// Make criu leave one of the tree's namespaces to the restore's caller:

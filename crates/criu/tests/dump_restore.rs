@@ -116,11 +116,10 @@ fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-fn run(mut command: Command, images: &Path, log: &str) {
-    let status = command.stdin(Stdio::null()).status().expect("run criu");
-    let text = std::fs::read_to_string(images.join(log)).unwrap_or_default();
-    let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("Error")).collect();
-    assert!(status.success(), "criu failed ({status}): {errors:?}");
+fn run(command: Command, images: &Path, log: &str) {
+    if let Err(e) = forkbox_criu::run_logged(command, log, &images.join(log)) {
+        panic!("{e}");
+    }
 }
 
 #[test]

@@ -187,6 +187,27 @@ pub fn dup_to(old: RawFd, new: RawFd) -> nix::Result<()> {
     Ok(())
 }
 
+/// Place `sources` on descriptors `first`, `first + 1`, … (without
+/// close-on-exec). Each is first copied above every target, so no dup2
+/// clobbers a source that sits on a target number; the copies are
+/// close-on-exec. Allocates nothing (safe between fork and exec); at most
+/// 16 sources.
+pub fn place_fds(sources: &[RawFd], first: RawFd) -> nix::Result<()> {
+    let mut high = [-1; 16];
+    if sources.len() > high.len() {
+        return Err(Errno::EINVAL);
+    }
+    let above = first + sources.len() as RawFd;
+    for (slot, fd) in high.iter_mut().zip(sources) {
+        // SAFETY: fcntl duplicating a descriptor we hold.
+        *slot = check(unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, above) } as libc::c_long)? as RawFd;
+    }
+    for (i, fd) in high[..sources.len()].iter().enumerate() {
+        dup_to(*fd, first + i as RawFd)?;
+    }
+    Ok(())
+}
+
 /// `clone3` with fork semantics that gives the child the pid `pid` in the
 /// caller's pid_for_children namespace (needs CAP_SYS_ADMIN over it).
 ///

@@ -37,17 +37,11 @@ impl Jail {
         for bind in crate::shim::init::host_binds(&init_binary) {
             command.arg("--external").arg(format!("mnt[{}]:{}", bind.inside, bind.key));
         }
-        command.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
-        let output = tokio::task::spawn_blocking(move || command.output())
+        let log = images.join(DUMP_LOG);
+        tokio::task::spawn_blocking(move || criu::run_logged(command, "dump", &log))
             .await
             .map_err(|e| Error::Thread(e.to_string()))?
-            .map_err(|e| Error::io("run criu dump", e))?;
-        if !output.status.success() {
-            let log = std::fs::read_to_string(images.join(DUMP_LOG)).unwrap_or_default();
-            let errors: Vec<&str> = log.lines().filter(|l| l.contains("Error")).collect();
-            let printed = String::from_utf8_lossy(&output.stderr);
-            return Err(Error::Setup(format!("criu dump failed ({}): {}{}", output.status, errors.join("; "), printed.trim())));
-        }
+            .map_err(|e| Error::Setup(e.to_string()))?;
         seal(images)?;
         Ok(edges)
     }
@@ -72,11 +66,6 @@ fn seal(images: &Path) -> Result<()> {
 fn edges_of(init: i32) -> Result<Edges> {
     let link = |pid: i32, fd: i32| std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).map(|p| p.to_string_lossy().into_owned());
     let init_channel = link(init, 3).map_err(|e| Error::io("read init's channel", e))?;
-    // The REPL is the child of init whose fd 3 is a socket (commands have
-    // nothing above fd 2).
-    let repl = crate::shim::children_of(init).into_iter().find_map(|child| {
-        let control = link(child, 3).ok().filter(|l| l.starts_with("socket:"))?;
-        Some([link(child, 1).ok()?, link(child, 2).ok()?, control])
-    });
+    let repl = crate::shim::solo::repl_child(init).and_then(|child| Some([link(child, 1).ok()?, link(child, 2).ok()?, link(child, 3).ok()?]));
     Ok(Edges { init_channel, repl })
 }

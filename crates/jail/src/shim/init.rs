@@ -386,12 +386,7 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
                 // docs/repl-protocol.md: 0 /dev/null, 1/2 output, 3 control, 4 source.
                 let Ok(null) = fs::File::open("/dev/null") else { return "open /dev/null".to_string() };
                 let sources = [null.as_raw_fd(), fds[0].as_raw_fd(), fds[1].as_raw_fd(), fds[2].as_raw_fd(), fds[3].as_raw_fd()];
-                // Above every target first, so no dup2 clobbers a source.
-                // SAFETY: fcntl duplicating descriptors we hold.
-                let high: Vec<i32> = sources.iter().map(|fd| unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) }).collect();
-                for (target, fd) in high.iter().enumerate() {
-                    let _ = sys::dup_to(*fd, target as i32);
-                }
+                let _ = sys::place_fds(&sources, 0);
                 sys::close_fds_from(5);
                 // A member's confinement: alone in its pid namespace, the
                 // REPL has no other namespace to switch to.

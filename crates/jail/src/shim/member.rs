@@ -45,6 +45,18 @@ impl MemberNs {
     }
 }
 
+impl Member {
+    /// What the server gets of a new member: a pidfd of its init, then its
+    /// mnt, net, uts, ipc and leaf pid namespaces.
+    pub fn reply_fds(&self) -> Result<Vec<OwnedFd>> {
+        let mut fds = vec![sys::pidfd_open(self.init_pid).map_err(|e| Error::sys("pidfd_open init", e))?];
+        for ns in [&self.ns.mnt, &self.ns.net, &self.ns.uts, &self.ns.ipc, &self.ns.pid] {
+            fds.push(ns.try_clone().map_err(|e| Error::io("dup namespace", e))?);
+        }
+        Ok(fds)
+    }
+}
+
 pub struct Member {
     pub root: PathBuf,
     pub ns: MemberNs,

@@ -15,7 +15,7 @@ pub mod init;
 mod member;
 pub mod messages;
 mod restore;
-mod solo;
+pub(crate) mod solo;
 
 use std::collections::HashMap;
 use std::fs;
@@ -639,11 +639,7 @@ impl Shim {
             return Err(Error::Invalid("only an empty solo family takes a restored member".into()));
         }
         let restored = restore::restore(&self.family, &self.config.run_dir, req)?;
-        let m = &restored.member;
-        let mut fds = vec![sys::pidfd_open(m.init_pid).map_err(|e| Error::sys("pidfd_open init", e))?];
-        for ns in [&m.ns.mnt, &m.ns.net, &m.ns.uts, &m.ns.ipc, &m.ns.pid] {
-            fds.push(ns.try_clone().map_err(|e| Error::io("dup namespace", e))?);
-        }
+        let mut fds = restored.member.reply_fds()?;
         let repl_host_pid = restored.repl.as_ref().map(|(pid, _)| *pid);
         if let Some((pid, ends)) = restored.repl {
             fds.push(sys::pidfd_open(Pid::from_raw(pid)).map_err(|e| Error::sys("pidfd_open REPL", e))?);
@@ -758,10 +754,7 @@ impl Shim {
         let made = member::finish(pending, shape).and_then(|m| {
             // The server watches init through a pidfd: its death must be
             // known before the next request, not after.
-            let mut fds = vec![sys::pidfd_open(m.init_pid).map_err(|e| Error::sys("pidfd_open init", e))?];
-            for ns in [&m.ns.mnt, &m.ns.net, &m.ns.uts, &m.ns.ipc, &m.ns.pid] {
-                fds.push(ns.try_clone().map_err(|e| Error::io("dup namespace", e))?);
-            }
+            let fds = m.reply_fds()?;
             Ok((m, fds))
         });
         match made {
@@ -920,7 +913,7 @@ impl Shim {
 }
 
 /// Host pids of the children of every thread of `pid`.
-pub(crate) fn children_of(pid: i32) -> Vec<i32> {
+fn children_of(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
     if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
         for task in tasks.flatten() {
@@ -1030,13 +1023,7 @@ impl ReplHelper<'_> {
                     m.ns.pid.as_raw_fd(),
                     listener_to.as_raw_fd(),
                 ];
-                // Copy every source above the targets first, so no dup2 clobbers
-                // a source that happens to sit on a target number.
-                // SAFETY: fcntl duplicating descriptors we hold.
-                let high: Vec<i32> = sources.iter().map(|fd| unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) }).collect();
-                for (target, fd) in high.iter().enumerate() {
-                    let _ = sys::dup_to(*fd, target as i32);
-                }
+                let _ = sys::place_fds(&sources, 0);
                 sys::close_fds_from(confine::LISTENER_SOCKET_FD + 1);
                 let _ = fcntl_cloexec(confine::LISTENER_SOCKET_FD);
                 if chdir(cwd).is_err() {

@@ -123,29 +123,13 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
                 }
                 libc::close(fd);
             }
-            // Every source above the targets first, so no dup2 clobbers one.
-            let mut high = [0i32; 8];
-            for (i, fd) in sources.iter().enumerate().take(high.len()) {
-                high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 64);
-                if high[i] < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            for (i, fd) in high.iter().take(sources.len()).enumerate() {
-                if libc::dup2(*fd, FIRST_INHERITED_FD + i as i32) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
+            sys::place_fds(&sources, FIRST_INHERITED_FD).map_err(std::io::Error::from)
         });
     }
-    command.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
-    let output = command.output().map_err(|e| Error::io("run criu restore", e))?;
-    if !output.status.success() {
-        let log = std::fs::read_to_string(images_dir.join(RESTORE_LOG)).unwrap_or_default();
+    if let Err(e) = criu::run_logged(command, "restore", &images_dir.join(RESTORE_LOG)) {
+        // Beside the images it came from, for whoever looks into why.
         let _ = std::fs::copy(images_dir.join(RESTORE_LOG), req.images.join(RESTORE_LOG));
-        let errors: Vec<&str> = log.lines().filter(|l| l.contains("Error")).collect();
-        return Err(Error::Setup(format!("criu restore failed ({}): {} {}", output.status, errors.join("; "), String::from_utf8_lossy(&output.stderr).trim())));
+        return Err(Error::Setup(e.to_string()));
     }
     drop((init_theirs, stdout_w, stderr_w, control_theirs));
     let pid_text = std::fs::read_to_string(images_dir.join(PIDFILE)).map_err(|e| Error::io("read criu's pidfile", e))?;
@@ -157,7 +141,7 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
     let repl = match req.edges.repl {
         None => None,
         Some(_) => {
-            let pid = repl_of(init_pid.as_raw()).ok_or_else(|| Error::Died("the restored REPL is gone".into()))?;
+            let pid = super::solo::repl_child(init_pid.as_raw()).ok_or_else(|| Error::Died("the restored REPL is gone".into()))?;
             Some((pid, [OwnedFd::from(control_ours), stdout_r, stderr_r]))
         }
     };
@@ -193,13 +177,6 @@ fn copy_images(images: &Path, dir: &Path, id_base: u32) -> Result<()> {
     }
     // The tree's init is pid 1 of its namespace.
     criu::share_tree_namespace(dir, 1, criu::NsField::Uts).map_err(|e| Error::Setup(e.to_string()))
-}
-
-/// The REPL among init's children: the one whose fd 3 is a socket.
-fn repl_of(init: i32) -> Option<i32> {
-    super::children_of(init)
-        .into_iter()
-        .find(|child| std::fs::read_link(format!("/proc/{child}/fd/3")).is_ok_and(|l| l.to_string_lossy().starts_with("socket:")))
 }
 
 /// Run `make` with the shim inside `netns` (the shim is single-threaded,

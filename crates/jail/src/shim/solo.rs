@@ -58,6 +58,15 @@ impl SoloRepls {
     }
 }
 
+/// The REPL among the children of the solo member's init (host pid
+/// `init`): the one whose fd 3 is a socket (commands have nothing above
+/// fd 2).
+pub fn repl_child(init: i32) -> Option<i32> {
+    super::children_of(init)
+        .into_iter()
+        .find(|child| std::fs::read_link(format!("/proc/{child}/fd/3")).is_ok_and(|l| l.to_string_lossy().starts_with("socket:")))
+}
+
 /// The host pid of the process that is `leaf_pid` in the pid namespace
 /// whose init is `init_host_pid` (one of init's children).
 pub fn host_pid_of(init_host_pid: i32, leaf_pid: i32) -> Option<i32> {
