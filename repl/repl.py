@@ -656,6 +656,24 @@ class _Control:
         self.buf = bytearray()
 
 
+def _move_control(ctl):
+    """C: a restored sandbox's control socket moves into the sandbox's own
+    network namespace (crates/jail/src/shim/move_edges.rs). Under _lock no
+    frame is half-written to either socket; the `c` answer is the first
+    thing on the new one, and a fresh journal counts the new stream."""
+    fds = ctl.take_fds(len(ctl.fds))
+    if len(fds) != 1:
+        for fd in fds:
+            _close(fd)
+        return
+    with _lock:
+        os.dup2(fds[0], _CTL, inheritable=False)
+        _close(fds[0])
+        ctl.reset()
+        _writeall(b'\x00\x00\x00\x03c{}')
+        _start_journal()
+
+
 def _rights(anc):
     """The descriptors of the SCM_RIGHTS messages among ``anc`` (recvmsg)."""
     fds = []
@@ -1539,6 +1557,8 @@ def main():
                 except Exception:
                     continue
                 _exec(eid, src)
+            elif kind == 0x43:        # C: the control socket moves
+                _move_control(_CTRL)
             elif kind == 0x46:        # F: fork
                 try:
                     _fork_frame(_CTRL, msg)

@@ -398,6 +398,44 @@ def test_sigint_during_busy_loop_with_output(repl):
     assert repl.value('i > 0') == 'True'
 
 
+def test_the_control_socket_moves_to_the_one_a_c_frame_brings(fresh):
+    """A restored sandbox's REPL takes a control socket made in its own
+    network namespace (docs/repl-protocol.md, `C`): the `c` answer is the
+    first frame on the new socket, the REPL serves there with its state,
+    output printed meanwhile by a thread reaches the new socket, and the
+    old one gets nothing more."""
+    r = fresh
+    r.ok('x = 41\nimport threading, time\nstop = False\n'
+         'def talk():\n    while not stop:\n        print("tick", flush=True)\n        time.sleep(0.002)\n'
+         't = threading.Thread(target=talk, daemon=True); t.start()')
+    time.sleep(0.05)
+    new_server, new_repl = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = r.sock
+    old.sendmsg([struct.pack('>IB', 3, ord('C')) + b'{}'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack('i', new_repl.fileno()))])
+    new_repl.close()
+    new_server.settimeout(10)
+    assert new_server.recv(7, socket.MSG_WAITALL) == b'\x00\x00\x00\x03c{}'
+    # The old socket got whole frames (the thread's output) up to the
+    # move, then its end: the REPL no longer holds it.
+    old.settimeout(10)
+    left = b''
+    while True:
+        d = old.recv(1 << 16)
+        if not d:
+            break
+        left += d
+    while left:
+        n, kind = struct.unpack('>IB', left[:5])
+        assert len(left) >= 4 + n and chr(kind) == 'O', left[:40]
+        left = left[4 + n:]
+    r.sock, r.rbuf = new_server, b''
+    res = r.run('stop = True; time.sleep(0.02); x + 1')
+    assert res.values[-1]['text/plain'] == '42'
+    assert r.run('print("after the move")').out.endswith(b'after the move\n')
+    old.close()
+    assert r.proc.poll() is None
+
+
 def test_sigint_idle_ignored(repl):
     os.kill(repl.proc.pid, signal.SIGINT)
     time.sleep(0.2)

@@ -27,5 +27,5 @@ pub use check::Readiness;
 pub use error::CriuError;
 pub use locate::{Criu, Source};
 pub use run::run_logged;
-pub use userns_image::{rebase_userns_image, share_tree_namespace, NsField};
+pub use userns_image::rebase_userns_image;
 pub use version::{Version, MINIMUM};

@@ -37,6 +37,20 @@ impl Jail {
         for bind in crate::shim::init::host_binds(&init_binary) {
             command.arg("--external").arg(format!("mnt[{}]:{}", bind.inside, bind.key));
         }
+        // criu runs in the tree's uts namespace, so it keeps that one out
+        // of the images: filling a uts namespace at restore takes writes
+        // only host root may make, so a restore gives the tree one it made
+        // itself, under the new sandbox's name (shim/restore.rs).
+        let uts = std::fs::File::open(format!("/proc/{init}/ns/uts")).map_err(|e| Error::io("open the tree's uts namespace", e))?;
+        // SAFETY: setns between fork and exec on a descriptor opened before.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                if libc::setns(uts.as_raw_fd(), libc::CLONE_NEWUTS) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let log = images.join(DUMP_LOG);
         tokio::task::spawn_blocking(move || criu::run_logged(command, "dump", &log))
             .await

@@ -51,6 +51,8 @@ pub fn host_binds(init_binary: &Path) -> Vec<HostBind> {
 pub const INIT_ARGV0: &str = "forkbox-init";
 /// `argv[1]` of a solo sandbox's init (see [`Shape::Solo`]).
 const SOLO_ARG: &str = "solo";
+/// After `SOLO_ARG`: a restored init executed afresh (`renew`).
+const RENEWED_ARG: &str = "renewed";
 /// Where a solo sandbox's init binary is bound, read-only, inside its root.
 /// Under `/dev` (our own tmpfs) so no template file is shadowed; the bind
 /// is a mount of its own, so `/dev`'s noexec does not apply to it.
@@ -151,6 +153,38 @@ fn solo_exec(sock: OwnedFd, root: Option<&Path>, hostname: &str) -> ! {
     std::process::exit(1)
 }
 
+/// A restored solo init executes itself afresh (`InitRequest::Renew`),
+/// keeping its channel (fd 3) and children, the ones it runs for the shim
+/// passed as `pid:id` arguments. criu restores a process without an exec,
+/// so its memory still belongs to the user namespace criu ran in, where
+/// the tree has no capability: criu could not dump this init (not
+/// dumpable, docs/state.md) a second time. After an exec in its own user
+/// namespace it is as it was at create. Returns only on failure.
+fn renew(running: &HashMap<i32, u64>) -> String {
+    let mut args = vec![INIT_ARGV0.to_string(), SOLO_ARG.to_string(), RENEWED_ARG.to_string()];
+    args.extend(running.iter().map(|(pid, id)| format!("{pid}:{id}")));
+    let args: Vec<std::ffi::CString> = args.into_iter().filter_map(|a| std::ffi::CString::new(a).ok()).collect();
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    let path = std::ffi::CString::new(SOLO_INIT_PATH).unwrap_or_default();
+    // SAFETY: NUL-terminated arrays of valid C strings that outlive the call.
+    unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    format!("renew init from {SOLO_INIT_PATH}: {}", std::io::Error::last_os_error())
+}
+
+/// The children a renewed init runs for the shim (`renew`'s arguments).
+fn renewed_running() -> Option<HashMap<i32, u64>> {
+    let mut args = std::env::args().skip(2);
+    (args.next().as_deref() == Some(RENEWED_ARG)).then(|| {
+        args.filter_map(|a| {
+            let (pid, id) = a.split_once(':')?;
+            Some((pid.parse().ok()?, id.parse().ok()?))
+        })
+        .collect()
+    })
+}
+
 /// Entry point of the exec'd init (`argv[0] == forkbox-init`): the socket
 /// to the shim is fd 3.
 pub fn main() -> ! {
@@ -161,6 +195,9 @@ pub fn main() -> ! {
     let _ = sys::set_not_dumpable();
     // SAFETY: the shim's init socket is on fd 3 (see `run`).
     let sock = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(3) };
+    if let Some(running) = renewed_running() {
+        serve_renewed(sock, running)
+    }
     // Ready first: compiling the policy (~1 ms) overlaps with the server's
     // next steps; the first command waits for it anyway.
     if channel::send_with_credentials(sock.as_fd(), &InitMessage::Ready).is_err() {
@@ -196,7 +233,23 @@ pub fn main() -> ! {
         eprintln!("forkbox-init: {e}");
         std::process::exit(1);
     }
-    serve(sock, &confinement)
+    serve(sock, &confinement, HashMap::new())
+}
+
+/// A renewed solo init (see `renew`): its channel and sandbox are set up,
+/// its no_new_privs kept across the exec.
+fn serve_renewed(sock: OwnedFd, running: HashMap<i32, u64>) -> ! {
+    let confinement = match Confinement::load() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: e.to_string() }, &[]);
+            std::process::exit(1);
+        }
+    };
+    if channel::send(sock.as_fd(), &InitMessage::Renewed, &[]).is_err() {
+        std::process::exit(1);
+    }
+    serve(sock, &confinement, running)
 }
 
 /// Move to a channel made here, in the member's network namespace, and
@@ -310,7 +363,7 @@ fn ensure_dir(p: &Path) -> Result<(), String> {
 }
 
 /// Serve the shim's requests and reap children until the shim goes away.
-fn serve(sock: OwnedFd, confinement: &Confinement) -> ! {
+fn serve(sock: OwnedFd, confinement: &Confinement, mut running: HashMap<i32, u64>) -> ! {
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     let _ = mask.thread_block();
@@ -318,7 +371,6 @@ fn serve(sock: OwnedFd, confinement: &Confinement) -> ! {
         Ok(fd) => fd,
         Err(_) => std::process::exit(1),
     };
-    let mut running: HashMap<i32, u64> = HashMap::new();
     loop {
         let (sock_ready, sig_ready) = {
             let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
@@ -392,6 +444,14 @@ fn handle(sock: &OwnedFd, req: InitRequest, fds: Vec<OwnedFd>, confinement: &Con
                 // REPL has no other namespace to switch to.
                 run_in(&cwd, || confinement.exec_as(RunAs::ROOT, &argv, &env))
             });
+        }
+        InitRequest::Renew => {
+            if let [new] = fds.as_slice() {
+                if channel::send(sock.as_fd(), &InitMessage::ChannelMoved, &[]).is_ok() && sys::dup_to(new.as_raw_fd(), sock.as_raw_fd()).is_ok() {
+                    let error = renew(running);
+                    let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error }, &[]);
+                }
+            }
         }
         InitRequest::Root { root } => {
             let msg = match enter_root(&root, None) {

@@ -318,6 +318,11 @@ pub enum InitRequest {
     SpawnRepl { id: u64, argv: Vec<String>, env: Vec<String>, cwd: String },
     /// Signal every process of a running command's session.
     Signal { id: u64, signal: i32 },
+    /// (A restored solo member's init) fds: [the channel to use from now
+    /// on, made in the member's network namespace]. Init answers
+    /// `ChannelMoved` on the old one, the last thing sent there, then
+    /// executes itself afresh and says `Renewed` on the new one.
+    Renew,
     /// A hollow member gets its root: an overlay the shim mounted at `root`
     /// in the member's mount namespace. Answered with `Rooted`.
     Root { root: PathBuf },
@@ -347,6 +352,10 @@ pub enum InitMessage {
     },
     /// The member's root is in place (answer to `InitRequest::Root`).
     Rooted,
+    /// Init uses the channel of `InitRequest::Renew` from now on.
+    ChannelMoved,
+    /// A renewed init serves again (first message on the new channel).
+    Renewed,
     SpawnFailed {
         id: u64,
         error: String,

@@ -14,6 +14,7 @@ mod handover;
 pub mod init;
 mod member;
 pub mod messages;
+mod move_edges;
 mod restore;
 pub(crate) mod solo;
 

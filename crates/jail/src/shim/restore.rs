@@ -8,21 +8,23 @@
 //! runs in the member's cgroup, so everything it restores lands there. The
 //! descriptors that led out of the dumped tree are replaced by new ones
 //! (`--inherit-fd`): init's channel, the REPL's control socket and output
-//! pipes. The network namespace comes back empty, its loopback brought up
-//! here: loopback connections and listening sockets are kept, nothing else
-//! of the network is.
+//! pipes; the two sockets then move into the member's own network
+//! namespace (move_edges.rs), so it can be dumped again. The network
+//! namespace comes back empty, its loopback brought up here: loopback
+//! connections and listening sockets are kept, nothing else of the network
+//! is.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use nix::sched::{setns, CloneFlags};
 use nix::unistd::Pid;
 
 use super::family::Family;
 use super::member::{self, Member, MemberNs};
 use super::messages::Edges;
+use super::move_edges::{in_netns, move_repl_control, renew_init};
 use crate::channel;
 use crate::error::{Error, Result};
 use crate::sys;
@@ -137,14 +139,16 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
     let _ = std::fs::remove_dir_all(&images_dir);
     let ns = MemberNs::of_init(init_pid)?;
     in_netns(&ns.net, || sys::loopback_up().map_err(|e| Error::sys("bring the restored loopback up", e)))?;
-    let member = Member { root: root.to_path_buf(), ns, init: init_ours, init_pid };
+    let init = renew_init(&ns.net, init_ours)?;
     let repl = match req.edges.repl {
         None => None,
         Some(_) => {
             let pid = super::solo::repl_child(init_pid.as_raw()).ok_or_else(|| Error::Died("the restored REPL is gone".into()))?;
-            Some((pid, [OwnedFd::from(control_ours), stdout_r, stderr_r]))
+            let control = move_repl_control(&ns.net, control_ours)?;
+            Some((pid, [OwnedFd::from(control), stdout_r, stderr_r]))
         }
     };
+    let member = Member { root: root.to_path_buf(), ns, init, init_pid };
     Ok(Restored { member, repl })
 }
 
@@ -152,7 +156,7 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
 /// host root `id_base` only (criu's restored tasks open them as that uid;
 /// the Space's own stay host root's). std's copy is a reflink where the
 /// filesystem can (copy_file_range). The user namespace maps move to the
-/// family's range, and the tree is made to share criu's uts namespace.
+/// family's range.
 fn copy_images(images: &Path, dir: &Path, id_base: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let give = |path: &Path, mode: u32| -> Result<()> {
@@ -175,16 +179,5 @@ fn copy_images(images: &Path, dir: &Path, id_base: u32) -> Result<()> {
         }
         give(&target, 0o600)?;
     }
-    // The tree's init is pid 1 of its namespace.
-    criu::share_tree_namespace(dir, 1, criu::NsField::Uts).map_err(|e| Error::Setup(e.to_string()))
-}
-
-/// Run `make` with the shim inside `netns` (the shim is single-threaded,
-/// so nothing else runs there meanwhile), then come back.
-fn in_netns<T>(netns: &OwnedFd, make: impl FnOnce() -> Result<T>) -> Result<T> {
-    let own = std::fs::File::open("/proc/self/ns/net").map_err(|e| Error::io("open own netns", e))?;
-    setns(netns, CloneFlags::CLONE_NEWNET).map_err(|e| Error::sys("enter the new netns", e))?;
-    let made = make();
-    setns(&own, CloneFlags::CLONE_NEWNET).map_err(|e| Error::sys("return to own netns", e))?;
-    made
+    Ok(())
 }
