@@ -672,6 +672,10 @@ def _move_control(ctl):
         ctl.reset()
         _writeall(b'\x00\x00\x00\x03c{}')
         _start_journal()
+    # The restored sandbox has a name of its own (as a fork child does).
+    new_host = os.uname().nodename
+    if os.environ.get('HOSTNAME') not in (None, new_host):
+        os.environ['HOSTNAME'] = new_host
 
 
 def _rights(anc):

@@ -399,6 +399,45 @@ def create_raw(client: httpx.Client, **body) -> str:
     return data["id"]
 
 
+def freeze(http: httpx.Client, sid: str) -> dict:
+    """Freeze `sid` into a Space; its answer (docs/state.md)."""
+    r = http.post(f"/v1/sandboxes/{sid}/freeze")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def resume(http: httpx.Client, space_id: str, **body) -> str:
+    """Resume a Space into a new sandbox; its id."""
+    r = http.post(f"/v1/spaces/{space_id}/resume", json=body)
+    assert r.status_code == 200, r.text
+    info = r.json()
+    assert info["state"] == "ready", info
+    return info["id"]
+
+
+def crash_during_freeze(srv: "ForkboxServer", sid: str, after: float) -> None:
+    """Start freezing `sid`, kill -9 the server `after` seconds later, and
+    start it again (the freeze's request dies with it)."""
+    started = threading.Event()
+
+    def freeze_in_background():
+        started.set()
+        try:
+            with srv.http(timeout=300) as c:
+                c.post(f"/v1/sandboxes/{sid}/freeze")
+        except httpx.HTTPError:
+            pass  # the server died under it: that is the point
+
+    t = threading.Thread(target=freeze_in_background)
+    t.start()
+    started.wait()
+    time.sleep(after)
+    srv.kill()
+    srv.start()
+    srv.wait_ready()
+    t.join(60)
+
+
 def wait_until(ok, timeout: float, what: str) -> None:
     """Poll `ok()` until it holds; fail with `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout

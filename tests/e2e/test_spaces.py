@@ -6,32 +6,16 @@ from __future__ import annotations
 
 import random
 import re
-import threading
 import time
 
-import httpx
 import pytest
 from podflare import Client, Sandbox
 
 from conftest import start_server, stop_and_assert_clean
-from helpers import assert_json_error, create_raw, delete_raw, exec_ok, exec_raw
+from helpers import assert_json_error, crash_during_freeze, create_raw, delete_raw, exec_ok, exec_raw, freeze, resume
 
 
 py = exec_ok
-
-
-def freeze(http, sid) -> dict:
-    r = http.post(f"/v1/sandboxes/{sid}/freeze")
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def resume(http, space_id, **body) -> str:
-    r = http.post(f"/v1/spaces/{space_id}/resume", json=body)
-    assert r.status_code == 200, r.text
-    info = r.json()
-    assert info["state"] == "ready", info
-    return info["id"]
 
 
 def restart(srv, crash: bool = True) -> None:
@@ -179,28 +163,32 @@ def test_persistent_sandboxes_freeze_when_idle_and_at_shutdown(srv, c):
 
 def test_a_space_says_what_it_kept_and_why_not_the_processes(srv, c, say):
     """Each Space names its kind, and a `globals` one says why the
-    processes were not kept: whether criu is here (the tools root every
-    test server is given), and what stops it."""
+    processes were not kept: a sandbox made to fork (not `keep_processes`),
+    or no criu here (the tools root every test server is given, and a
+    server given none). Processes Spaces: test_process_spaces.py."""
     sid = create_raw(c, egress=False)
     py(c, sid, "x = 1")
     info = freeze(c, sid)
     assert info["kind"] == "globals", info
     why = info["processes_not_kept"]
-    assert re.search(r"criu 4\.\d+\.\d+ \((tools root|/).*\) is ready", why), why
-    assert "zygote" in why and "docs/state.md#why-processes-are-not-kept-yet" in why, why
+    assert "keep_processes: false" in why and "zygote" in why and "docs/state.md#why-processes-are-not-kept-yet" in why, why
     listed = c.get(f"/v1/spaces/{info['space_id']}").json()
     assert (listed["kind"], listed["processes_not_kept"]) == ("globals", why)
     assert c.delete(f"/v1/spaces/{info['space_id']}").status_code == 204
     log = srv.log_text()
-    assert re.search(r"freezes make Spaces that keep files and the REPL's globals.*criu=criu 4\.", log), log[-2000:]
+    assert re.search(r"freezes of keep_processes sandboxes .* make Spaces that keep every process.*criu=criu 4\.", log), log[-2000:]
 
     # A server with no criu says so, and how to get one.
     bare = start_server(say, "nocriu", args=["--tools-dir", "/nonexistent/forkbox-tools", "--no-warm-pool"], build=False)
     try:
         with bare.http(timeout=120) as b:
-            sid = create_raw(b, egress=False)
+            # A persistent sandbox keeps no processes there, and may not ask to.
+            sid = create_raw(b, egress=False, persistent=True)
+            assert b.get(f"/v1/sandboxes/{sid}").json()["keep_processes"] is False
             why = freeze(b, sid)["processes_not_kept"]
             assert "criu is not installed" in why and "forkbox tools build criu" in why, why
+            err = assert_json_error(b.post("/v1/sandboxes", json={"keep_processes": True}), 400)["error"]
+            assert "keep_processes needs criu" in err and "criu is not installed" in err, err
     finally:
         stop_and_assert_clean(bare)
 
@@ -235,22 +223,7 @@ def test_a_crash_during_freeze_never_leaves_a_half_space(srv):
             py(c, sid, "import hashlib, os\nblob = os.urandom(200 << 20)\nopen('/root/blob', 'wb').write(blob)\n"
                        "digest = hashlib.sha256(blob).hexdigest()\ndel blob\nmarker = 'round-%d'" % round_no)
             digest = py(c, sid, "print(digest)").strip()
-        started = threading.Event()
-
-        def freeze_in_background():
-            started.set()
-            try:
-                with srv.http(timeout=300) as c2:
-                    c2.post(f"/v1/sandboxes/{sid}/freeze")
-            except httpx.HTTPError:
-                pass  # the server died under it: that is the point
-
-        t = threading.Thread(target=freeze_in_background)
-        t.start()
-        started.wait()
-        time.sleep(rng.uniform(0.0, 1.5))
-        restart(srv, crash=True)
-        t.join(60)
+        crash_during_freeze(srv, sid, rng.uniform(0.0, 1.5))
         with srv.http(timeout=300) as c:
             for space in c.get("/v1/spaces").json()["spaces"]:
                 assert space["sandbox_id"] == sid, space

@@ -373,6 +373,11 @@ impl Cgroup {
         self.dirs.iter().take(essential).all(|d| d.is_dir())
     }
 
+    /// The directory of the cgroup that freezes it (criu's `--freeze-cgroup`).
+    pub fn freezer_dir(&self) -> &Path {
+        self.dir("freezer")
+    }
+
     /// Stop every process of the cgroup and wait until they all are.
     pub fn freeze(&self) -> Result<()> {
         self.set_frozen(true)

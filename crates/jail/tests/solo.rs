@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use forkbox_jail::SandboxSpec;
+use forkbox_jail::{AfterDump, SandboxSpec};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 fn solo_spec(id: &str) -> SandboxSpec {
@@ -145,7 +145,7 @@ async fn freeze(old: forkbox_jail::Sandbox, criu: &criu::Criu) -> Frozen {
     let work = tempfile::tempdir().expect("tempdir");
     let (images, files) = (work.path().join("images"), work.path().join("files"));
     std::fs::create_dir(&images).unwrap();
-    let edges = jail().dump(&old, criu, &images).await.expect("dump");
+    let edges = jail().dump(&old, criu, &images, AfterDump::End).await.expect("dump");
     old.export_upper(&files).expect("save the files");
     jail().destroy(&old).await.expect("destroy the dumped sandbox");
     Frozen { work, images, files, edges }
@@ -165,7 +165,7 @@ async fn criu_dumps_a_solo_sandbox_whole() {
         "ok"
     );
     let images = tempfile::tempdir().expect("tempdir");
-    let dumped = jail().dump(&sb, &criu, images.path()).await;
+    let dumped = jail().dump(&sb, &criu, images.path(), AfterDump::End).await;
     let log = std::fs::read_to_string(images.path().join("dump.log")).unwrap_or_default();
     let errors: Vec<&str> = log.lines().filter(|l| l.contains("Error")).collect();
     assert!(dumped.is_ok(), "{:?}: {errors:#?}", dumped.err());
@@ -185,6 +185,40 @@ async fn criu_dumps_a_solo_sandbox_whole() {
     // waiter is dropped, as for a forked REPL.)
     let ended = tokio::time::timeout(Duration::from_secs(10), repl.exited).await.expect("the REPL's end reported");
     assert!(ended.is_err() || ended.is_ok_and(|s| s.code() == 128 + libc::SIGKILL));
+    jail().destroy(&sb).await.expect("destroy");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_solo_sandbox_is_dumped_and_stays_paused_until_it_goes_on() {
+    let criu = find_criu();
+    let (sb, repl) = solo_with_repl("t-solo-paused").await;
+    let mut control = BufReader::new(repl.control);
+    assert_eq!(ask(&mut control, "import threading, time; n = [0]").await, "ok");
+    assert_eq!(
+        ask(
+            &mut control,
+            "t = threading.Thread(target=lambda: [n.__setitem__(0, n[0] + 1) or time.sleep(0.002) for _ in iter(int, 1)], daemon=True); t.start()"
+        )
+        .await,
+        "ok"
+    );
+    let images = tempfile::tempdir().expect("tempdir");
+    // A running sandbox is refused: its files would not match its memory.
+    let refused = jail().dump(&sb, &criu, images.path(), AfterDump::StayPaused).await;
+    assert!(matches!(refused, Err(forkbox_jail::Error::Invalid(_))), "{refused:?}");
+    sb.pause().expect("pause");
+    let ticks = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap().split_whitespace().nth(13).unwrap().parse::<u64>().unwrap();
+    let before = ticks(repl.host_pid);
+    let dumped = jail().dump(&sb, &criu, images.path(), AfterDump::StayPaused).await;
+    assert!(dumped.is_ok(), "{dumped:?}");
+    assert!(std::fs::read_dir(images.path()).unwrap().flatten().any(|e| e.file_name().to_string_lossy().starts_with("pages-")));
+    // Still there, still paused: its counting thread stood still.
+    assert!(sb.init_alive() && sb.is_paused());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(ticks(repl.host_pid), before, "the dumped sandbox ran on while paused");
+    sb.resume().expect("resume");
+    let counted: u64 = ask(&mut control, "n[0]").await.parse().unwrap();
+    assert!(ask(&mut control, "time.sleep(0.1) or n[0]").await.parse::<u64>().unwrap() > counted);
     jail().destroy(&sb).await.expect("destroy");
 }
 

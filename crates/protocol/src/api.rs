@@ -23,6 +23,11 @@ pub struct CreateSandbox {
     pub rootfs_gb: Option<u64>,
     /// Freeze to a Space instead of destroying at the idle timeout.
     pub persistent: Option<bool>,
+    /// Freezes keep every process, not just the REPL's globals (criu,
+    /// docs/state.md); such a sandbox cannot fork. Default: `persistent`,
+    /// when the server has criu.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_processes: Option<bool>,
     /// Outbound network: `false`, `true`, or `{"allow": [domains and CIDRs]}`
     /// (default: the server's `--default-egress`).
     pub egress: Option<crate::Egress>,
@@ -72,6 +77,9 @@ pub struct SandboxInfo {
     pub rootfs_gb: u64,
     pub egress: crate::Egress,
     pub persistent: bool,
+    /// Its freezes keep every process (`CreateSandbox::keep_processes`).
+    #[serde(default)]
+    pub keep_processes: bool,
     /// The Space it was frozen into (`state: "frozen"` only).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub space_id: Option<String>,

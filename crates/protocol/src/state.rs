@@ -54,7 +54,8 @@ pub struct SpaceInfo {
     /// written before kinds existed are `globals`.
     #[serde(default)]
     pub kind: SpaceKind,
-    /// Why a `globals` Space did not keep the sandbox's processes.
+    /// Why a `globals` Space did not keep the sandbox's processes (absent
+    /// from a `processes` Space).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub processes_not_kept: Option<String>,
 }
@@ -66,6 +67,9 @@ pub enum SpaceKind {
     /// The sandbox's changed files and the REPL's picklable globals.
     #[default]
     Globals,
+    /// The sandbox's changed files and every process, as criu dumped them
+    /// (a `keep_processes` sandbox's).
+    Processes,
 }
 
 /// `GET /v1/spaces`, oldest first.

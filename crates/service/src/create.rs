@@ -35,9 +35,10 @@ impl Service {
         let beyond = self.reserve_beyond(caller, settings.owner.as_deref(), 1, settings.ram_mib, false).await?;
         let started = std::time::Instant::now();
         let from_space = initial_upper.is_some();
+        // A solo sandbox is made for itself: the pool's are forks.
         let pooled = match initial_upper {
-            None => self.create_from_pool(&settings).await,
-            Some(_) => Ok(None),
+            None if !settings.keep_processes => self.create_from_pool(&settings).await,
+            _ => Ok(None),
         };
         match pooled {
             Ok(Some(entry)) => {
@@ -56,7 +57,10 @@ impl Service {
         let custom = !from_space && !self.inner.templates.is_builtin(&settings.template);
         let repl_state = if custom { self.inner.templates.repl_state(&settings.template) } else { None };
         let trust = self.trust_layer(&rootfs)?;
-        let spec = rootfs.spec(id.clone(), self.limits_for(&settings), initial_upper.or_else(|| repl_state.clone()), trust);
+        let spec = jail::SandboxSpec {
+            solo: settings.keep_processes,
+            ..rootfs.spec(id.clone(), self.limits_for(&settings), initial_upper.or_else(|| repl_state.clone()), trust)
+        };
         let engine = self.inner.engine.create(spec).await.map_err(|e| Error::internal("could not create the sandbox", e))?;
         let jailed = started.elapsed();
         let mut session = match start_repl(engine.as_ref(), &settings.setup).await {
@@ -85,7 +89,7 @@ impl Service {
     /// the create fails), it counts against the caps and its key's quota,
     /// its network comes up, and it is recorded so a restarted server
     /// adopts it. `how`: the create metric's kind.
-    async fn register_created(
+    pub(crate) async fn register_created(
         &self,
         entry: &Arc<SandboxEntry>,
         quota: Reservation<'_>,

@@ -78,6 +78,13 @@ impl Service {
     /// yet (the caller makes them sandboxes or checkpoints, and holds a
     /// reservation (`reserve_slots`) for them until they are registered).
     pub(crate) async fn fork_entries(&self, parent: &Arc<SandboxEntry>, n: usize) -> Result<Vec<Arc<SandboxEntry>>, Error> {
+        if parent.settings.keep_processes {
+            return Err(Error::Conflict(format!(
+                "sandbox `{}` keeps its processes across freezes (keep_processes: criu dumps it whole), and such a sandbox cannot fork \
+                 or be checkpointed yet; create it with keep_processes: false to fork it (docs/state.md)",
+                parent.id
+            )));
+        }
         let busy = parent.hold_busy();
         // A paused parent runs for the moment its REPL forks itself, then
         // is paused again; the children run (docs/state.md).

@@ -36,6 +36,7 @@ pub mod merged;
 pub mod metrics;
 pub mod pause;
 pub mod pool;
+pub mod process_spaces;
 pub mod records;
 pub mod sandbox;
 pub mod scrape;

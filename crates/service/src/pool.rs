@@ -546,6 +546,7 @@ impl Service {
             // A zygote never reaches the network; its forks get their own.
             egress: protocol::Egress::On(false),
             persistent: false,
+            keep_processes: false,
             owner: None,
             setup: Arc::clone(&self.inner.setup),
             env: Vec::new(),

@@ -79,6 +79,10 @@ pub struct SpaceMeta {
     /// Spaces frozen before this was kept have none: the current version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<PathBuf>,
+    /// A `processes` Space's edges: the descriptors that led out of the
+    /// dumped tree, which a restore replaces (`jail::Edges`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edges: Option<jail::Edges>,
 }
 
 /// The Spaces directory.

@@ -8,6 +8,7 @@ use protocol::{ResumeSpace, SpaceInfo, SpaceKind, Unsaved};
 
 use crate::error::Error;
 use crate::keys::Caller;
+use crate::process_spaces::NotKept;
 use crate::sandbox::{ReplSlot, SandboxEntry, Settings};
 use crate::space_store::{commit, io_err, new_space_id, PARTIAL};
 pub(crate) use crate::space_store::{parse_answer, space_code, unsaved_list, REPL_SAVE_TIMEOUT};
@@ -15,21 +16,7 @@ pub use crate::space_store::{Resumed, SpaceMeta, SpaceStart, SpaceStore};
 use crate::state::Service;
 use repl_host::events::now_ms;
 
-/// Why no sandbox's processes are kept today, criu or not.
-pub(crate) const PROCESSES_NOT_KEPT: &str = "criu cannot dump a pooled forkbox sandbox: its REPL is forked from its template's zygote \
-     and lives outside its member's pid namespace (docs/state.md#why-processes-are-not-kept-yet); \
-     the solo sandboxes criu can dump are not made by freezes yet";
-
 impl Service {
-    /// What a Space says of the processes it did not keep: whether criu is
-    /// here, and why it was not used.
-    fn processes_not_kept(&self) -> String {
-        match &self.inner.config.criu {
-            criu::Readiness::Ready(criu) => format!("{} is ready, but {PROCESSES_NOT_KEPT}", criu.describe()),
-            criu::Readiness::Unavailable(why) => format!("{why}; and {PROCESSES_NOT_KEPT}"),
-        }
-    }
-
     /// Freeze sandbox `id` into a new Space and destroy it.
     pub async fn freeze(&self, caller: &Caller, id: &str) -> Result<SpaceMeta, Error> {
         let entry = self.get(caller, id).await?;
@@ -78,8 +65,27 @@ impl Service {
             return Err(Error::NotFound(format!("sandbox `{}` was destroyed", entry.id)));
         }
         let was_paused = entry.engine.is_paused();
+        // Every process when criu can (process_spaces.rs), else the globals.
+        let not_kept = match self.criu_for(entry) {
+            Ok(criu) => match self.freeze_processes(entry, &criu, was_paused).await {
+                Ok(meta) => {
+                    slot.session = None;
+                    return Ok(meta);
+                }
+                Err(NotKept::Failed(e)) => return Err(e),
+                Err(NotKept::Because(why)) => {
+                    tracing::warn!(sandbox = %entry.id, reason = %why, "the freeze keeps the REPL's globals, not the processes");
+                    format!("{why}; the sandbox's files and the REPL's globals were kept instead")
+                }
+            },
+            Err(why) => why,
+        };
+        self.freeze_globals(entry, &mut slot, was_paused, not_kept).await
+    }
+
+    async fn freeze_globals(&self, entry: &Arc<SandboxEntry>, slot: &mut ReplSlot, was_paused: bool, not_kept: String) -> Result<SpaceMeta, Error> {
         // The REPL writes its state into the sandbox's files ...
-        let answer = self.write_repl_state(entry, &mut slot, was_paused).await?;
+        let answer = self.write_repl_state(entry, slot, was_paused).await?;
         // ... and every file stands still while they are copied.
         crate::sandbox::freezer::set_paused(entry, true).await?;
         let space_id = new_space_id();
@@ -97,11 +103,12 @@ impl Service {
                 bytes: 0,
                 unsaved: unsaved_list(&answer["unsaved"]),
                 kind: SpaceKind::Globals,
-                processes_not_kept: Some(self.processes_not_kept()),
+                processes_not_kept: Some(not_kept),
             },
             sandbox: info,
             owner: entry.settings.owner.clone(),
             rootfs: self.inner.templates.is_builtin(&entry.settings.template).then(|| entry.engine.layers().1),
+            edges: None,
         };
         let engine = Arc::clone(&entry.engine);
         let dir = store.dir.clone();
@@ -147,7 +154,6 @@ impl Service {
             Err(_) if entry.is_destroyed() => Err(Error::NotFound(format!("sandbox `{}` was destroyed during the freeze", entry.id))),
             Err(e) => {
                 self.undo_freeze(entry, was_paused).await;
-                drop(slot);
                 Err(if e.raw_os_error() == Some(libc::ENOSPC) {
                     Error::NoSpace("no room on the server's disk for the space".into())
                 } else {
@@ -256,12 +262,18 @@ impl Service {
             ram_mib: Some(was.ram_mib),
             rootfs_gb: Some(was.rootfs_gb),
             persistent: Some(req.persistent.unwrap_or(was.persistent)),
+            // A `globals` Space resumes where criu is missing, as a
+            // sandbox that no longer keeps its processes.
+            keep_processes: Some(was.keep_processes && matches!(self.inner.config.criu, criu::Readiness::Ready(_))),
             egress: Some(req.egress.unwrap_or_else(|| was.egress.clone())),
         };
         // The resumed sandbox is the Space's owner's (the caller's, with
         // keys), on its template (fetched if it was made on another node).
         self.ensure_template(&meta.info.template).await?;
         let settings = Settings { owner: meta.owner.clone(), ..self.settings(&create, caller)? };
+        if meta.info.kind == SpaceKind::Processes {
+            return self.resume_processes(caller, meta, claimed, settings, keep).await;
+        }
         let start = SpaceStart { upper: claimed.join("upper"), rootfs: meta.rootfs.clone(), id: keep };
         let entry = self.create_with(caller, settings, Some(start)).await?;
         let mut slot = entry.slot.lock().await;

@@ -69,7 +69,12 @@ impl Service {
             Some(_) => drop(state.inner.trust.refresh()),
             None => tracing::info!("sandboxes trust only their template's CAs (--no-host-cas)"),
         }
-        tracing::info!(criu = %config.criu.describe(), kinds = "globals", "freezes make Spaces that keep files and the REPL's globals; {}", crate::spaces::PROCESSES_NOT_KEPT);
+        match &config.criu {
+            criu::Readiness::Ready(criu) => tracing::info!(criu = %criu.describe(), kinds = "processes, globals",
+                "freezes of keep_processes sandboxes (persistent ones by default) make Spaces that keep every process; others keep files and the REPL's globals"),
+            criu::Readiness::Unavailable(why) => tracing::info!(criu = %why, kinds = "globals",
+                "freezes make Spaces that keep files and the REPL's globals: without criu no process is kept"),
+        }
         if let Some(proxy) = &config.egress_proxy {
             tracing::info!(proxy = %proxy, "sandboxes with egress reach the network only through the upstream proxy");
         }

@@ -292,6 +292,14 @@ impl Service {
                 Some(s) => Ok(Duration::from_secs(s).min(max)),
             }
         };
+        let persistent = req.persistent.unwrap_or(false);
+        let keep_processes = match (req.keep_processes, &self.inner.config.criu) {
+            (Some(true), criu::Readiness::Unavailable(why)) => {
+                return Err(Error::Invalid(format!("keep_processes needs criu, and this server has none: {why}")));
+            }
+            (asked, criu::Readiness::Ready(_)) => asked.unwrap_or(persistent),
+            (_, criu::Readiness::Unavailable(_)) => false,
+        };
         Ok(Settings {
             template,
             ram_mib,
@@ -300,7 +308,8 @@ impl Service {
             egress,
             idle_timeout: secs(req.idle_timeout_seconds, l.default_idle_timeout, l.max_idle_timeout, "idle_timeout_seconds")?,
             interrupt_grace: l.interrupt_grace,
-            persistent: req.persistent.unwrap_or(false),
+            persistent,
+            keep_processes,
             owner: caller.owner(),
             setup: Arc::clone(&self.inner.setup),
             env: Vec::new(),

@@ -16,13 +16,27 @@ const IMAGES_INSIDE: &str = "/forkbox/images";
 /// The log criu writes into the images directory.
 pub const DUMP_LOG: &str = "dump.log";
 
+/// What becomes of a dumped tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterDump {
+    /// It ends once the dump is complete (its memory is on disk now).
+    End,
+    /// It was paused (`Sandbox::pause`) and stays so: criu takes it
+    /// through its freezer cgroup and leaves it there. A freeze copies the
+    /// files of the paused tree, dumps it, and ends it only once the Space
+    /// is written, so a crash at any point leaves the sandbox or a Space.
+    StayPaused,
+}
+
 impl Jail {
-    /// Dump `sandbox` (solo) into `images` with `criu`; the tree ends
-    /// once the dump is complete (criu's default), so a failed dump
-    /// leaves it running.
-    pub async fn dump(&self, sandbox: &Sandbox, criu: &criu::Criu, images: &Path) -> Result<Edges> {
+    /// Dump `sandbox` (solo) into `images` with `criu`; a failed dump
+    /// leaves the tree as it was.
+    pub async fn dump(&self, sandbox: &Sandbox, criu: &criu::Criu, images: &Path, after: AfterDump) -> Result<Edges> {
         if !sandbox.is_solo() {
             return Err(Error::Unsupported("only a solo sandbox's processes can be dumped".into()));
+        }
+        if after == AfterDump::StayPaused && !sandbox.is_paused() {
+            return Err(Error::Invalid("a dump that leaves the sandbox paused needs it paused first".into()));
         }
         let init = sandbox.init_pid()?;
         let edges = edges_of(init)?;
@@ -31,6 +45,9 @@ impl Jail {
         let seen = criu.seen(images, Path::new(IMAGES_INSIDE)).to_path_buf();
         let mut command = criu.command_as("dump", &[(images, Path::new(IMAGES_INSIDE))], sandbox.family.config.id_base);
         command.arg("-t").arg(init.to_string()).arg("-D").arg(&seen).args(["-o", DUMP_LOG, "--network-lock", "skip", "--ext-unix-sk", "--empty-ns", "net"]);
+        if after == AfterDump::StayPaused {
+            command.arg("--leave-running").arg("--freeze-cgroup").arg(sandbox.cgroup().freezer_dir());
+        }
         for socket in edges.sockets() {
             command.arg("--external").arg(format!("unix[{socket}]"));
         }
@@ -42,10 +59,17 @@ impl Jail {
         // only host root may make, so a restore gives the tree one it made
         // itself, under the new sandbox's name (shim/restore.rs).
         let uts = std::fs::File::open(format!("/proc/{init}/ns/uts")).map_err(|e| Error::io("open the tree's uts namespace", e))?;
-        // SAFETY: setns between fork and exec on a descriptor opened before.
+        // SAFETY: setns and prctl between fork and exec, on a descriptor
+        // opened before.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
                 if libc::setns(uts.as_raw_fd(), libc::CLONE_NEWUTS) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // A server killed mid-dump takes criu with it (the tree,
+                // left paused, is the restarted server's); set after the
+                // uid change, which clears it.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())

@@ -25,6 +25,7 @@ mod fork;
 mod restore;
 mod sandbox;
 pub use adopt::{Adopted, Kept, MemberRecord};
+pub use dump::AfterDump;
 pub use fork::ForkChild;
 pub use sandbox::Sandbox;
 

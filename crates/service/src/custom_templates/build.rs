@@ -410,6 +410,7 @@ impl Service {
             interrupt_grace: l.interrupt_grace,
             egress: plan.egress.clone(),
             persistent: false,
+            keep_processes: false,
             owner: None,
             setup: std::sync::Arc::clone(&self.inner.setup),
             env: Vec::new(),

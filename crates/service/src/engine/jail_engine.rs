@@ -58,6 +58,15 @@ impl Engine for Jail {
         Jail::spare_ids(self)
     }
 
+    async fn dump(&self, member: &dyn Member, criu: &criu::Criu, images: &Path, after: jail::AfterDump) -> jail::Result<jail::Edges> {
+        Jail::dump(self, own(member)?, criu, images, after).await
+    }
+
+    async fn restore(&self, spec: SandboxSpec, images: &Path, edges: &jail::Edges, criu: &criu::Criu) -> jail::Result<(MemberRef, Option<ReplProcess>)> {
+        let (sandbox, repl) = Jail::restore(self, spec, images, edges, criu).await?;
+        Ok((Arc::new(sandbox), repl))
+    }
+
     async fn take_over(&self, records: &[MemberRecord]) -> jail::Result<Vec<jail::Result<Adoption>>> {
         // The pastas were the dead server's children: new ones are started.
         self.kill_stale_pastas();
@@ -108,6 +117,10 @@ impl Member for Sandbox {
 
     fn is_paused(&self) -> bool {
         Sandbox::is_paused(self)
+    }
+
+    fn is_solo(&self) -> bool {
+        Sandbox::is_solo(self)
     }
 
     async fn start_repl(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, source: &[u8]) -> jail::Result<ReplProcess> {

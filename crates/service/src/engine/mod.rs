@@ -69,6 +69,17 @@ pub trait Engine: Send + Sync + 'static {
     /// Ids of the spare members it holds.
     fn spare_ids(&self) -> Vec<String>;
 
+    /// Dump solo `member`'s every process into `images` (criu); see
+    /// `jail::AfterDump` for what becomes of it.
+    async fn dump(&self, _member: &dyn Member, _criu: &criu::Criu, _images: &Path, _after: jail::AfterDump) -> jail::Result<jail::Edges> {
+        Err(unsupported("dumping a sandbox's processes"))
+    }
+    /// A new solo member from `dump`'s images, with its REPL when one was
+    /// dumped.
+    async fn restore(&self, _spec: SandboxSpec, _images: &Path, _edges: &jail::Edges, _criu: &criu::Criu) -> jail::Result<(MemberRef, Option<ReplProcess>)> {
+        Err(unsupported("restoring a sandbox's processes"))
+    }
+
     /// Take over the members a previous server left running (`records`,
     /// one result each, in order), and clear away everything else it left.
     async fn take_over(&self, records: &[MemberRecord]) -> jail::Result<Vec<jail::Result<Adoption>>>;
@@ -95,6 +106,10 @@ pub trait Member: Send + Sync + 'static {
     fn pause(&self) -> jail::Result<()>;
     fn resume(&self) -> jail::Result<()>;
     fn is_paused(&self) -> bool;
+    /// A solo member (`SandboxSpec::solo`): criu can dump it, it cannot fork.
+    fn is_solo(&self) -> bool {
+        false
+    }
 
     /// Start its REPL: `argv`/`env` with the fd layout of
     /// docs/repl-protocol.md, `source` offered on fd 4.

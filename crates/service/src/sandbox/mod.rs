@@ -71,6 +71,9 @@ pub struct Settings {
     pub egress: protocol::Egress,
     /// Freeze to a Space at the idle timeout instead of being destroyed.
     pub persistent: bool,
+    /// A solo sandbox, whose freezes keep every process (docs/state.md);
+    /// it cannot fork.
+    pub keep_processes: bool,
     /// The name of the API key that owns it (src/keys.rs); `None` on a
     /// server without keys. Fork children, restores and merges keep it.
     pub owner: Option<String>,
@@ -227,7 +230,8 @@ pub async fn start_repl_with(engine: &dyn crate::engine::Member, setup: &crate::
             keep_repl_ends(engine, session.host_pid, ends).await;
         }
     }
-    if !session.ready.pidns {
+    // (A solo sandbox's REPL starts in the sandbox's pid namespace.)
+    if !session.ready.pidns && !engine.is_solo() {
         tracing::warn!(sandbox = %engine.id(), "the REPL could not switch pid namespaces: its subprocesses will not show in the sandbox's ps");
     }
     Ok(session)
@@ -314,6 +318,7 @@ impl SandboxEntry {
             rootfs_gb: self.settings.rootfs_gb,
             egress: self.egress.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             persistent: self.settings.persistent,
+            keep_processes: self.settings.keep_processes,
             space_id: None,
             created_at: self.created_at,
             last_active_at: self.last_active.load(Ordering::Relaxed),

@@ -1,0 +1,193 @@
+"""`processes` Spaces (docs/state.md): a sandbox created with
+`keep_processes` (the default for `persistent: true`) is frozen whole by
+criu and resumed with every process running again: the REPL's objects
+(identity, a generator part-way, a thread still counting, an open file's
+offset), a `python -m http.server` it started, a process started from bash.
+Freezes criu cannot make fall back to a `globals` Space saying why; such a
+sandbox refuses to fork; ten freeze → resume cycles keep state and leak
+nothing; a crash at any moment of a freeze leaves the sandbox or a whole
+Space."""
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from podflare import Client, Sandbox
+
+from conftest import start_server, stop_and_assert_clean
+from helpers import assert_json_error, crash_during_freeze, create_raw, delete_raw, exec_ok, freeze, resume, wait_no_leaks
+
+py = exec_ok
+
+
+def bash(http, sid, cmd) -> str:
+    return exec_ok(http, sid, cmd, language="bash")
+
+
+@pytest.fixture(scope="module")
+def srv(say):
+    """A server of this module's own, which the crash test kills."""
+    s = start_server(say, "process-spaces", build=False)
+    yield s
+    stop_and_assert_clean(s)
+
+
+@pytest.fixture
+def c(srv):
+    with srv.http(timeout=300) as c:
+        yield c
+
+
+SETUP = """
+import itertools, os, subprocess, threading, time, urllib.request
+x = [41]
+alias = x
+it = iter(range(100)); skipped = (next(it), next(it))
+n = [0]
+def tick():
+    while True:
+        n[0] += 1
+        time.sleep(0.005)
+t = threading.Thread(target=tick, daemon=True); t.start()
+log = open('/root/log', 'w'); log.write('abc'); log.flush()
+server = subprocess.Popen(['python3', '-m', 'http.server', '8000'], cwd='/root', stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def answers():
+    return urllib.request.urlopen('http://127.0.0.1:8000/log', timeout=2).read()
+"""
+
+SERVER_UP = "import time\nfor _ in range(100):\n    try:\n        answers(); break\n    except OSError:\n        time.sleep(0.1)\nprint(answers())"
+
+
+def test_a_freeze_keeps_every_process_and_the_resume_brings_them_back(c):
+    sid = create_raw(c, persistent=True, egress=False)
+    info = c.get(f"/v1/sandboxes/{sid}").json()
+    assert (info["persistent"], info["keep_processes"]) == (True, True), info
+    py(c, sid, SETUP)
+    assert py(c, sid, SERVER_UP) == "b'abc'\n"
+    # A process started from bash, outside the REPL.
+    bash(c, sid, "nohup sleep 1000 > /dev/null 2>&1 &")
+    counted = int(py(c, sid, "print(n[0])"))
+
+    space = freeze(c, sid)
+    assert space["kind"] == "processes" and "processes_not_kept" not in space, space
+    was = c.get(f"/v1/sandboxes/{sid}").json()
+    assert (was["state"], was["space_id"]) == ("frozen", space["space_id"]), was
+    listed = c.get(f"/v1/spaces/{space['space_id']}").json()
+    assert (listed["kind"], listed["bytes"] > 0) == ("processes", True), listed
+
+    new = resume(c, space["space_id"])
+    assert new != sid
+    assert c.get(f"/v1/sandboxes/{new}").json()["keep_processes"] is True
+    got = py(c, new, "print(x[0] + 1, alias is x, next(it), log.tell(), server.poll(), answers())")
+    assert got == "42 True 2 3 None b'abc'\n", got
+    after = int(py(c, new, "time.sleep(0.1); print(n[0])"))
+    assert after > counted, (counted, after)
+    # The sandbox is the new one: its name, its HOSTNAME; bash's process lives.
+    assert py(c, new, "import os\nprint(os.uname().nodename, os.environ['HOSTNAME'])") == f"{new} {new}\n"
+    assert "sleep 1000" in bash(c, new, "ps -eo args")
+    # It goes on working: a new process, a new file.
+    assert bash(c, new, "echo more >> /root/log && cat /root/log") == "abcmore\n"
+    delete_raw(c, new)
+
+
+def test_the_podflare_sdk_resumes_a_processes_space(srv, c):
+    sid = create_raw(c, persistent=True, egress=False)
+    py(c, sid, "import threading, time\nn = [0]\nthreading.Thread(target=lambda: [n.__setitem__(0, n[0] + 1) or time.sleep(0.005) for _ in iter(int, 1)], daemon=True).start()")
+    space = freeze(c, sid)["space_id"]
+    client = Client(host=srv.url, timeout=300.0)
+    try:
+        sb = Sandbox.resume(space, client=client)
+        first = int(sb.run_code("print(n[0])").stdout)
+        time.sleep(0.1)
+        assert int(sb.run_code("print(n[0])").stdout) > first
+        sb.close()
+    finally:
+        client.close()
+
+
+def test_a_keep_processes_sandbox_cannot_fork_and_says_why(c):
+    sid = create_raw(c, keep_processes=True, egress=False)
+    for path, body in ((f"/v1/sandboxes/{sid}/fork", {"n": 1}), (f"/v1/sandboxes/{sid}/checkpoints", None)):
+        r = c.post(path, json=body)
+        err = assert_json_error(r, 409)
+        assert "keep_processes" in err["error"] and "cannot fork" in err["error"], err
+    # The same request without it forks; a persistent sandbox may opt out.
+    plain = create_raw(c, persistent=True, keep_processes=False, egress=False)
+    assert c.get(f"/v1/sandboxes/{plain}").json()["keep_processes"] is False
+    r = c.post(f"/v1/sandboxes/{plain}/fork", json={"n": 1})
+    assert r.status_code == 200, r.text
+    for child in r.json()["children"]:
+        delete_raw(c, child)
+    assert c.post("/v1/sandboxes", json={"keep_processes": "yes"}).status_code == 400
+    delete_raw(c, sid)
+    delete_raw(c, plain)
+
+
+def test_a_freeze_criu_cannot_make_keeps_the_globals_and_says_why(c):
+    """An established TCP connection (loopback too) is one criu refuses
+    without --tcp-established: the sandbox is not lost, the freeze makes a
+    `globals` Space naming criu's reason, and the globals come back."""
+    sid = create_raw(c, persistent=True, egress=False)
+    py(c, sid, "import socket\nkept = 'yes'\nl = socket.create_server(('127.0.0.1', 9000))\n"
+               "conn = socket.create_connection(('127.0.0.1', 9000)); peer, _ = l.accept()")
+    space = freeze(c, sid)
+    assert space["kind"] == "globals", space
+    why = space["processes_not_kept"]
+    assert "criu could not dump it" in why and "TCP" in why, why
+    new = resume(c, space["space_id"])
+    assert py(c, new, "print(kept)") == "yes\n"
+    delete_raw(c, new)
+
+
+def test_ten_freeze_resume_cycles_keep_state_and_leak_nothing(srv, c):
+    sid = create_raw(c, persistent=True, egress=False)
+    py(c, sid, "import threading, time\nhistory = []\nn = [0]\n"
+               "threading.Thread(target=lambda: [n.__setitem__(0, n[0] + 1) or time.sleep(0.005) for _ in iter(int, 1)], daemon=True).start()")
+    bash(c, sid, "nohup sleep 1000 > /dev/null 2>&1 &")
+    last = 0
+    for cycle in range(10):
+        py(c, sid, f"history.append({cycle})")
+        sid = resume(c, freeze(c, sid)["space_id"])
+        assert py(c, sid, "print(history)") == f"{list(range(cycle + 1))}\n"
+        now = int(py(c, sid, "print(n[0])"))
+        assert now > last, (cycle, last, now)
+        last = now
+        assert bash(c, sid, "pgrep -c -f 'sleep 1000'") == "1\n"
+    assert wait_no_leaks(srv, expect_volume_mounted=True, live_ids={sid}) == []
+    delete_raw(c, sid)
+    assert c.get("/v1/spaces").json() == {"spaces": []}
+
+
+def test_a_crash_during_a_processes_freeze_leaves_the_sandbox_or_a_whole_space(srv):
+    """kill -9 the server at random moments of a freeze: afterwards the
+    sandbox answers with its state (adopted by the restarted server), or a
+    `processes` Space resumes with it; never neither, never both."""
+    rng = random.Random(11)
+    outcomes = []
+    for round_no in range(6):
+        with srv.http(timeout=300) as c:
+            sid = create_raw(c, persistent=True, egress=False)
+            py(c, sid, "import os, threading, time\nblob = os.urandom(256 << 20)\nmarker = 'round-%d'\nn = [0]\n"
+                       "threading.Thread(target=lambda: [n.__setitem__(0, n[0] + 1) or time.sleep(0.005) for _ in iter(int, 1)], daemon=True).start()" % round_no)
+        # Spread over the freeze (0.3-0.6 s here): early kills find the
+        # sandbox, late ones the Space.
+        crash_during_freeze(srv, sid, round_no * 0.2 + rng.uniform(0.0, 0.05))
+        with srv.http(timeout=300) as c:
+            spaces = c.get("/v1/spaces").json()["spaces"]
+            was = c.get(f"/v1/sandboxes/{sid}")
+            alive = was.status_code == 200 and was.json()["state"] != "frozen"
+            assert len(spaces) + int(alive) == 1, (spaces, alive)
+            if alive:
+                if c.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused":
+                    assert c.post(f"/v1/sandboxes/{sid}/resume").status_code == 200
+                target, outcome = sid, "sandbox"
+            else:
+                assert spaces[0]["kind"] == "processes", spaces
+                target, outcome = resume(c, spaces[0]["space_id"]), "space"
+            got = py(c, target, "print(marker, len(blob), n[0] > 0)")
+            assert got == f"round-{round_no} {256 << 20} True\n", got
+            outcomes.append(outcome)
+            delete_raw(c, target)
+            assert c.get("/v1/spaces").json() == {"spaces": []}
+    print("crashed freezes left:", outcomes)
