@@ -6,17 +6,21 @@ offset), a `python -m http.server` it started, a process started from bash.
 Freezes criu cannot make fall back to a `globals` Space saying why; such a
 sandbox refuses to fork; ten freeze → resume cycles keep state and leak
 nothing; a crash at any moment of a freeze leaves the sandbox or a whole
-Space."""
+Space. Hibernation: a sandbox sent to disk keeps its id and wakes on
+the next call."""
 from __future__ import annotations
 
+import os
 import random
+import threading
 import time
 
 import pytest
 from podflare import Client, Sandbox
 
 from conftest import start_server, stop_and_assert_clean
-from helpers import assert_json_error, crash_during_freeze, create_raw, delete_raw, exec_ok, freeze, resume, wait_no_leaks
+from helpers import (assert_json_error, crash_during_freeze, create_raw, delete_raw, exec_ok, exec_raw, freeze, resume, sandbox_host_pids,
+                     wait_no_leaks, wait_until)
 
 py = exec_ok
 
@@ -191,3 +195,43 @@ def test_a_crash_during_a_processes_freeze_leaves_the_sandbox_or_a_whole_space(s
             delete_raw(c, target)
             assert c.get("/v1/spaces").json() == {"spaces": []}
     print("crashed freezes left:", outcomes)
+
+
+def test_a_hibernated_sandbox_keeps_its_id_frees_its_memory_and_wakes_on_the_next_call(c):
+    sid = create_raw(c, persistent=True, egress=False)
+    py(c, sid, SETUP)
+    assert py(c, sid, SERVER_UP) == "b'abc'\n"
+    assert sandbox_host_pids(sid), "the sandbox runs processes"
+    info = c.post(f"/v1/sandboxes/{sid}/hibernate").json()
+    assert (info["id"], info["state"]) == (sid, "hibernated"), info
+    # On disk only: no process, no Space listed, but its id answers.
+    assert sandbox_host_pids(sid) == []
+    assert c.get("/v1/spaces").json() == {"spaces": []}
+    assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "hibernated"
+    # Five calls at once: each is served, by one waking.
+    results = [None] * 5
+
+    def call(i):
+        results[i] = exec_raw(c, sid, "print(x[0] + 1, next(it), server.poll(), answers())")
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    outs = sorted(r.stdout for r in results)
+    assert [o.split()[0] for o in outs] == ["42"] * 5 and sorted(int(o.split()[1]) for o in outs) == [2, 3, 4, 5, 6], outs
+    assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "ready"
+    assert bash(c, sid, "hostname") == f"{sid}\n"
+    delete_raw(c, sid)
+    assert c.get(f"/v1/sandboxes/{sid}").status_code == 404
+
+
+def test_a_hibernating_sandbox_whose_lifetime_ends_is_discarded(srv, c):
+    sid = create_raw(c, persistent=True, timeout_seconds=3, egress=False)
+    assert c.post(f"/v1/sandboxes/{sid}/hibernate").json()["state"] == "hibernated"
+    spaces = os.path.join(srv.state_dir, "spaces")
+    assert [d for d in os.listdir(spaces) if d.startswith("sp-")], "its Space is on disk"
+    # Discarded within the sweep's 30 s once its 3 s are up.
+    wait_until(lambda: c.get(f"/v1/sandboxes/{sid}").status_code == 404, 45, "the hibernating sandbox is discarded")
+    assert not [d for d in os.listdir(spaces) if d.startswith("sp-")]

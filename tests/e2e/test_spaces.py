@@ -4,6 +4,7 @@ environment, sys.path and picklable globals; say what could not be kept;
 never resume a half-written Space."""
 from __future__ import annotations
 
+import os
 import random
 import re
 import time
@@ -135,30 +136,37 @@ def test_the_podflare_sdk_resumes_a_space(srv, c):
         client.close()
 
 
-def test_persistent_sandboxes_freeze_when_idle_and_at_shutdown(srv, c):
+@pytest.mark.parametrize("keep_processes", [True, False])
+def test_persistent_sandboxes_hibernate_when_idle_and_at_shutdown(srv, c, keep_processes):
+    """A persistent sandbox hibernates at its idle timeout and at a graceful
+    shutdown: it keeps its id, shows `hibernated`, is in no Space list, and
+    the next call wakes it with its state (every process with
+    `keep_processes`, the globals without). DELETE discards it."""
     http = c
-    sid = create_raw(http, persistent=True, idle_timeout_seconds=1, egress=False)
+    sid = create_raw(http, persistent=True, keep_processes=keep_processes, idle_timeout_seconds=1, egress=False)
     assert http.get(f"/v1/sandboxes/{sid}").json()["persistent"] is True
     py(http, sid, "kept = 'idle'")
     deadline = time.monotonic() + 15
-    while (info := http.get(f"/v1/sandboxes/{sid}").json())["state"] != "frozen":
+    while (info := http.get(f"/v1/sandboxes/{sid}").json())["state"] != "hibernated":
         assert time.monotonic() < deadline, info
         time.sleep(0.3)
-    # DELETE of a frozen sandbox (what a client's close() sends) keeps its Space.
-    assert delete_raw(http, sid) == 204
-    new = resume(http, info["space_id"], persistent=True, idle_timeout_seconds=600)
-    assert py(http, new, "print(kept)") == "idle\n"
-    assert http.get(f"/v1/sandboxes/{new}").json()["persistent"] is True
+    assert http.get("/v1/spaces").json() == {"spaces": []}
+    assert py(http, sid, "print(kept)") == "idle\n"
+    woke = http.get(f"/v1/sandboxes/{sid}").json()
+    assert (woke["state"], woke["persistent"], woke["keep_processes"]) == ("ready", True, keep_processes), woke
+    # Its lifetime went on from where it stood.
+    assert woke["expires_at"] == info["expires_at"], (woke, info)
 
-    # A graceful shutdown freezes a persistent sandbox instead of destroying it.
-    py(http, new, "kept = 'shutdown'")
+    py(http, sid, "kept = 'shutdown'")
     restart(srv, crash=False)
     with srv.http(timeout=300) as c:
-        frozen = c.get(f"/v1/sandboxes/{new}").json()
-        assert frozen["state"] == "frozen", frozen
-        again = resume(c, frozen["space_id"], persistent=False)
-        assert py(c, again, "print(kept)") == "shutdown\n"
-        delete_raw(c, again)
+        assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "hibernated"
+        assert py(c, sid, "print(kept)") == "shutdown\n"
+        # Hibernating again and deleted: gone for good.
+        assert c.post(f"/v1/sandboxes/{sid}/hibernate").json()["state"] == "hibernated"
+        assert delete_raw(c, sid) == 204
+        assert c.get(f"/v1/sandboxes/{sid}").status_code == 404
+        assert srv.state_dir and not [d for d in os.listdir(os.path.join(srv.state_dir, "spaces")) if d.startswith("sp-")]
 
 
 def test_a_space_says_what_it_kept_and_why_not_the_processes(srv, c, say):

@@ -95,6 +95,7 @@ pub fn forkbox_api(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/checkpoints/{checkpoint}", delete(routes::checkpoints::delete))
         .route("/v1/sandboxes/{id}/restore", post(routes::checkpoints::restore))
         .route("/v1/sandboxes/{id}/freeze", post(routes::spaces::freeze))
+        .route("/v1/sandboxes/{id}/hibernate", post(routes::spaces::hibernate))
         .route("/v1/spaces", get(routes::spaces::list))
         .route("/v1/spaces/{id}", get(routes::spaces::get).delete(routes::spaces::delete))
         .route("/v1/spaces/{id}/resume", post(routes::spaces::resume))

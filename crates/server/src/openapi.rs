@@ -15,7 +15,7 @@ use crate::routes::{self, checkpoints, egress, files, pause, ports, pty, spaces,
         egress::get, egress::patch, pause::pause, pause::resume,
         pty::create, pty::list, pty::attach, pty::input, pty::resize, pty::kill, pty::read,
         ports::proxy, checkpoints::create, checkpoints::list, checkpoints::delete, checkpoints::restore,
-        spaces::freeze, spaces::list, spaces::get, spaces::delete, spaces::resume,
+        spaces::freeze, spaces::hibernate, spaces::list, spaces::get, spaces::delete, spaces::resume,
         templates::list, templates::get, templates::delete, templates::build, templates::save
     ),
     components(schemas(protocol::CreateSandbox, protocol::Created, protocol::ExecRequest, protocol::SandboxInfo,

@@ -34,8 +34,11 @@ impl Service {
             // So is deleting a frozen one: its Space stays (DELETE the
             // Space to discard it), as a persistent sandbox's client that
             // closes it after an idle freeze expects.
-            if self.frozen(caller, id).await.is_some() {
-                return Ok(());
+            match self.frozen(caller, id).await {
+                // A hibernating sandbox's Space is the sandbox: it goes.
+                Some(crate::state::Frozen::Space(space)) if space.hibernated => return self.delete_space(caller, &space.info.space_id).await,
+                Some(_) => return Ok(()),
+                None => {}
             }
             return Err(no_sandbox(id));
         };
@@ -63,11 +66,12 @@ impl Service {
     /// Destroy everything (server shutdown).
     pub async fn destroy_all(&self) {
         self.destroy_pool().await;
-        // Persistent sandboxes outlive the server as Spaces.
+        // Persistent sandboxes outlive the server hibernating: their ids
+        // wake them on the next server.
         let persistent: Vec<String> = self.inner.sandboxes.read().await.values().filter(|e| e.settings.persistent).map(|e| e.id.clone()).collect();
         for id in persistent {
-            if let Err(e) = self.freeze(&Caller::server(), &id).await {
-                tracing::error!(sandbox = %id, err = %e, "could not freeze a persistent sandbox at shutdown");
+            if let Err(e) = self.hibernate(&Caller::server(), &id).await {
+                tracing::error!(sandbox = %id, err = %e, "could not hibernate a persistent sandbox at shutdown");
             }
         }
         let all: Vec<Arc<SandboxEntry>> = self.inner.sandboxes.write().await.drain().map(|(_, e)| e).collect();

@@ -29,6 +29,7 @@ pub mod error;
 pub mod exec;
 pub mod fork;
 pub mod fork_steps;
+pub mod hibernate;
 pub mod ids;
 pub mod keys;
 pub mod lifecycle;

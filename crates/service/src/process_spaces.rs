@@ -18,7 +18,7 @@ use repl_host::session::ReplSession;
 use crate::error::Error;
 use crate::keys::Caller;
 use crate::sandbox::{new_entry, SandboxEntry, Settings};
-use crate::space_store::{commit, new_space_id, SpaceMeta, PARTIAL};
+use crate::space_store::{commit, new_space_id, Freeze, SpaceMeta, PARTIAL};
 use crate::state::Service;
 
 /// Why a pooled sandbox's processes are not kept, criu or not.
@@ -53,12 +53,12 @@ impl Service {
 
     /// Freeze solo `entry` whole into a new Space (the slot is held, so no
     /// exec runs). On `Ok` it is marked destroyed and its REPL let go.
-    pub(crate) async fn freeze_processes(&self, entry: &Arc<SandboxEntry>, criu: &criu::Criu, was_paused: bool) -> Result<SpaceMeta, NotKept> {
+    pub(crate) async fn freeze_processes(&self, entry: &Arc<SandboxEntry>, criu: &criu::Criu, was_paused: bool, how: Freeze) -> Result<SpaceMeta, NotKept> {
         crate::sandbox::freezer::set_paused(entry, true).await.map_err(|e| NotKept::Because(format!("could not pause it: {e}")))?;
         let space_id = new_space_id();
         let store = &self.inner.spaces;
         let (partial, home) = (store.dir.join(format!("{PARTIAL}{space_id}")), store.dir.join(&space_id));
-        let written = self.write_processes(entry, criu, &partial, &home, &space_id).await;
+        let written = self.write_processes(entry, criu, &partial, &home, &space_id, how).await;
         let meta = match written {
             Ok(meta) => meta,
             Err(why) => {
@@ -85,7 +85,15 @@ impl Service {
 
     /// The Space's files, then criu's images of the paused sandbox, then
     /// its meta: `partial` becomes `home` in one rename.
-    async fn write_processes(&self, entry: &Arc<SandboxEntry>, criu: &criu::Criu, partial: &Path, home: &Path, space_id: &str) -> Result<SpaceMeta, String> {
+    async fn write_processes(
+        &self,
+        entry: &Arc<SandboxEntry>,
+        criu: &criu::Criu,
+        partial: &Path,
+        home: &Path,
+        space_id: &str,
+        how: Freeze,
+    ) -> Result<SpaceMeta, String> {
         let (engine, dir, files) = (Arc::clone(&entry.engine), self.inner.spaces.dir.clone(), partial.to_path_buf());
         let copied = tokio::task::spawn_blocking(move || -> std::io::Result<jail::Copied> {
             std::fs::create_dir_all(&dir)?;
@@ -104,7 +112,7 @@ impl Service {
             .await
             .map_err(|e| format!("criu could not dump it: {e}"))?;
         let mut info = entry.info();
-        info.state = "frozen".into();
+        info.state = how.state().into();
         info.space_id = Some(space_id.to_string());
         let meta = SpaceMeta {
             info: SpaceInfo {
@@ -121,6 +129,7 @@ impl Service {
             owner: entry.settings.owner.clone(),
             rootfs: self.inner.templates.is_builtin(&entry.settings.template).then(|| entry.engine.layers().1),
             edges: Some(edges),
+            hibernated: how == Freeze::Hibernate,
         };
         let (partial, home) = (partial.to_path_buf(), home.to_path_buf());
         tokio::task::spawn_blocking(move || commit(&partial, &home, &meta).map(|()| meta))

@@ -61,6 +61,26 @@ pub struct SpaceStart {
     pub id: Option<String>,
 }
 
+/// What a freeze makes of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freeze {
+    /// A Space, resumed by its id into a new sandbox.
+    Space,
+    /// The sandbox hibernates: it keeps its id, and the next call to it
+    /// wakes it (src/hibernate.rs).
+    Hibernate,
+}
+
+impl Freeze {
+    /// The sandbox's `state` while it is on disk.
+    pub fn state(self) -> &'static str {
+        match self {
+            Freeze::Space => "frozen",
+            Freeze::Hibernate => "hibernated",
+        }
+    }
+}
+
 /// `meta.json` of a Space.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SpaceMeta {
@@ -83,6 +103,10 @@ pub struct SpaceMeta {
     /// dumped tree, which a restore replaces (`jail::Edges`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edges: Option<jail::Edges>,
+    /// The sandbox hibernates in it: it keeps its id, the next call to it
+    /// wakes it (src/hibernate.rs), and `GET /v1/spaces` does not list it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hibernated: bool,
 }
 
 /// The Spaces directory.
@@ -148,7 +172,14 @@ impl SpaceStore {
     }
 
     /// The Spaces `caller` may use, oldest first.
+    /// The Spaces `caller` may use, but the hibernating sandboxes'.
     pub fn list(&self, caller: &Caller) -> Vec<SpaceMeta> {
+        let mut all = self.list_with_hibernated(caller);
+        all.retain(|m| !m.hibernated);
+        all
+    }
+
+    fn list_with_hibernated(&self, caller: &Caller) -> Vec<SpaceMeta> {
         let mut all = self.list_all();
         all.retain(|m| caller.may_use(m.owner.as_deref()));
         all
@@ -170,7 +201,7 @@ impl SpaceStore {
     /// The Space sandbox `id` was frozen into, if it still exists and
     /// `caller` may use it.
     pub fn frozen(&self, caller: &Caller, sandbox_id: &str) -> Option<SpaceMeta> {
-        self.list(caller).into_iter().find(|m| m.info.sandbox_id == sandbox_id)
+        self.list_with_hibernated(caller).into_iter().find(|m| m.info.sandbox_id == sandbox_id)
     }
 
     pub fn delete(&self, caller: &Caller, id: &str) -> Result<(), Error> {

@@ -12,17 +12,22 @@ use crate::process_spaces::NotKept;
 use crate::sandbox::{ReplSlot, SandboxEntry, Settings};
 use crate::space_store::{commit, io_err, new_space_id, PARTIAL};
 pub(crate) use crate::space_store::{parse_answer, space_code, unsaved_list, REPL_SAVE_TIMEOUT};
-pub use crate::space_store::{Resumed, SpaceMeta, SpaceStart, SpaceStore};
+pub use crate::space_store::{Freeze, Resumed, SpaceMeta, SpaceStart, SpaceStore};
 use crate::state::Service;
 use repl_host::events::now_ms;
 
 impl Service {
     /// Freeze sandbox `id` into a new Space and destroy it.
     pub async fn freeze(&self, caller: &Caller, id: &str) -> Result<SpaceMeta, Error> {
+        self.freeze_as(caller, id, Freeze::Space).await
+    }
+
+    /// Freeze sandbox `id` (into a Space, or to hibernate) and destroy it.
+    pub(crate) async fn freeze_as(&self, caller: &Caller, id: &str, how: Freeze) -> Result<SpaceMeta, Error> {
         let entry = self.get(caller, id).await?;
         crate::disk::ensure_room(&self.inner.config.state_dir)?;
         let busy = entry.hold_busy();
-        let result = self.freeze_entry(&entry).await;
+        let result = self.freeze_entry(&entry, how).await;
         drop(busy);
         let meta = result?;
         // The sandbox lives on as the Space: free it.
@@ -39,18 +44,19 @@ impl Service {
             self.drop_checkpoints(&e).await;
             self.teardown(&e).await;
         }
-        tracing::info!(sandbox = %id, space = %meta.info.space_id, bytes = meta.info.bytes, "frozen");
+        tracing::info!(sandbox = %id, space = %meta.info.space_id, bytes = meta.info.bytes, kind = ?meta.info.kind, state = how.state(), "frozen");
         Ok(meta)
     }
 
-    /// A persistent sandbox reached its idle timeout: freeze it. If that
-    /// fails it stays (and is tried again after another idle period), since
-    /// destroying it would lose what it was meant to keep.
-    pub async fn freeze_idle(&self, id: &str) {
-        match self.freeze(&Caller::server(), id).await {
-            Ok(meta) => tracing::info!(sandbox = %id, space = %meta.info.space_id, "idle: frozen"),
+    /// A persistent sandbox reached its idle timeout: it hibernates (it
+    /// costs disk, not memory, and keeps its id). If that fails it stays
+    /// (and is tried again after another idle period), since destroying it
+    /// would lose what it was meant to keep.
+    pub async fn hibernate_idle(&self, id: &str) {
+        match self.hibernate(&Caller::server(), id).await {
+            Ok(_) => tracing::info!(sandbox = %id, "idle: hibernated"),
             Err(e) => {
-                tracing::error!(sandbox = %id, err = %e, "idle: could not freeze a persistent sandbox; trying again later");
+                tracing::error!(sandbox = %id, err = %e, "idle: could not hibernate a persistent sandbox; trying again later");
                 if let Ok(entry) = self.get(&Caller::server(), id).await {
                     entry.touch();
                 }
@@ -58,7 +64,7 @@ impl Service {
         }
     }
 
-    async fn freeze_entry(&self, entry: &Arc<SandboxEntry>) -> Result<SpaceMeta, Error> {
+    async fn freeze_entry(&self, entry: &Arc<SandboxEntry>, how: Freeze) -> Result<SpaceMeta, Error> {
         // Execs queued before the freeze run first; later ones find it gone.
         let mut slot = entry.slot.lock().await;
         if !entry.lifecycle().can_run() {
@@ -67,7 +73,7 @@ impl Service {
         let was_paused = entry.engine.is_paused();
         // Every process when criu can (process_spaces.rs), else the globals.
         let not_kept = match self.criu_for(entry) {
-            Ok(criu) => match self.freeze_processes(entry, &criu, was_paused).await {
+            Ok(criu) => match self.freeze_processes(entry, &criu, was_paused, how).await {
                 Ok(meta) => {
                     slot.session = None;
                     return Ok(meta);
@@ -80,10 +86,17 @@ impl Service {
             },
             Err(why) => why,
         };
-        self.freeze_globals(entry, &mut slot, was_paused, not_kept).await
+        self.freeze_globals(entry, &mut slot, was_paused, not_kept, how).await
     }
 
-    async fn freeze_globals(&self, entry: &Arc<SandboxEntry>, slot: &mut ReplSlot, was_paused: bool, not_kept: String) -> Result<SpaceMeta, Error> {
+    async fn freeze_globals(
+        &self,
+        entry: &Arc<SandboxEntry>,
+        slot: &mut ReplSlot,
+        was_paused: bool,
+        not_kept: String,
+        how: Freeze,
+    ) -> Result<SpaceMeta, Error> {
         // The REPL writes its state into the sandbox's files ...
         let answer = self.write_repl_state(entry, slot, was_paused).await?;
         // ... and every file stands still while they are copied.
@@ -92,7 +105,7 @@ impl Service {
         let store = &self.inner.spaces;
         let (partial, home) = (store.dir.join(format!("{PARTIAL}{space_id}")), store.dir.join(&space_id));
         let mut info = entry.info();
-        info.state = "frozen".into();
+        info.state = how.state().into();
         info.space_id = Some(space_id.clone());
         let meta = SpaceMeta {
             info: SpaceInfo {
@@ -109,6 +122,7 @@ impl Service {
             owner: entry.settings.owner.clone(),
             rootfs: self.inner.templates.is_builtin(&entry.settings.template).then(|| entry.engine.layers().1),
             edges: None,
+            hibernated: how == Freeze::Hibernate,
         };
         let engine = Arc::clone(&entry.engine);
         let dir = store.dir.clone();
@@ -226,8 +240,11 @@ impl Service {
                 if beyond {
                     directory.space_resumed(space_id).await;
                 }
-                if let Err(e) = store.note_resumed(&meta, &entry.id) {
-                    tracing::warn!(space = %space_id, err = %e, "could not note where a space was resumed");
+                // (A hibernating sandbox woke under its own id: no note.)
+                if !meta.hibernated {
+                    if let Err(e) = store.note_resumed(&meta, &entry.id) {
+                        tracing::warn!(space = %space_id, err = %e, "could not note where a space was resumed");
+                    }
                 }
                 let doomed = claimed.clone();
                 if let Err(e) = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(doomed)).await.unwrap_or_else(|e| Err(std::io::Error::other(e))) {

@@ -89,6 +89,7 @@ impl Service {
             std::thread::Builder::new().name("template-builder".into()).spawn(move || templates.build_all()).map_err(StartError::Builder)?;
         }
         tokio::spawn(state.clone().expire_loop());
+        tokio::spawn(state.clone().hibernated_expiry_loop());
         tokio::spawn(state.clone().pool_loop());
         tokio::spawn(state.clone().quota_sweep_loop());
         tokio::spawn(state.clone().cpu_boost_loop());

@@ -56,6 +56,9 @@ pub struct Inner {
     pub setup: Arc<crate::setup::SandboxSetup>,
     /// What the sandboxes are beyond this server (src/directory.rs).
     pub directory: Arc<dyn crate::directory::Directory>,
+    /// Held while a hibernating sandbox wakes, so two calls wake it once
+    /// (src/hibernate.rs).
+    pub waking: tokio::sync::Mutex<()>,
 }
 
 impl Service {
@@ -78,6 +81,7 @@ impl Service {
                 sandboxes: RwLock::new(HashMap::new()),
                 capacity: Default::default(),
                 merged: Default::default(),
+                waking: Default::default(),
                 pool: Default::default(),
                 spaces: crate::space_store::SpaceStore::new(&config.state_dir),
                 metrics: Default::default(),
@@ -127,6 +131,8 @@ impl Service {
             }
         }
         match self.frozen(caller, id).await {
+            // (Boxed: waking creates a sandbox, which may look one up.)
+            Some(Frozen::Space(space)) if space.hibernated => Box::pin(self.wake(caller, id, &space)).await,
             Some(Frozen::Space(space)) => Err(Error::Conflict(format!(
                 "sandbox `{id}` is frozen in space `{}`: resume it with POST /v1/spaces/{}/resume",
                 space.info.space_id, space.info.space_id
@@ -134,13 +140,27 @@ impl Service {
             Some(Frozen::Resumed(r)) => {
                 Err(Error::NotFound(format!("sandbox `{id}` was frozen into space `{}`, which was resumed as `{}`; use that id", r.space_id, r.resumed_as)))
             }
-            None => Err(no_sandbox(id)),
+            // A hibernating sandbox being woken by another call is in
+            // neither place for that moment: wait for the wake.
+            None => {
+                let _waking = self.inner.waking.lock().await;
+                match self.inner.sandboxes.read().await.get(id) {
+                    Some(e) if caller.may_use(e.settings.owner.as_deref()) => Ok(Arc::clone(e)),
+                    _ => Err(no_sandbox(id)),
+                }
+            }
         }
     }
 
     /// What `caller` may see of sandbox `id`: a frozen one as it was, with
     /// `state: "frozen"`.
     pub async fn info(&self, caller: &Caller, id: &str) -> Result<protocol::SandboxInfo, Error> {
+        // A hibernating sandbox is looked at, not woken.
+        if valid_id(id) && !self.inner.sandboxes.read().await.contains_key(id) {
+            if let Some(Frozen::Space(space)) = self.frozen(caller, id).await {
+                return Ok(space.sandbox);
+            }
+        }
         match self.get(caller, id).await {
             Ok(entry) => Ok(entry.info()),
             Err(Error::Conflict(e)) => match self.frozen(caller, id).await {

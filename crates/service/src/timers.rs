@@ -1,6 +1,6 @@
 //! The loops that run for as long as the server does: lifetimes and idle
-//! timeouts (and idle pauses), and the sweep of deleted subvolumes' quota
-//! groups.
+//! timeouts (and idle pauses), hibernating sandboxes' lifetimes, and the
+//! sweep of deleted subvolumes' quota groups.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -26,6 +26,28 @@ impl Service {
         }
     }
 
+    /// Discard the hibernating sandboxes whose lifetime ended (they would
+    /// wake only to be destroyed), every 30 s, forever.
+    pub async fn hibernated_expiry_loop(self) {
+        let mut tick = tokio::time::interval(Duration::from_secs(30));
+        loop {
+            tick.tick().await;
+            let state = self.clone();
+            let now = now_ms();
+            let ended: Vec<String> = tokio::task::spawn_blocking(move || {
+                state.inner.spaces.list_all().into_iter().filter(|m| m.hibernated && m.sandbox.expires_at <= now).map(|m| m.info.space_id).collect()
+            })
+            .await
+            .unwrap_or_default();
+            for space in ended {
+                match self.delete_space(&Caller::server(), &space).await {
+                    Ok(()) => tracing::info!(space = %space, "a hibernating sandbox's lifetime ended: discarded"),
+                    Err(e) => tracing::warn!(space = %space, err = %e, "could not discard a hibernating sandbox whose lifetime ended"),
+                }
+            }
+        }
+    }
+
     /// Enforce lifetimes and idle timeouts, twice a second, forever.
     pub async fn expire_loop(self) {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -41,7 +63,7 @@ impl Service {
                 .filter_map(|e| {
                     let idle = now.saturating_sub(e.last_active.load(Ordering::Relaxed));
                     let idle_out = e.lifecycle().can_idle_out() && idle >= e.settings.idle_timeout.as_millis() as u64;
-                    // A persistent sandbox freezes at its idle timeout; its
+                    // A persistent sandbox hibernates at its idle timeout; its
                     // lifetime's end destroys it like any other.
                     if now >= e.expires_at() && e.settings.pause_at_timeout {
                         // Paused below, not destroyed.
@@ -70,7 +92,7 @@ impl Service {
                     let busy = entry.hold_busy();
                     let state = self.clone();
                     tokio::spawn(async move {
-                        state.freeze_idle(&entry.id).await;
+                        state.hibernate_idle(&entry.id).await;
                         drop(busy);
                     });
                 } else {

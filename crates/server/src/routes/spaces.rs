@@ -1,4 +1,4 @@
-//! Spaces: sandboxes frozen to disk, and resumed (docs/state.md).
+//! Spaces: sandboxes frozen to disk, and resumed; hibernation (docs/state.md).
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -14,6 +14,15 @@ use crate::AppState;
         (status = 507, body = protocol::ErrorBody)))]
 pub async fn freeze(State(state): State<AppState>, Key(caller): Key, Path(id): Path<String>) -> Result<Response, ApiError> {
     Ok(json(StatusCode::OK, &state.freeze(&caller, &id).await?.info))
+}
+
+/// Send a sandbox to disk keeping its id; the next call to it wakes it
+/// (docs/state.md#hibernation).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/hibernate", params(("id" = String, Path)),
+    responses((status = 200, body = SandboxInfo), (status = 404, body = protocol::ErrorBody), (status = 409, body = protocol::ErrorBody),
+        (status = 507, body = protocol::ErrorBody)))]
+pub async fn hibernate(State(state): State<AppState>, Key(caller): Key, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(StatusCode::OK, &state.hibernate(&caller, &id).await?))
 }
 
 #[utoipa::path(get, path = "/v1/spaces", responses((status = 200, body = SpaceList), (status = 503, body = protocol::ErrorBody)))]
