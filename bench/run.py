@@ -57,6 +57,8 @@ SECTION = "repl"
 DEFAULT_BIN = os.path.join(REPO, "target", "release", "forkbox")
 DEFAULT_STATE_DIR = "/var/lib/forkbox-bench"
 DEFAULT_TEMPLATES_DIR = "/var/lib/forkbox/templates"
+# Where `./dev` builds criu's tools root (docs/state.md#where-criu-comes-from).
+DEFAULT_TOOLS_DIR = "/var/lib/forkbox/tools"
 
 # Targets of docs/architecture.md#targets (this first version relaxes create → first exec).
 TARGET_EXEC_P50_MS = 2.0
@@ -230,7 +232,8 @@ class Server:
 
     def command(self) -> list[str]:
         return [self.binary, "serve", "--listen", f"127.0.0.1:{self.port}",
-                "--state-dir", self.state_dir, "--templates-dir", self.templates_dir]
+                "--state-dir", self.state_dir, "--templates-dir", self.templates_dir,
+                "--tools-dir", os.environ.get("FORKBOX_TOOLS_DIR", DEFAULT_TOOLS_DIR)]
 
     def start(self) -> None:
         deadline = time.monotonic() + self.ready_timeout

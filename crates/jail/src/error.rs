@@ -45,6 +45,9 @@ pub enum Error {
     NoUidRange,
     #[error("host does not support the jail engine: {0}")]
     Unsupported(String),
+    /// A sandbox criu must not dump as it is (engine/tree_creds.rs).
+    #[error("criu cannot dump this sandbox as it is: {0}")]
+    NotDumpable(String),
 }
 
 impl Error {

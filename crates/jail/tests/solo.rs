@@ -345,6 +345,11 @@ async fn damaged_images_fail_the_restore_and_leave_nothing_behind() {
         let restored = jail().restore(spec, &damaged, &edges, &criu).await;
         assert!(restored.is_err(), "{what}: restored anyway");
         nothing_left_of(&id);
+        // The memory pages lent to the restore are root's again.
+        use std::os::unix::fs::MetadataExt;
+        for entry in std::fs::read_dir(&damaged).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("pages-")) {
+            assert_eq!(entry.metadata().unwrap().uid(), 0, "{what}: {:?} was not given back", entry.file_name());
+        }
     }
     // The engine goes on making sandboxes.
     let sb = jail().create(solo_spec(&unique("t-solo-after"))).await.expect("create after failed restores");

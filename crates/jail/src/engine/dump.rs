@@ -39,6 +39,7 @@ impl Jail {
             return Err(Error::Invalid("a dump that leaves the sandbox paused needs it paused first".into()));
         }
         let init = sandbox.init_pid()?;
+        super::tree_creds::check_settled(init)?;
         let edges = edges_of(init)?;
         // Init is the shim's binary, bound in where it was found.
         let init_binary = std::fs::canonicalize(&self.config.shim_exe).map_err(|e| Error::io("find the shim's binary", e))?;

@@ -24,6 +24,7 @@ mod dump;
 mod fork;
 mod restore;
 mod sandbox;
+mod tree_creds;
 pub use adopt::{Adopted, Kept, MemberRecord};
 pub use dump::AfterDump;
 pub use fork::ForkChild;

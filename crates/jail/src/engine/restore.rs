@@ -27,7 +27,11 @@ impl Jail {
             criu_root,
         };
         let (sandbox, reply, fds, exited) = self.build(spec, request).await?;
-        let repl = match repl_of(reply, fds, exited) {
+        let checked = sandbox.init_pid().and_then(|init| {
+            let allowed = crate::policy::capabilities().map_err(|e| Error::Setup(e.to_string()))?;
+            super::tree_creds::check_no_more_capabilities(init, &allowed)
+        });
+        let repl = match checked.and_then(|()| repl_of(reply, fds, exited)) {
             Ok(repl) => repl,
             Err(e) => {
                 let _ = self.destroy(&sandbox).await;

@@ -914,7 +914,7 @@ impl Shim {
 }
 
 /// Host pids of the children of every thread of `pid`.
-fn children_of(pid: i32) -> Vec<i32> {
+pub(crate) fn children_of(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
     if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
         for task in tasks.flatten() {

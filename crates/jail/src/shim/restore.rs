@@ -89,7 +89,7 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
     let bin_dir = exe.parent().unwrap_or(Path::new("/")).to_path_buf();
     let exe_name = exe.file_name().map(PathBuf::from).unwrap_or_default();
     let images_dir = root.parent().unwrap_or(root).join("images");
-    copy_images(req.images, &images_dir, req.id_base)?;
+    let _lent = copy_images(req.images, &images_dir, req.id_base)?;
     let binds = [(images_dir.as_path(), Path::new(IMAGES_INSIDE)), (root, Path::new(ROOT_INSIDE)), (bin_dir.as_path(), Path::new(BIN_INSIDE))];
     let images = criu.seen(&images_dir, Path::new(IMAGES_INSIDE)).to_path_buf();
     let mut command = criu.command_as("restore", &binds, req.id_base);
@@ -152,12 +152,13 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
     Ok(Restored { member, repl })
 }
 
-/// A copy of `images` in `dir` for one restore, readable by the family's
-/// host root `id_base` only (criu's restored tasks open them as that uid;
-/// the Space's own stay host root's). std's copy is a reflink where the
-/// filesystem can (copy_file_range). The user namespace maps move to the
-/// family's range.
-fn copy_images(images: &Path, dir: &Path, id_base: u32) -> Result<()> {
+/// The images of `images` in `dir` for one restore, readable by the
+/// family's host root `id_base` only (criu's restored tasks open them as
+/// that uid; the Space's own stay host root's). The small ones are copied
+/// (the user namespace maps move to the family's range); the memory pages,
+/// most of the bytes and never edited, are lent: hard-linked and handed to
+/// `id_base` until the returned guard gives them back to root.
+fn copy_images(images: &Path, dir: &Path, id_base: u32) -> Result<LentImages> {
     use std::os::unix::fs::PermissionsExt;
     let give = |path: &Path, mode: u32| -> Result<()> {
         std::os::unix::fs::chown(path, Some(id_base), Some(id_base)).map_err(|e| Error::io("give the restore its images", e))?;
@@ -166,6 +167,7 @@ fn copy_images(images: &Path, dir: &Path, id_base: u32) -> Result<()> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).map_err(|e| Error::io("create the restore's image directory", e))?;
     give(dir, 0o700)?;
+    let mut lent = LentImages(Vec::new());
     for entry in std::fs::read_dir(images).map_err(|e| Error::io("read the images", e))?.flatten() {
         let name = entry.file_name();
         let name_text = name.to_string_lossy();
@@ -173,11 +175,28 @@ fn copy_images(images: &Path, dir: &Path, id_base: u32) -> Result<()> {
             continue; // logs
         }
         let target = dir.join(&name);
-        std::fs::copy(entry.path(), &target).map_err(|e| Error::io("copy an image", e))?;
+        if name_text.starts_with("pages-") && std::fs::hard_link(entry.path(), &target).is_ok() {
+            lent.0.push(entry.path());
+        } else {
+            std::fs::copy(entry.path(), &target).map_err(|e| Error::io("copy an image", e))?;
+        }
         if name_text.starts_with("userns-") {
             criu::rebase_userns_image(&target, id_base).map_err(|e| Error::Setup(e.to_string()))?;
         }
         give(&target, 0o600)?;
     }
-    Ok(())
+    Ok(lent)
+}
+
+/// Images lent to a restore (`copy_images`): root's again when dropped.
+struct LentImages(Vec<PathBuf>);
+
+impl Drop for LentImages {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            if let Err(e) = std::os::unix::fs::chown(path, Some(0), Some(0)) {
+                tracing::error!(image = %path.display(), err = %e, "could not give a lent image back to root");
+            }
+        }
+    }
 }

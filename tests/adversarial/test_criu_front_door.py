@@ -1,0 +1,125 @@
+"""criu's front door (docs/state.md#processes-spaces): what a sandbox can do
+to a freeze that dumps it whole, and to the sandbox it comes back as.
+
+- The images are the server's alone: root's, 0600 in a 0700 directory,
+  outside every sandbox's mounts, before and after a resume.
+- A restored sandbox gets no more than it had: a new uid range of its own,
+  the same capabilities, seccomp filters and no_new_privs, its memory
+  limit, its egress policy.
+- Tricks played while it is dumped (an attempt at a nested user namespace, credentials
+  changed in a loop, hundreds of threads, a 64 GiB sparse mapping, a copy
+  of the REPL's control socket handed to a child) each end cleanly: the
+  freeze answers 200 with the kind it made, the sandbox comes back
+  answering, confined as before, and the server goes on serving."""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from adversary import healthy, uid_base
+from helpers import SANDBOX_UID_BASE, create_raw, delete_raw, exec_ok, exec_raw, freeze, host_repl_pid, proc_status, resume
+
+CONFINEMENT = ("CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:", "NoNewPrivs:", "Seccomp:", "Seccomp_filters:")
+
+
+def confinement(sid: str) -> dict:
+    status = proc_status(host_repl_pid(sid))
+    return {k: status[k.rstrip(":")] for k in CONFINEMENT}
+
+
+def test_the_images_are_the_servers_alone_and_out_of_every_sandboxs_reach(server, http):
+    sid = create_raw(http, keep_processes=True, egress=False)
+    exec_ok(http, sid, "x = 1")
+    space = freeze(http, sid)
+    assert space["kind"] == "processes", space
+    home = os.path.join(server.state_dir, "spaces", space["space_id"])
+    images = os.path.join(home, "images")
+    st = os.stat(images)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o700)
+    for name in os.listdir(images):
+        st = os.stat(os.path.join(images, name))
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600), name
+    new = resume(http, space["space_id"])
+    other = create_raw(http, egress=False)
+    for who in (new, other):
+        out = exec_ok(http, who, "grep -c -e spaces -e images /proc/self/mountinfo; "
+                      "find / -xdev \\( -name 'pages-*.img' -o -name 'inventory.img' \\) 2>/dev/null | head -3", language="bash")
+        assert out == "0\n", (who, out)
+    delete_raw(http, new)
+    delete_raw(http, other)
+
+
+def test_a_restored_sandbox_gets_no_more_than_it_had(http):
+    sid = create_raw(http, keep_processes=True, ram_mib=512, egress=False)
+    exec_ok(http, sid, "import socket\nkept = 1")
+    before, base = confinement(sid), uid_base(http, sid)
+    victim = create_raw(http, keep_processes=True, egress=False)
+    new = resume(http, freeze(http, sid)["space_id"])
+    assert confinement(new) == before
+    new_base = uid_base(http, new)
+    assert new_base >= SANDBOX_UID_BASE and new_base not in (base, uid_base(http, victim)), (base, new_base)
+    assert all(u >= SANDBOX_UID_BASE for u in map(int, proc_status(host_repl_pid(new))["Uid"].split()))
+    # Its memory limit: 600 MiB does not fit in 512.
+    hog = exec_raw(http, new, "b = bytearray(600 << 20)")
+    assert hog.exit_code != 0, hog.events[-3:]
+    # Its egress policy: still no way out.
+    out = exec_ok(http, new, "import socket\ntry:\n    socket.create_connection(('pypi.org', 443), timeout=5); print('OUT')\n"
+                             "except OSError as e:\n    print('blocked')")
+    assert out == "blocked\n", out
+    for s in (new, victim):
+        delete_raw(http, s)
+
+
+TRICKS = {
+    # A process that tries for a user namespace of its own (refused inside;
+    # criu would bring a nested one back in the sandbox's, with its capabilities).
+    "an attempt at a nested user namespace": "import subprocess\nnest = subprocess.Popen(['unshare', '--user', '--map-root-user', 'sleep', '1000'])",
+    # Credentials flipping while criu reads them.
+    "credentials changed in a loop": (
+        "import os, threading\nflipping = [True]\ndef flip():\n    while flipping[0]:\n        os.setresuid(0, 1000, 0); os.setresuid(0, 0, 0)\n"
+        "threading.Thread(target=flip, daemon=True).start()"),
+    "hundreds of threads": (
+        "import threading\nstop = threading.Event()\nthreads = [threading.Thread(target=stop.wait, daemon=True) for _ in range(400)]\n"
+        "for t in threads: t.start()"),
+    "a 64 GiB sparse mapping": (
+        "import mmap\nm = mmap.mmap(-1, 64 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_NORESERVE)\n"
+        "m[0] = 1; m[(64 << 30) - 1] = 2"),
+    # The REPL's control socket, copied and handed to a child that outlives it.
+    "a copy of the control socket held by a child": (
+        "import os, subprocess\nctl = os.dup(3)\nholder = subprocess.Popen(['sleep', '1000'], pass_fds=(ctl,))"),
+}
+
+
+@pytest.mark.parametrize("trick", TRICKS)
+def test_tricks_played_during_a_dump_end_cleanly(server, http, trick):
+    sid = create_raw(http, keep_processes=True, ram_mib=1024, egress=False)
+    before = confinement(sid)
+    exec_ok(http, sid, TRICKS[trick] + "\nmarker = 'kept'")
+    r = http.post(f"/v1/sandboxes/{sid}/freeze")
+    if r.status_code == 409:
+        # A globals freeze the trick itself spoiled (the REPL's state file
+        # written under a flipped uid): the sandbox goes on as it was.
+        assert "could not save the REPL's state" in r.json()["error"], r.text
+        assert exec_ok(http, sid, "flipping = [False]\nimport time; time.sleep(0.05)\nprint(marker)") == "kept\n"
+        assert confinement(sid) == before and healthy(http)
+        delete_raw(http, sid)
+        return
+    assert r.status_code == 200, r.text
+    space = r.json()
+    assert space["kind"] in ("processes", "globals"), space
+    if space["kind"] == "globals":
+        assert "criu could not dump it" in space["processes_not_kept"], space
+    print(f"{trick}: {space.get('processes_not_kept') or 'kept'}")
+    assert space["bytes"] < 2 << 30, space  # the sparse mapping's holes are not written
+    new = resume(http, space["space_id"])
+    # (A flipper kept running is stopped: its effective set comes and goes.)
+    assert exec_ok(http, new, "flipping = [False]\nimport time; time.sleep(0.05)\nprint(marker)") == "kept\n"
+    assert confinement(new) == before
+    assert all(u >= SANDBOX_UID_BASE for u in map(int, proc_status(host_repl_pid(new))["Uid"].split()))
+    # It can be frozen again, and the server serves on.
+    again = resume(http, freeze(http, new)["space_id"])
+    assert exec_ok(http, again, "print(marker)") == "kept\n"
+    assert healthy(http)
+    delete_raw(http, again)
