@@ -10,9 +10,9 @@ import type { Checkpoint, DiffResult, Egress, ExecEvent, SandboxInfo, Space, Tem
 export interface LifetimeOptions extends ClientOptions {
   /** Lifetime in seconds (default 3600). */
   timeoutSeconds?: number;
-  /** Destroyed (or frozen, if persistent) after this long without an exec (default 600). */
+  /** Destroyed (or hibernated, if persistent) after this long without an exec (default 600). */
   idleTimeoutSeconds?: number;
-  /** Freeze to a space instead of being destroyed at the idle timeout. */
+  /** Hibernate (to disk, same id, woken by the next call) instead of being destroyed at the idle timeout. */
   persistent?: boolean;
   egress?: Egress;
 }
@@ -20,6 +20,11 @@ export interface LifetimeOptions extends ClientOptions {
 export interface CreateOptions extends LifetimeOptions {
   /** `default`, `python-datasci` or one of your templates (`client.listTemplates()`). */
   template?: string;
+  /**
+   * Freezes and hibernation keep every process, not just the REPL's globals (criu); such a
+   * sandbox cannot fork. Default: `persistent`, when the server has criu (docs/state.md).
+   */
+  keepProcesses?: boolean;
   /** Memory limit for everything in the sandbox (default 1024). */
   ramMib?: number;
   rootfsGb?: number;
@@ -74,6 +79,7 @@ export class Sandbox implements AsyncDisposable {
       template: options.template,
       ram_mib: options.ramMib,
       rootfs_gb: options.rootfsGb,
+      keep_processes: options.keepProcesses,
       ...lifetimeBody(options),
     };
     const info = await client.json<{ id: string }>("POST", "/v1/sandboxes", { json: body });
@@ -199,6 +205,11 @@ export class Sandbox implements AsyncDisposable {
   /** Freeze to disk as a space; bring it back with `Sandbox.resume(spaceId)`. */
   freeze(): Promise<Space> {
     return this.client.json("POST", `${this.#path}/freeze`);
+  }
+
+  /** Send to disk keeping this id (`state: "hibernated"`); the next call wakes it (docs/state.md#hibernation). */
+  hibernate(): Promise<SandboxInfo> {
+    return this.client.json("POST", `${this.#path}/hibernate`);
   }
 
   /**

@@ -9,13 +9,15 @@ export type Egress = boolean | { allow: string[] };
 /** `GET /v1/sandboxes/{id}`. Times are unix milliseconds. */
 export interface SandboxInfo {
   id: string;
-  /** `ready`, `running`, `paused`, or `frozen` after `freeze()`. */
+  /** `ready`, `running`, `paused`, `hibernated` after `hibernate()`, or `frozen` after `freeze()`. */
   state: string;
   template: string;
   ram_mib: number;
   rootfs_gb: number;
   egress: Egress;
   persistent: boolean;
+  /** Its freezes keep every process (`keepProcesses`). */
+  keep_processes: boolean;
   created_at: number;
   last_active_at: number;
   expires_at: number;

@@ -128,23 +128,23 @@ describe("spaces", () => {
     }
   });
 
-  test("a persistent sandbox is frozen, not destroyed, at its idle timeout", { timeout: 60_000 }, async () => {
-    const spaces: string[] = [];
-    try {
-      await using sb = await Sandbox.create({ persistent: true, idleTimeoutSeconds: 1 });
-      assert.equal((await sb.info()).persistent, true);
-      await sb.runCode("remembered = 'yes'");
-      let info = await sb.info();
-      for (let i = 0; i < 300 && info.state !== "frozen"; i++) {
-        await new Promise((ok) => setTimeout(ok, 100));
-        info = await sb.info();
-      }
-      assert.equal(info.state, "frozen");
-      spaces.push(info.space_id!);
-      await using back = await Sandbox.resume(info.space_id!);
-      assert.equal((await back.runCode("remembered")).text, "'yes'");
-    } finally {
-      await dropSpaces(spaces);
+  test("a persistent sandbox hibernates at its idle timeout and the next call wakes it", { timeout: 60_000 }, async () => {
+    await using sb = await Sandbox.create({ persistent: true, idleTimeoutSeconds: 1 });
+    const created = await sb.info();
+    assert.equal(created.persistent, true);
+    assert.equal(created.keep_processes, true);
+    await sb.runCode("import threading, time\nn = [0]\nthreading.Thread(target=lambda: [n.__setitem__(0, n[0] + 1) or time.sleep(0.005) for _ in iter(int, 1)], daemon=True).start()");
+    let info = await sb.info();
+    for (let i = 0; i < 300 && info.state !== "hibernated"; i++) {
+      await new Promise((ok) => setTimeout(ok, 100));
+      info = await sb.info();
     }
+    assert.equal(info.state, "hibernated");
+    // Woken by the call, under the same id, its thread still counting.
+    const first = Number((await sb.runCode("print(n[0])")).stdout.trim());
+    await new Promise((ok) => setTimeout(ok, 100));
+    assert.ok(Number((await sb.runCode("print(n[0])")).stdout.trim()) > first);
+    assert.equal((await sb.hibernate()).state, "hibernated");
+    assert.equal((await sb.runCode("print(n[0] > 0)")).stdout, "True\n");
   });
 });

@@ -2,6 +2,8 @@
 docs/state.md. These need the server's checkpoint and Space routes."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import forkbox
@@ -77,7 +79,34 @@ def test_delete_space(url):
 
 def test_persistent_sandbox_is_accepted(url):
     with Sandbox(url=url, persistent=True) as sb:
-        assert sb.info()["persistent"] is True
+        info = sb.info()
+        assert info["persistent"] is True and info["keep_processes"] is True  # the test servers have criu
+
+
+def test_hibernate_keeps_the_id_and_every_process(url):
+    """``hibernate()`` sends a ``keep_processes`` sandbox to disk under its id;
+    the next call wakes it with its threads running (docs/state.md#hibernation)."""
+    with Sandbox(url=url, keep_processes=True) as sb:
+        sb.run_code("import threading, time\nn = [0]\n"
+                    "threading.Thread(target=lambda: [n.__setitem__(0, n[0] + 1) or time.sleep(0.005) for _ in iter(int, 1)], daemon=True).start()")
+        assert sb.hibernate()["state"] == "hibernated"
+        assert sb.info()["state"] == "hibernated"
+        first = int(sb.run_code("print(n[0])").stdout)
+        time.sleep(0.1)
+        assert int(sb.run_code("print(n[0])").stdout) > first
+        assert sb.info()["state"] == "ready"
+
+
+def test_async_hibernate(url):
+    import asyncio
+
+    async def main():
+        async with forkbox.AsyncSandbox(url=url, keep_processes=True) as sb:
+            await sb.run_code("kept = 7")
+            assert (await sb.hibernate())["state"] == "hibernated"
+            assert (await sb.run_code("kept")).text == "7"
+
+    asyncio.run(main())
 
 
 def test_async_checkpoints(url):

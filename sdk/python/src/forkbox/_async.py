@@ -270,14 +270,14 @@ class AsyncSandbox(SandboxOps):
 
     def __init__(self, template: Optional[str] = None, *, timeout_seconds: Optional[int] = None,
                  idle_timeout_seconds: Optional[int] = None, ram_mib: Optional[int] = None,
-                 rootfs_gb: Optional[int] = None, persistent: Optional[bool] = None,
+                 rootfs_gb: Optional[int] = None, persistent: Optional[bool] = None, keep_processes: Optional[bool] = None,
                  egress: Optional[EgressPolicy] = None, url: Optional[str] = None, api_key: Optional[str] = None,
                  host: Optional[str] = None, client: Optional[AsyncClient] = None,
                  traceparent: Optional[str] = None):
         self.id = None  # type: ignore[assignment]  # set by create()
         self._pending = dict(template=template, timeout_seconds=timeout_seconds,
                              idle_timeout_seconds=idle_timeout_seconds, ram_mib=ram_mib, rootfs_gb=rootfs_gb,
-                             persistent=persistent, egress=egress)
+                             persistent=persistent, keep_processes=keep_processes, egress=egress)
         self._client_args = (client, url, api_key, host, traceparent)
 
     @classmethod
@@ -414,6 +414,7 @@ class AsyncSandbox(SandboxOps):
     restore = async_op(SandboxOps._op_restore)
     delete_checkpoint = async_op(SandboxOps._op_delete_checkpoint)
     freeze = async_op(SandboxOps._op_freeze)
+    hibernate = async_op(SandboxOps._op_hibernate)
     save_template = async_op(SandboxOps._op_save_template)
     list_spaces = class_or_instance(_list_spaces, lambda self: self._client.list_spaces())
     delete_space = class_or_instance(_delete_space_cls, _delete_space)

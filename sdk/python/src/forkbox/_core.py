@@ -634,6 +634,11 @@ class SandboxOps:
         self._space_id = space["space_id"]
         return space
 
+    def _op_hibernate(self) -> Op[SandboxInfo]:
+        """Send the sandbox to disk keeping its id (``"state": "hibernated"``); the next call wakes it,
+        every process as it was for a ``keep_processes`` sandbox (docs/state.md#hibernation)."""
+        return (yield Call("POST", self._p("hibernate"), read_timeout=600.0))
+
     def _op_save_template(self, name: str, description: str = "") -> Op[TemplateInfo]:
         """Save this sandbox's files and REPL state as the template ``name`` (docs/templates.md#saving-a-sandbox);
         new sandboxes of it start where this one is. Saving again under a name replaces it."""

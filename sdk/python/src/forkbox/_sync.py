@@ -229,12 +229,14 @@ class Sandbox(SandboxOps):
     of yours: ``save_template``, ``Client.build_template``),
     ``timeout_seconds``, ``idle_timeout_seconds``, ``ram_mib``, ``rootfs_gb``,
     ``persistent``, ``egress`` (``True``, ``False`` or ``{"allow": [...]}``);
+    forkbox's own: ``keep_processes`` (freezes and hibernation keep every process;
+    default: ``persistent``, when the server has criu);
     the server: ``url`` (or ``host``), ``api_key``, or a shared ``client``.
     """
 
     def __init__(self, template: Optional[str] = None, *, timeout_seconds: Optional[int] = None,
                  idle_timeout_seconds: Optional[int] = None, ram_mib: Optional[int] = None,
-                 rootfs_gb: Optional[int] = None, persistent: Optional[bool] = None,
+                 rootfs_gb: Optional[int] = None, persistent: Optional[bool] = None, keep_processes: Optional[bool] = None,
                  egress: Optional[EgressPolicy] = None, url: Optional[str] = None, api_key: Optional[str] = None,
                  host: Optional[str] = None, client: Optional[Client] = None, traceparent: Optional[str] = None,
                  region: Optional[str] = None):
@@ -242,7 +244,7 @@ class Sandbox(SandboxOps):
         try:
             info = drive(c._op_create(template=template, timeout_seconds=timeout_seconds,
                                       idle_timeout_seconds=idle_timeout_seconds, ram_mib=ram_mib,
-                                      rootfs_gb=rootfs_gb, persistent=persistent, egress=egress), c._send)
+                                      rootfs_gb=rootfs_gb, persistent=persistent, keep_processes=keep_processes, egress=egress), c._send)
         except BaseException:
             if c is not client:
                 c.close()
@@ -368,6 +370,7 @@ class Sandbox(SandboxOps):
     restore = sync_op(SandboxOps._op_restore)
     delete_checkpoint = sync_op(SandboxOps._op_delete_checkpoint)
     freeze = sync_op(SandboxOps._op_freeze)
+    hibernate = sync_op(SandboxOps._op_hibernate)
     save_template = sync_op(SandboxOps._op_save_template)
     list_spaces = class_or_instance(_list_spaces, lambda self: self._client.list_spaces())
     delete_space = class_or_instance(_delete_space_cls, _delete_space)

@@ -118,6 +118,7 @@ class SandboxInfo(_SandboxId, total=False):
     idle_timeout_seconds: int
     egress: EgressPolicy
     persistent: bool
+    keep_processes: bool
     created_at: int
     last_active_at: int
     expires_at: int
