@@ -147,9 +147,11 @@ def test_persistent_sandboxes_hibernate_when_idle_and_at_shutdown(srv, c, keep_p
     assert http.get(f"/v1/sandboxes/{sid}").json()["persistent"] is True
     py(http, sid, "kept = 'idle'")
     deadline = time.monotonic() + 15
+    # Polled closely: a call right after it hibernates wakes it while the
+    # old sandbox's teardown may still run (the wake waits for it).
     while (info := http.get(f"/v1/sandboxes/{sid}").json())["state"] != "hibernated":
         assert time.monotonic() < deadline, info
-        time.sleep(0.3)
+        time.sleep(0.01)
     assert http.get("/v1/spaces").json() == {"spaces": []}
     assert py(http, sid, "print(kept)") == "idle\n"
     woke = http.get(f"/v1/sandboxes/{sid}").json()

@@ -30,7 +30,13 @@ impl Service {
         let result = self.freeze_entry(&entry, how).await;
         drop(busy);
         let meta = result?;
-        // The sandbox lives on as the Space: free it.
+        // The sandbox lives on as the Space: free it. A hibernating one's id
+        // may be woken as soon as it leaves the registry, and the new
+        // sandbox takes the same names: the wake waits for the teardown.
+        let _waking = match how {
+            Freeze::Hibernate => Some(self.inner.waking.lock().await),
+            Freeze::Space => None,
+        };
         let removed = {
             let mut all = self.inner.sandboxes.write().await;
             match all.get(id) {
