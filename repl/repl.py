@@ -1563,6 +1563,8 @@ def main():
                 _exec(eid, src)
             elif kind == 0x43:        # C: the control socket moves
                 _move_control(_CTRL)
+            elif kind == 0x53:        # S: this REPL is one of several copies
+                _reseed()
             elif kind == 0x46:        # F: fork
                 try:
                     _fork_frame(_CTRL, msg)

@@ -123,3 +123,56 @@ def test_tricks_played_during_a_dump_end_cleanly(server, http, trick):
     assert exec_ok(http, again, "print(marker)") == "kept\n"
     assert healthy(http)
     delete_raw(http, again)
+
+
+def test_a_criu_forks_children_get_no_more_than_the_parent_and_nothing_of_each_other(server, http):
+    """A keep_processes sandbox forks through criu (docs/fork.md): one dump,
+    restored once per child. Each child is a family of its own: a uid
+    range, user and network namespaces none other shares, the parent's
+    confinement and no more; the dump is gone once the fork answers."""
+    sid = create_raw(http, keep_processes=True, egress=False)
+    exec_ok(http, sid, "import socket\nl = socket.create_server(('127.0.0.1', 9000))\nsecret = 'parent'")
+    children = http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 2}).json()["children"]
+    everyone = [sid] + children
+    before = confinement(sid)
+    assert all(confinement(child) == before for child in children)
+    bases = [uid_base(http, s) for s in everyone]
+    assert len(set(bases)) == 3 and min(bases) >= SANDBOX_UID_BASE, bases
+    for ns in ("user", "net", "pid", "mnt", "ipc", "uts"):
+        inodes = {os.stat(f"/proc/{host_repl_pid(s)}/ns/{ns}").st_ino for s in everyone}
+        assert len(inodes) == 3, (ns, inodes)
+    spaces = os.path.join(server.state_dir, "spaces")
+    left = [d for d in os.listdir(spaces) if "fork" in d] if os.path.isdir(spaces) else []
+    assert left == [], left
+    # A child's loopback is its own: its listener is a copy, the parent's
+    # is not reachable from it.
+    exec_ok(http, sid, "l.close()")
+    out = exec_ok(http, children[0], "c = socket.create_connection(('127.0.0.1', 9000), timeout=2); p, _ = l.accept(); print('own')")
+    assert out == "own\n", out
+    for child in children:
+        out = exec_ok(http, child, "grep -c -e spaces -e images /proc/self/mountinfo; true", language="bash")
+        assert out == "0\n", out
+    for s in everyone:
+        delete_raw(http, s)
+
+
+@pytest.mark.parametrize("trick", TRICKS)
+def test_tricks_played_during_a_criu_fork_end_cleanly(http, trick):
+    """The same tricks while a fork dumps the sandbox: the fork makes its
+    children, each as confined as the parent, or answers 409 and the
+    parent goes on as it was."""
+    sid = create_raw(http, keep_processes=True, ram_mib=1024, egress=False)
+    before = confinement(sid)
+    exec_ok(http, sid, TRICKS[trick] + "\nmarker = 'kept'")
+    r = http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 1})
+    children = r.json()["children"] if r.status_code == 200 else []
+    if r.status_code != 200:
+        assert r.status_code == 409 and "could not fork" in r.json()["error"], r.text
+        print(f"{trick}: {r.json()['error'][:200]}")
+    for s in [sid] + children:
+        assert exec_ok(http, s, "flipping = [False]\nimport time; time.sleep(0.05)\nprint(marker)") == "kept\n"
+        assert confinement(s) == before
+        assert all(u >= SANDBOX_UID_BASE for u in map(int, proc_status(host_repl_pid(s))["Uid"].split()))
+    assert healthy(http)
+    for s in [sid] + children:
+        delete_raw(http, s)

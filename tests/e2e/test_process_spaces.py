@@ -3,8 +3,8 @@
 criu and resumed with every process running again: the REPL's objects
 (identity, a generator part-way, a thread still counting, an open file's
 offset), a `python -m http.server` it started, a process started from bash.
-Freezes criu cannot make fall back to a `globals` Space saying why; such a
-sandbox refuses to fork; ten freeze → resume cycles keep state and leak
+Freezes criu cannot make fall back to a `globals` Space saying why; criu
+forks and checkpoints such a sandbox with every process; ten freeze → resume cycles keep state and leak
 nothing; a crash at any moment of a freeze leaves the sandbox or a whole
 Space. Hibernation: a sandbox sent to disk keeps its id and wakes on
 the next call."""
@@ -110,13 +110,59 @@ def test_the_podflare_sdk_resumes_a_processes_space(srv, c):
         client.close()
 
 
-def test_a_keep_processes_sandbox_cannot_fork_and_says_why(c):
-    sid = create_raw(c, keep_processes=True, egress=False)
-    for path, body in ((f"/v1/sandboxes/{sid}/fork", {"n": 1}), (f"/v1/sandboxes/{sid}/checkpoints", None)):
-        r = c.post(path, json=body)
-        err = assert_json_error(r, 409)
-        assert "keep_processes" in err["error"] and "cannot fork" in err["error"], err
-    # The same request without it forks; a persistent sandbox may opt out.
+def test_a_resumed_sandbox_forks_with_every_process_each_child_its_own(c):
+    """A keep_processes sandbox is solo, so criu forks it: each child has
+    the REPL's objects, the thread still counting and its own copy of the
+    http.server; what one child does, no other sandbox sees."""
+    sid = resume(c, freeze(c, create_with_setup(c))["space_id"])
+    py(c, sid, "import random\nrandom.seed(3)")
+    r = c.post(f"/v1/sandboxes/{sid}/fork", json={"n": 3})
+    assert r.status_code == 200, r.text
+    children = r.json()["children"]
+    assert len(set(children + [sid])) == 4
+    for i, child in enumerate(children):
+        got = py(c, child, f"x[0] += {i}\nprint(x[0], alias is x, next(it), log.tell(), server.poll(), answers())")
+        assert got == f"{41 + i} True 2 3 None b'abc'\n", (child, got)
+        counted = int(py(c, child, "print(n[0])"))
+        assert int(py(c, child, "time.sleep(0.1); print(n[0])")) > counted
+        assert py(c, child, "print(os.uname().nodename)") == f"{child}\n"
+        info = c.get(f"/v1/sandboxes/{child}").json()
+        assert info["keep_processes"] is True, info
+    # Copies, as fork children, draw their own random numbers.
+    draws = {py(c, child, "print(random.random())") for child in children}
+    assert len(draws) == 3, draws
+    # Each child's server serves its own files; the parent's is untouched.
+    bash(c, children[0], "echo changed > /root/log")
+    assert py(c, children[0], "print(answers())") == "b'changed\\n'\n"
+    assert py(c, children[1], "print(answers())") == "b'abc'\n"
+    assert py(c, sid, "print(x[0], next(it), answers())") == "41 2 b'abc'\n"
+    # Killing a child's server leaves every other one serving.
+    py(c, children[1], "server.kill(); server.wait()")
+    assert py(c, children[2], "print(server.poll(), answers())") == "None b'abc'\n"
+    # Merge: the parent's id takes a child's processes.
+    assert c.post(f"/v1/sandboxes/{sid}/merge_into/{children[0]}").status_code == 204
+    assert py(c, sid, "print(x[0], answers())") == "41 b'changed\\n'\n"
+    for child in children[1:] + [sid]:
+        delete_raw(c, child)
+
+
+def test_checkpoints_of_a_keep_processes_sandbox_roll_back_every_process(c):
+    sid = create_with_setup(c)
+    cp = c.post(f"/v1/sandboxes/{sid}/checkpoints")
+    assert cp.status_code == 200, cp.text
+    checkpoint = cp.json()["checkpoint"]
+    py(c, sid, "x[0] = 0\nserver.kill(); server.wait()")
+    bash(c, sid, "rm /root/log")
+    # Restored twice: each time the server runs again, on the files it had.
+    for _ in range(2):
+        r = c.post(f"/v1/sandboxes/{sid}/restore", json={"checkpoint": checkpoint})
+        assert r.status_code == 200, r.text
+        assert py(c, sid, "print(x[0], server.poll(), answers(), next(it))") == "41 None b'abc' 2\n"
+    delete_raw(c, sid)
+
+
+def test_a_keep_processes_sandbox_can_opt_out(c):
+    """keep_processes: false keeps a persistent sandbox a pooled one."""
     plain = create_raw(c, persistent=True, keep_processes=False, egress=False)
     assert c.get(f"/v1/sandboxes/{plain}").json()["keep_processes"] is False
     r = c.post(f"/v1/sandboxes/{plain}/fork", json={"n": 1})
@@ -124,8 +170,14 @@ def test_a_keep_processes_sandbox_cannot_fork_and_says_why(c):
     for child in r.json()["children"]:
         delete_raw(c, child)
     assert c.post("/v1/sandboxes", json={"keep_processes": "yes"}).status_code == 400
-    delete_raw(c, sid)
     delete_raw(c, plain)
+
+
+def create_with_setup(c) -> str:
+    sid = create_raw(c, persistent=True, egress=False)
+    py(c, sid, SETUP)
+    assert py(c, sid, SERVER_UP) == "b'abc'\n"
+    return sid
 
 
 def test_a_freeze_criu_cannot_make_keeps_the_globals_and_says_why(c):
@@ -158,6 +210,14 @@ def test_ten_freeze_resume_cycles_keep_state_and_leak_nothing(srv, c):
         assert now > last, (cycle, last, now)
         last = now
         assert bash(c, sid, "pgrep -c -f 'sleep 1000'") == "1\n"
+        # Each resumed sandbox forks and is checkpointed too; the child
+        # is deleted, the checkpoint goes with the next freeze.
+        child = c.post(f"/v1/sandboxes/{sid}/fork", json={"n": 1}).json()["children"][0]
+        assert py(c, child, "print(history[-1])") == f"{cycle}\n"
+        delete_raw(c, child)
+        checkpoint = c.post(f"/v1/sandboxes/{sid}/checkpoints").json()["checkpoint"]
+    # The last checkpoint is a family of its own; the earlier ones are gone.
+    assert c.delete(f"/v1/sandboxes/{sid}/checkpoints/{checkpoint}").status_code == 204
     assert wait_no_leaks(srv, expect_volume_mounted=True, live_ids={sid}) == []
     delete_raw(c, sid)
     assert c.get("/v1/spaces").json() == {"spaces": []}

@@ -436,6 +436,17 @@ def test_the_control_socket_moves_to_the_one_a_c_frame_brings(fresh):
     assert r.proc.poll() is None
 
 
+def test_an_s_frame_reseeds_a_copied_repl(fresh):
+    """criu's fork copies one REPL into several sandboxes without fork(2),
+    so no at-fork hook runs: an `S` frame reseeds `random` and the
+    generators bound to globals, as a fork child's REPL does."""
+    r = fresh
+    r.ok('import random\nrandom.seed(1)\ng = random.Random(7)\nbefore = (random.getstate(), g.getstate())')
+    r.send('S', b'{}')
+    res = r.run('print(random.getstate() != before[0], g.getstate() != before[1])')
+    assert res.out == b'True True\n', res.out
+
+
 def test_sigint_idle_ignored(repl):
     os.kill(repl.proc.pid, signal.SIGINT)
     time.sleep(0.2)

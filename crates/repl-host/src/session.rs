@@ -296,6 +296,13 @@ impl ReplSession {
         self.control.write_all(&[0, 0, 0, 1, b'Z']).await
     }
 
+    /// Tell a REPL that was copied without forking (criu restored one
+    /// dump into several sandboxes) to reseed its random generators, as a
+    /// fork child does; the next exec runs after it (docs/repl-protocol.md).
+    pub async fn send_reseed(&mut self) -> std::io::Result<()> {
+        self.control.write_all(&[0, 0, 0, 3, b'S', b'{', b'}']).await
+    }
+
     /// Ask the REPL to fork itself once per child: one `F` frame per child,
     /// saying how many descriptors that child gets from the shim
     /// (docs/repl-protocol.md); child `i` takes the shim's hand-over slot

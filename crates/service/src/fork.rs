@@ -78,12 +78,13 @@ impl Service {
     /// yet (the caller makes them sandboxes or checkpoints, and holds a
     /// reservation (`reserve_slots`) for them until they are registered).
     pub(crate) async fn fork_entries(&self, parent: &Arc<SandboxEntry>, n: usize) -> Result<Vec<Arc<SandboxEntry>>, Error> {
-        if parent.settings.keep_processes {
-            return Err(Error::Conflict(format!(
-                "sandbox `{}` keeps its processes across freezes (keep_processes: criu dumps it whole), and such a sandbox cannot fork \
-                 or be checkpointed yet; create it with keep_processes: false to fork it (docs/state.md)",
-                parent.id
-            )));
+        if parent.engine.is_solo() {
+            // Its processes are kept whole, so criu copies them whole.
+            let busy = parent.hold_busy();
+            let children = self.fork_processes(parent, n).await;
+            drop(busy);
+            parent.touch();
+            return children;
         }
         let busy = parent.hold_busy();
         // A paused parent runs for the moment its REPL forks itself, then
@@ -145,7 +146,9 @@ impl Service {
         let parent = self.get(caller, parent_id).await?;
         let winner = self.get(caller, winner_id).await?;
         let descends = winner.lineage.lock().map(|l| l.iter().any(|a| a == parent_id)).unwrap_or(false);
-        if !descends || !parent.engine.same_family(winner.engine.as_ref()) {
+        // criu's children (process_fork.rs) are each a family of their own.
+        let kin = parent.engine.same_family(winner.engine.as_ref()) || (parent.engine.is_solo() && winner.engine.is_solo());
+        if !descends || !kin {
             return Err(Error::Conflict(format!("`{winner_id}` is not a fork descendant of `{parent_id}`")));
         }
         // Both queues drain first: a running exec finishes before its

@@ -37,6 +37,7 @@ pub mod merged;
 pub mod metrics;
 pub mod pause;
 pub mod pool;
+pub mod process_fork;
 pub mod process_spaces;
 pub mod records;
 pub mod sandbox;

@@ -11,8 +11,7 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 
-use protocol::{SpaceInfo, SpaceKind};
-use repl_host::events::now_ms;
+use protocol::SpaceKind;
 use repl_host::session::ReplSession;
 
 use crate::error::Error;
@@ -94,16 +93,32 @@ impl Service {
         space_id: &str,
         how: Freeze,
     ) -> Result<SpaceMeta, String> {
-        let (engine, dir, files) = (Arc::clone(&entry.engine), self.inner.spaces.dir.clone(), partial.to_path_buf());
+        let dumped = self.dump_whole(entry, criu, partial).await?;
+        let mut meta = self.space_meta(entry, space_id, how, SpaceKind::Processes);
+        meta.info.bytes = dumped.bytes;
+        meta.edges = Some(dumped.edges);
+        let (partial, home) = (partial.to_path_buf(), home.to_path_buf());
+        tokio::task::spawn_blocking(move || commit(&partial, &home, &meta).map(|()| meta))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("could not write the space: {e}"))
+    }
+
+    /// Paused solo `entry` whole into new directory `dir`: its files in
+    /// `upper`, criu's images of its processes in `images`. It stays paused.
+    pub(crate) async fn dump_whole(&self, entry: &Arc<SandboxEntry>, criu: &criu::Criu, dir: &Path) -> Result<Dumped, String> {
+        let (engine, files) = (Arc::clone(&entry.engine), dir.to_path_buf());
         let copied = tokio::task::spawn_blocking(move || -> std::io::Result<jail::Copied> {
-            std::fs::create_dir_all(&dir)?;
+            if let Some(parent) = files.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
             std::fs::create_dir(&files)?;
             engine.export_upper(&files.join("upper")).map_err(std::io::Error::from)
         })
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("could not copy its files: {e}"))?;
-        let images = partial.join(IMAGES_DIR);
+        let images = dir.join(IMAGES_DIR);
         std::fs::create_dir(&images).map_err(|e| format!("could not make the images directory: {e}"))?;
         let edges = self
             .inner
@@ -111,31 +126,7 @@ impl Service {
             .dump(entry.engine.as_ref(), criu, &images, jail::AfterDump::StayPaused)
             .await
             .map_err(|e| format!("criu could not dump it: {e}"))?;
-        let mut info = entry.info();
-        info.state = how.state().into();
-        info.space_id = Some(space_id.to_string());
-        let meta = SpaceMeta {
-            info: SpaceInfo {
-                space_id: space_id.to_string(),
-                sandbox_id: entry.id.clone(),
-                template: entry.settings.template.clone(),
-                created_at: now_ms(),
-                bytes: copied.bytes + dir_bytes(&images),
-                unsaved: Vec::new(),
-                kind: SpaceKind::Processes,
-                processes_not_kept: None,
-            },
-            sandbox: info,
-            owner: entry.settings.owner.clone(),
-            rootfs: self.inner.templates.is_builtin(&entry.settings.template).then(|| entry.engine.layers().1),
-            edges: Some(edges),
-            hibernated: how == Freeze::Hibernate,
-        };
-        let (partial, home) = (partial.to_path_buf(), home.to_path_buf());
-        tokio::task::spawn_blocking(move || commit(&partial, &home, &meta).map(|()| meta))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("could not write the space: {e}"))
+        Ok(Dumped { bytes: copied.bytes + dir_bytes(&images), edges })
     }
 
     /// A new sandbox from `processes` Space `meta` (claimed at `claimed`):
@@ -156,23 +147,44 @@ impl Service {
         };
         let edges = meta.edges.clone().ok_or_else(|| Error::Internal(format!("space `{}` lists no edges", meta.info.space_id)))?;
         let settings = Settings { keep_processes: true, ..settings };
-        let rootfs = self.inner.templates.rootfs_pinned(&settings.template, meta.rootfs.as_deref())?;
         let quota = self.reserve_quota(caller, settings.owner.as_deref(), 1, settings.ram_mib, false)?;
         let _slot = self.reserve_slots(1)?;
         let beyond = self.reserve_beyond(caller, settings.owner.as_deref(), 1, settings.ram_mib, false).await?;
         let started = std::time::Instant::now();
         let id = keep.unwrap_or_else(crate::ids::new_id);
+        let dumped = Dumped { bytes: 0, edges };
+        let entry = self.restore_whole(id, settings, meta.rootfs.as_deref(), claimed, &dumped, &criu, Vec::new()).await?;
+        tracing::info!(sandbox = %entry.id, space = %meta.info.space_id, total_ms = started.elapsed().as_millis() as u64, "restored a space's processes");
+        self.register_created(&entry, quota, beyond, "space", started).await?;
+        Ok(entry)
+    }
+
+    /// New solo sandbox `id` (not registered yet) from what `dump_whole`
+    /// wrote into `dir`: its files, and every process running again with
+    /// its REPL answering. `dir` is only read, so it may serve many.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn restore_whole(
+        &self,
+        id: String,
+        settings: Settings,
+        pinned: Option<&Path>,
+        dir: &Path,
+        dumped: &Dumped,
+        criu: &criu::Criu,
+        lineage: Vec<String>,
+    ) -> Result<Arc<SandboxEntry>, Error> {
+        let rootfs = self.inner.templates.rootfs_pinned(&settings.template, pinned)?;
         let trust = self.trust_layer(&rootfs)?;
-        let spec = jail::SandboxSpec { solo: true, ..rootfs.spec(id.clone(), self.limits_for(&settings), Some(claimed.join("upper")), trust) };
+        let spec = jail::SandboxSpec { solo: true, ..rootfs.spec(id.clone(), self.limits_for(&settings), Some(dir.join("upper")), trust) };
         let (member, repl) = self
             .inner
             .engine
-            .restore(spec, &claimed.join(IMAGES_DIR), &edges, &criu)
+            .restore(spec, &dir.join(IMAGES_DIR), &dumped.edges, criu)
             .await
-            .map_err(|e| Error::internal("could not restore the space's processes", e))?;
+            .map_err(|e| Error::internal("could not restore the dumped processes", e))?;
         let Some(process) = repl else {
             let _ = self.inner.engine.destroy(member.as_ref()).await;
-            return Err(Error::Internal(format!("space `{}` has no REPL", meta.info.space_id)));
+            return Err(Error::Internal(format!("the dump of `{id}`'s processes has no REPL")));
         };
         let ends = [process.control.as_fd(), process.stdout.as_fd(), process.stderr.as_fd()].map(|fd| fd.try_clone_to_owned());
         let host_pid = process.host_pid;
@@ -188,11 +200,16 @@ impl Service {
         if let [Ok(control), Ok(stdout), Ok(stderr)] = ends {
             crate::sandbox::keep_repl_ends(member.as_ref(), host_pid, [control, stdout, stderr]).await;
         }
-        let entry = new_entry(id, settings, member, session, Vec::new());
-        tracing::info!(sandbox = %entry.id, space = %meta.info.space_id, total_ms = started.elapsed().as_millis() as u64, "restored a space's processes");
-        self.register_created(&entry, quota, beyond, "space", started).await?;
-        Ok(entry)
+        Ok(new_entry(id, settings, member, session, lineage))
     }
+}
+
+/// What `dump_whole` wrote.
+pub(crate) struct Dumped {
+    /// Bytes of files and images.
+    pub bytes: u64,
+    /// The descriptors that crossed the tree's edge (a restore's to hand in).
+    pub edges: jail::Edges,
 }
 
 /// Bytes under `dir` (one level: criu's images are files in one directory).

@@ -95,6 +95,37 @@ impl Service {
         self.freeze_globals(entry, &mut slot, was_paused, not_kept, how).await
     }
 
+    /// The meta of Space `space_id` of `entry`, made `how`, of `kind`;
+    /// the caller fills in what the kind adds (bytes, edges, unsaved).
+    pub(crate) fn space_meta(&self, entry: &SandboxEntry, space_id: &str, how: Freeze, kind: SpaceKind) -> SpaceMeta {
+        let mut sandbox = entry.info();
+        sandbox.state = how.state().into();
+        sandbox.space_id = Some(space_id.to_string());
+        SpaceMeta {
+            info: SpaceInfo {
+                space_id: space_id.to_string(),
+                sandbox_id: entry.id.clone(),
+                template: entry.settings.template.clone(),
+                created_at: now_ms(),
+                bytes: 0,
+                unsaved: Vec::new(),
+                kind,
+                processes_not_kept: None,
+            },
+            sandbox,
+            owner: entry.settings.owner.clone(),
+            rootfs: self.pinned_lower(entry),
+            edges: None,
+            hibernated: how == Freeze::Hibernate,
+        }
+    }
+
+    /// The template version `entry` runs on, when a later resume must
+    /// find that very version (a built-in template's).
+    pub(crate) fn pinned_lower(&self, entry: &SandboxEntry) -> Option<std::path::PathBuf> {
+        self.inner.templates.is_builtin(&entry.settings.template).then(|| entry.engine.layers().1)
+    }
+
     async fn freeze_globals(
         &self,
         entry: &Arc<SandboxEntry>,
@@ -110,26 +141,9 @@ impl Service {
         let space_id = new_space_id();
         let store = &self.inner.spaces;
         let (partial, home) = (store.dir.join(format!("{PARTIAL}{space_id}")), store.dir.join(&space_id));
-        let mut info = entry.info();
-        info.state = how.state().into();
-        info.space_id = Some(space_id.clone());
-        let meta = SpaceMeta {
-            info: SpaceInfo {
-                space_id: space_id.clone(),
-                sandbox_id: entry.id.clone(),
-                template: entry.settings.template.clone(),
-                created_at: now_ms(),
-                bytes: 0,
-                unsaved: unsaved_list(&answer["unsaved"]),
-                kind: SpaceKind::Globals,
-                processes_not_kept: Some(not_kept),
-            },
-            sandbox: info,
-            owner: entry.settings.owner.clone(),
-            rootfs: self.inner.templates.is_builtin(&entry.settings.template).then(|| entry.engine.layers().1),
-            edges: None,
-            hibernated: how == Freeze::Hibernate,
-        };
+        let mut meta = self.space_meta(entry, &space_id, how, SpaceKind::Globals);
+        meta.info.unsaved = unsaved_list(&answer["unsaved"]);
+        meta.info.processes_not_kept = Some(not_kept);
         let engine = Arc::clone(&entry.engine);
         let dir = store.dir.clone();
         let space_dir = home.clone();

@@ -22,7 +22,8 @@ export interface CreateOptions extends LifetimeOptions {
   template?: string;
   /**
    * Freezes and hibernation keep every process, not just the REPL's globals (criu); such a
-   * sandbox cannot fork. Default: `persistent`, when the server has criu (docs/state.md).
+   * sandbox forks through criu too, slower than a pooled one. Default: `persistent`, when the
+   * server has criu (docs/state.md).
    */
   keepProcesses?: boolean;
   /** Memory limit for everything in the sandbox (default 1024). */

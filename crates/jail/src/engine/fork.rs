@@ -5,7 +5,8 @@ use std::os::fd::BorrowedFd;
 use super::*;
 
 /// Why a solo sandbox's family takes no second member.
-const SOLO_HAS_NO_SIBLINGS: &str = "a sandbox that keeps its processes is a family of one: it cannot fork yet";
+const SOLO_HAS_NO_SIBLINGS: &str =
+    "a sandbox that keeps its processes is a family of one: its REPL cannot fork into new members (the service forks it through criu)";
 
 impl Jail {
     /// Make `ids.len()` new members of `parent`'s family whose files are a

@@ -106,7 +106,8 @@ pub trait Member: Send + Sync + 'static {
     fn pause(&self) -> jail::Result<()>;
     fn resume(&self) -> jail::Result<()>;
     fn is_paused(&self) -> bool;
-    /// A solo member (`SandboxSpec::solo`): criu can dump it, it cannot fork.
+    /// A solo member (`SandboxSpec::solo`): criu can dump it; it forks
+    /// through criu (process_fork.rs), not `fork_members`.
     fn is_solo(&self) -> bool {
         false
     }
