@@ -86,6 +86,9 @@ TRICKS = {
     "a 64 GiB sparse mapping": (
         "import mmap\nm = mmap.mmap(-1, 64 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_NORESERVE)\n"
         "m[0] = 1; m[(64 << 30) - 1] = 2"),
+    # A process of another user than the sandbox's root (criu, run
+    # unprivileged, would fail to restore it, and 4.2.1 then hangs).
+    "a process of another user": "import subprocess\nother = subprocess.Popen(['sleep', '1000'], user=1000, group=1000)",
     # The REPL's control socket, copied and handed to a child that outlives it.
     "a copy of the control socket held by a child": (
         "import os, subprocess\nctl = os.dup(3)\nholder = subprocess.Popen(['sleep', '1000'], pass_fds=(ctl,))"),

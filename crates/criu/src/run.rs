@@ -1,22 +1,52 @@
 //! Running a criu command to its end, with criu's own errors when it fails.
 
+use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::error::CriuError;
 
+/// The longest a dump or a restore may take: far beyond what a sandbox's
+/// memory takes to write or read (seconds per GiB), short of forever.
+/// criu 4.2.1 was seen waiting for good after a failed restore.
+pub const LONGEST_RUN: Duration = Duration::from_secs(300);
+
 /// Run criu `command` (`what`: "dump", "restore"), which logs to `log`
 /// (its `-o`); when it fails, the error carries the log's `Error` lines
-/// and what criu printed.
+/// and what criu printed. A criu still running after `LONGEST_RUN` is
+/// killed, and that is an error too.
 pub fn run_logged(mut command: Command, what: &str, log: &Path) -> Result<(), CriuError> {
     command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-    let output = command.output().map_err(|source| CriuError::Spawn { what: format!("criu {what}"), source })?;
-    if output.status.success() {
-        return Ok(());
-    }
+    let mut child = command.spawn().map_err(|source| CriuError::Spawn { what: format!("criu {what}"), source })?;
+    // Read while it runs, so a full pipe cannot stop it.
+    let mut stderr = child.stderr.take();
+    let printed = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(pipe) = stderr.as_mut() {
+            let _ = pipe.read_to_string(&mut text);
+        }
+        text
+    });
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if started.elapsed() < LONGEST_RUN => std::thread::sleep(Duration::from_millis(2)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let printed = printed.join().unwrap_or_default();
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let mut errors: Vec<&str> = text.lines().filter(|l| l.contains("Error")).collect();
-    let printed = String::from_utf8_lossy(&output.stderr);
     errors.push(printed.trim());
-    Err(CriuError::Failed { what: what.to_string(), status: output.status.to_string(), errors: errors.join("; ") })
+    match status {
+        Some(status) if status.success() => Ok(()),
+        Some(status) => Err(CriuError::Failed { what: what.to_string(), status: status.to_string(), errors: errors.join("; ") }),
+        None => Err(CriuError::Failed { what: what.to_string(), status: format!("killed after {} s", LONGEST_RUN.as_secs()), errors: errors.join("; ") }),
+    }
 }

@@ -3,7 +3,6 @@
 //! E2B's shapes (201 for what they make, 204 for what they change).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{FromRequestParts, Path, Query, State};
@@ -135,11 +134,35 @@ fn rfc3339(unix_ms: u64) -> String {
 }
 
 fn names(entry: &SandboxEntry) -> wire::Names {
-    wire::Names {
-        template_id: e2b_template(&entry.settings.template).to_string(),
-        sandbox_id: entry.id.clone(),
-        client_id: CLIENT_ID.into(),
-        alias: Some(entry.settings.template.clone()),
+    names_of(&entry.id, &entry.settings.template)
+}
+
+fn names_of(id: &str, template: &str) -> wire::Names {
+    wire::Names { template_id: e2b_template(template).to_string(), sandbox_id: id.to_string(), client_id: CLIENT_ID.into(), alias: Some(template.to_string()) }
+}
+
+/// A sandbox as a list shows it: a live one, or one hibernating on disk
+/// (which E2B calls paused).
+struct Listed {
+    info: protocol::SandboxInfo,
+    metadata: BTreeMap<String, String>,
+}
+
+impl Listed {
+    fn live(entry: &SandboxEntry) -> Listed {
+        Listed { info: entry.info(), metadata: entry.settings.metadata.clone() }
+    }
+
+    fn hibernating(meta: service::spaces::SpaceMeta) -> Listed {
+        Listed { info: meta.sandbox, metadata: meta.kept.metadata }
+    }
+
+    /// E2B's two states: paused in memory and hibernating are both `paused`.
+    fn state(&self) -> &'static str {
+        match self.info.state.as_str() {
+            "paused" | "hibernated" => "paused",
+            _ => "running",
+        }
     }
 }
 
@@ -149,19 +172,19 @@ impl E2b {
         wire::Sandbox { names: names(entry), envd_version: ENVD_VERSION.into(), envd_access_token: token.clone(), traffic_access_token: token, domain: None }
     }
 
-    fn detail(&self, entry: &SandboxEntry) -> Detail {
-        let info = entry.info();
+    fn detail(&self, listed: &Listed) -> Detail {
+        let info = &listed.info;
         Detail {
-            names: names(entry),
-            started_at: rfc3339(entry.created_at),
-            end_at: rfc3339(entry.expires_at()),
+            names: names_of(&info.id, &info.template),
+            started_at: rfc3339(info.created_at),
+            end_at: rfc3339(info.expires_at),
             envd_version: ENVD_VERSION.into(),
-            envd_access_token: self.tokens.token(&entry.id),
+            envd_access_token: self.tokens.token(&info.id),
             cpu_count: cpu_count(),
-            memory_mb: entry.settings.ram_mib,
-            disk_size_mb: entry.settings.rootfs_gb * 1024,
-            metadata: entry.settings.metadata.clone(),
-            state: if info.state == "paused" { "paused" } else { "running" },
+            memory_mb: info.ram_mib,
+            disk_size_mb: info.rootfs_gb * 1024,
+            metadata: listed.metadata.clone(),
+            state: listed.state(),
             allow_internet_access: !info.egress.is_off(),
             domain: None,
         }
@@ -186,6 +209,9 @@ async fn create(State(e2b): State<E2b>, Key(caller): Key, Body(req): Body<NewSan
         template: Some(template),
         timeout_seconds: Some(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS).max(1)),
         egress: egress(req.allow_internet_access, req.network.as_ref())?,
+        // One made to pause keeps every process when it does, on disk
+        // (hibernation, docs/e2b.md#pause), where the server has criu.
+        keep_processes: Some(req.auto_pause && e2b.service.keeps_processes()),
         ..Default::default()
     };
     let mut settings = e2b.service.settings(&create, &caller)?;
@@ -227,7 +253,7 @@ fn metadata_filter(raw: Option<&str>) -> Result<Vec<(String, String)>, ApiError>
         .collect()
 }
 
-async fn matching(e2b: &E2b, caller: &Caller, q: &ListQuery, default_states: &[&str]) -> Result<Vec<Arc<SandboxEntry>>, ApiError> {
+async fn matching(e2b: &E2b, caller: &Caller, q: &ListQuery, default_states: &[&str]) -> Result<Vec<Listed>, ApiError> {
     let filter = metadata_filter(q.metadata.as_deref())?;
     let states: Vec<String> = match &q.state {
         Some(s) => s.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
@@ -250,15 +276,17 @@ async fn matching(e2b: &E2b, caller: &Caller, q: &ListQuery, default_states: &[&
         Some(other) => return Err(ApiError::bad_request(format!("order must be asc or desc, not `{other}`"))),
     };
     let template = q.template.as_deref().filter(|t| !t.is_empty());
-    let mut all = e2b.service.list(caller).await;
+    let mut all: Vec<Listed> = e2b.service.list(caller).await.iter().map(|e| Listed::live(e)).collect();
+    if states.iter().any(|s| s == "paused") {
+        all.extend(e2b.service.hibernating_all(caller).await.into_iter().map(Listed::hibernating));
+    }
     all.retain(|e| {
-        let state = if e.info().state == "paused" { "paused" } else { "running" };
-        states.iter().any(|s| s == state)
-            && filter.iter().all(|(k, v)| e.settings.metadata.get(k) == Some(v))
-            && template.is_none_or(|t| t == e.settings.template || t == e2b_template(&e.settings.template))
-            && after_ms.is_none_or(|ms| e.created_at as i64 >= ms)
+        states.iter().any(|s| s == e.state())
+            && filter.iter().all(|(k, v)| e.metadata.get(k) == Some(v))
+            && template.is_none_or(|t| t == e.info.template || t == e2b_template(&e.info.template))
+            && after_ms.is_none_or(|ms| e.info.created_at as i64 >= ms)
     });
-    all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    all.sort_by(|a, b| (a.info.created_at, &a.info.id).cmp(&(b.info.created_at, &b.info.id)));
     if descending {
         all.reverse();
     }
@@ -274,13 +302,13 @@ async fn list(State(e2b): State<E2b>, Key(caller): Key, q: Result<Query<ListQuer
     let all = matching(&e2b, &caller, &q, &["running", "paused"]).await?;
     // The token is the id the next page starts at.
     let start = match &q.next_token {
-        Some(t) if !t.is_empty() => all.iter().position(|e| &e.id == t).ok_or_else(|| ApiError::bad_request("invalid nextToken"))?,
+        Some(t) if !t.is_empty() => all.iter().position(|e| &e.info.id == t).ok_or_else(|| ApiError::bad_request("invalid nextToken"))?,
         _ => 0,
     };
     let page: Vec<Detail> = all.iter().skip(start).take(limit).map(|e| e2b.detail(e)).collect();
     let mut resp = axum::Json(page).into_response();
     if let Some(next) = all.get(start + limit) {
-        if let Ok(v) = HeaderValue::from_str(&next.id) {
+        if let Ok(v) = HeaderValue::from_str(&next.info.id) {
             resp.headers_mut().insert("x-next-token", v);
         }
     }
@@ -299,8 +327,21 @@ async fn list_running(
 }
 
 async fn info(State(e2b): State<E2b>, Key(caller): Key, Path(id): Path<String>) -> Result<Response, ApiError> {
+    // A hibernating sandbox is looked at, not woken.
+    if let Some(meta) = e2b.service.hibernating(&caller, &id).await {
+        return Ok(axum::Json(e2b.detail(&Listed::hibernating(meta))).into_response());
+    }
     let entry = e2b.service.get(&caller, &id).await?;
-    Ok(axum::Json(e2b.detail(&entry)).into_response())
+    Ok(axum::Json(e2b.detail(&Listed::live(&entry))).into_response())
+}
+
+/// Whether sandbox `id` is paused, in memory or hibernating (looked at,
+/// not woken).
+async fn is_paused(e2b: &E2b, caller: &Caller, id: &str) -> Result<bool, ApiError> {
+    if e2b.service.hibernating(caller, id).await.is_some() {
+        return Ok(true);
+    }
+    Ok(e2b.service.get(caller, id).await?.engine.is_paused())
 }
 
 async fn kill(State(e2b): State<E2b>, Key(caller): Key, Path(id): Path<String>) -> Result<Response, ApiError> {
@@ -311,8 +352,9 @@ async fn kill(State(e2b): State<E2b>, Key(caller): Key, Path(id): Path<String>) 
 /// Connect (and resume): a paused sandbox runs again (201), a running one
 /// is answered as it is (200); a timeout given becomes its new lifetime.
 async fn connect(State(e2b): State<E2b>, Key(caller): Key, Path(id): Path<String>, Body(req): Body<wire::Connect>) -> Result<Response, ApiError> {
+    let was_paused = is_paused(&e2b, &caller, &id).await?;
+    // (A hibernating sandbox wakes here.)
     let entry = e2b.service.get(&caller, &id).await?;
-    let was_paused = entry.engine.is_paused();
     e2b.service.resume(&caller, &id).await?;
     if let Some(secs) = req.timeout {
         e2b.service.set_timeout(&caller, &id, Duration::from_secs(secs.max(1))).await?;
@@ -326,8 +368,7 @@ async fn connect(State(e2b): State<E2b>, Key(caller): Key, Path(id): Path<String
 
 /// The old resume: 409 unless it is paused.
 async fn resume(state: State<E2b>, key: Key, Path(id): Path<String>, body: Body<wire::Connect>) -> Result<Response, ApiError> {
-    let entry = state.0.service.get(&key.0, &id).await?;
-    if !entry.engine.is_paused() {
+    if !is_paused(&state.0, &key.0, &id).await? {
         return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is not paused")));
     }
     let mut resp = connect(state, key, Path(id), body).await?;
@@ -360,12 +401,14 @@ async fn refresh(State(e2b): State<E2b>, Key(caller): Key, Path(id): Path<String
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// Pause: a sandbox that keeps its processes hibernates (to disk, every
+/// process kept, its memory freed) when criu can keep them all; else it is
+/// paused in memory (docs/e2b.md#pause).
 async fn pause(State(e2b): State<E2b>, Key(caller): Key, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let entry = e2b.service.get(&caller, &id).await?;
-    if entry.engine.is_paused() {
+    if is_paused(&e2b, &caller, &id).await? {
         return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is already paused")));
     }
-    e2b.service.pause(&caller, &id).await?;
+    e2b.service.pause_keeping_processes(&caller, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

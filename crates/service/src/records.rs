@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sandbox::{SandboxEntry, Settings};
+use crate::sandbox::{KeptSettings, SandboxEntry, Settings};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxRecord {
@@ -37,14 +37,9 @@ pub struct SandboxRecord {
     /// without keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<(String, String)>,
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub metadata: std::collections::BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub pause_at_timeout: bool,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub public_ports: bool,
+    /// Environment, metadata, `autoPause`, public ports (E2B's).
+    #[serde(flatten)]
+    pub kept: KeptSettings,
     /// When its lifetime ends, unix ms (older records: `created_at + timeout_ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<u64>,
@@ -71,17 +66,14 @@ impl SandboxRecord {
             execs: entry.execs.load(std::sync::atomic::Ordering::Relaxed),
             repl_restarts: entry.repl_restarts.load(std::sync::atomic::Ordering::Relaxed),
             owner: s.owner.clone(),
-            env: s.env.clone(),
-            metadata: s.metadata.clone(),
-            pause_at_timeout: s.pause_at_timeout,
-            public_ports: s.public_ports,
+            kept: KeptSettings::of(s),
             expires_at: Some(entry.expires_at()),
         }
     }
 
     /// Its settings, with this server's `setup`.
     pub fn settings(&self, setup: &std::sync::Arc<crate::setup::SandboxSetup>) -> Settings {
-        Settings {
+        self.kept.clone().apply(Settings {
             template: self.template.clone(),
             ram_mib: self.ram_mib,
             rootfs_gb: self.rootfs_gb,
@@ -93,11 +85,11 @@ impl SandboxRecord {
             keep_processes: self.keep_processes,
             owner: self.owner.clone(),
             setup: std::sync::Arc::clone(setup),
-            env: self.env.clone(),
-            metadata: self.metadata.clone(),
-            pause_at_timeout: self.pause_at_timeout,
-            public_ports: self.public_ports,
-        }
+            env: Vec::new(),
+            metadata: Default::default(),
+            pause_at_timeout: false,
+            public_ports: false,
+        })
     }
 }
 

@@ -69,6 +69,9 @@ pub enum Freeze {
     /// The sandbox hibernates: it keeps its id, and the next call to it
     /// wakes it (src/hibernate.rs).
     Hibernate,
+    /// It hibernates with every process, or not at all (E2B's pause,
+    /// which must not lose a process: it pauses in memory instead).
+    HibernateWhole,
 }
 
 impl Freeze {
@@ -76,8 +79,13 @@ impl Freeze {
     pub fn state(self) -> &'static str {
         match self {
             Freeze::Space => "frozen",
-            Freeze::Hibernate => "hibernated",
+            Freeze::Hibernate | Freeze::HibernateWhole => "hibernated",
         }
+    }
+
+    /// It keeps the sandbox's id.
+    pub fn hibernates(self) -> bool {
+        self != Freeze::Space
     }
 }
 
@@ -107,6 +115,10 @@ pub struct SpaceMeta {
     /// wakes it (src/hibernate.rs), and `GET /v1/spaces` does not list it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hibernated: bool,
+    /// Settings the sandbox's info does not show, which its resume keeps
+    /// (Spaces written before this have none).
+    #[serde(default)]
+    pub kept: crate::sandbox::KeptSettings,
 }
 
 /// The Spaces directory.
@@ -176,6 +188,13 @@ impl SpaceStore {
     pub fn list(&self, caller: &Caller) -> Vec<SpaceMeta> {
         let mut all = self.list_with_hibernated(caller);
         all.retain(|m| !m.hibernated);
+        all
+    }
+
+    /// The hibernating sandboxes' Spaces `caller` may use.
+    pub fn hibernating(&self, caller: &Caller) -> Vec<SpaceMeta> {
+        let mut all = self.list_with_hibernated(caller);
+        all.retain(|m| m.hibernated);
         all
     }
 

@@ -9,7 +9,7 @@ use protocol::{ResumeSpace, SpaceInfo, SpaceKind, Unsaved};
 use crate::error::Error;
 use crate::keys::Caller;
 use crate::process_spaces::NotKept;
-use crate::sandbox::{ReplSlot, SandboxEntry, Settings};
+use crate::sandbox::{KeptSettings, ReplSlot, SandboxEntry, Settings};
 use crate::space_store::{commit, io_err, new_space_id, PARTIAL};
 pub(crate) use crate::space_store::{parse_answer, space_code, unsaved_list, REPL_SAVE_TIMEOUT};
 pub use crate::space_store::{Freeze, Resumed, SpaceMeta, SpaceStart, SpaceStore};
@@ -34,8 +34,8 @@ impl Service {
         // may be woken as soon as it leaves the registry, and the new
         // sandbox takes the same names: the wake waits for the teardown.
         let _waking = match how {
-            Freeze::Hibernate => Some(self.inner.waking.lock().await),
-            Freeze::Space => None,
+            how if how.hibernates() => Some(self.inner.waking.lock().await),
+            _ => None,
         };
         let removed = {
             let mut all = self.inner.sandboxes.write().await;
@@ -85,11 +85,13 @@ impl Service {
                     return Ok(meta);
                 }
                 Err(NotKept::Failed(e)) => return Err(e),
+                Err(NotKept::Because(why)) if how == Freeze::HibernateWhole => return Err(Error::Conflict(format!("its processes cannot be kept: {why}"))),
                 Err(NotKept::Because(why)) => {
                     tracing::warn!(sandbox = %entry.id, reason = %why, "the freeze keeps the REPL's globals, not the processes");
                     format!("{why}; the sandbox's files and the REPL's globals were kept instead")
                 }
             },
+            Err(why) if how == Freeze::HibernateWhole => return Err(Error::Conflict(format!("its processes cannot be kept: {why}"))),
             Err(why) => why,
         };
         self.freeze_globals(entry, &mut slot, was_paused, not_kept, how).await
@@ -116,7 +118,8 @@ impl Service {
             owner: entry.settings.owner.clone(),
             rootfs: self.pinned_lower(entry),
             edges: None,
-            hibernated: how == Freeze::Hibernate,
+            hibernated: how.hibernates(),
+            kept: KeptSettings::of(&entry.settings),
         }
     }
 
@@ -307,7 +310,7 @@ impl Service {
         // The resumed sandbox is the Space's owner's (the caller's, with
         // keys), on its template (fetched if it was made on another node).
         self.ensure_template(&meta.info.template).await?;
-        let settings = Settings { owner: meta.owner.clone(), ..self.settings(&create, caller)? };
+        let settings = meta.kept.clone().apply(Settings { owner: meta.owner.clone(), ..self.settings(&create, caller)? });
         if meta.info.kind == SpaceKind::Processes {
             return self.resume_processes(caller, meta, claimed, settings, keep).await;
         }

@@ -78,12 +78,10 @@ impl Service {
             let to_pause: Vec<Arc<SandboxEntry>> =
                 self.inner.sandboxes.read().await.values().filter(|e| e.settings.pause_at_timeout && now >= e.expires_at()).cloned().collect();
             for entry in to_pause {
-                // Busy now: tried again on the next tick.
-                if crate::sandbox::freezer::pause_idle(&entry).await.is_ok() {
-                    tracing::info!(sandbox = %entry.id, "paused at the end of its lifetime");
-                    entry.set_expires_at(u64::MAX);
-                    self.inner.records.save(&entry);
-                }
+                // A hibernation takes a while: the timers go on meanwhile
+                // (its lifetime is endless from now, so it is not picked again).
+                let state = self.clone();
+                tokio::spawn(async move { state.pause_at_lifetime_end(&entry).await });
             }
             for (entry, persistent) in expired {
                 if persistent {

@@ -6,7 +6,9 @@
 //! own one, with the full capability sets it held in the nested one: that
 //! is CAP_SYS_ADMIN and the rest over the sandbox. A task caught between
 //! credentials (a thread flipping its effective uid) may come back with a
-//! full bounding and inheritable set. So a dump refuses a tree with either
+//! full bounding and inheritable set. And criu, run as the family's host
+//! root rather than host root, cannot restore a task of another user than
+//! the sandbox's root. So a dump refuses a tree with any of these
 //! (the freeze then keeps the globals instead), and a restore refuses a
 //! tree in which a task of the sandbox's user namespace holds a
 //! capability a command is not given.
@@ -41,9 +43,12 @@ fn user_namespace(task: &Path) -> Option<std::path::PathBuf> {
 }
 
 /// Refuse to dump a tree in which a task is in a user namespace of its
-/// own, or its real, effective, saved and filesystem ids differ.
+/// own, its real, effective, saved and filesystem ids differ, or it runs
+/// as another user than the sandbox's root.
 pub(super) fn check_settled(init: i32) -> Result<()> {
-    let own = user_namespace(Path::new(&format!("/proc/{init}")));
+    let init_dir = std::path::PathBuf::from(format!("/proc/{init}"));
+    let own = user_namespace(&init_dir);
+    let root = [status_fields(&init_dir, "Uid:").first().cloned(), status_fields(&init_dir, "Gid:").first().cloned()];
     for task in tree_tasks(init) {
         if user_namespace(&task) != own {
             return Err(Error::NotDumpable(format!(
@@ -60,6 +65,23 @@ pub(super) fn check_settled(init: i32) -> Result<()> {
                     ids.join(" ")
                 )));
             }
+        }
+        // criu runs as the family's host root, not as host root, so its
+        // restorer sets a task's uids without keeping the capabilities it
+        // needs to set the gids after: it cannot restore a task of
+        // another user (it fails, and 4.2.1 can then hang).
+        let ids = [status_fields(&task, "Uid:").first().cloned(), status_fields(&task, "Gid:").first().cloned()];
+        if ids != root {
+            return Err(Error::NotDumpable(format!(
+                "task {} runs as another user than the sandbox's root (uid {}), which criu, run unprivileged, cannot restore",
+                task.display(),
+                ids[0]
+                    .as_deref()
+                    .and_then(|u| u.parse::<u64>().ok())
+                    .zip(root[0].as_deref().and_then(|r| r.parse::<u64>().ok()))
+                    .map(|(u, r)| u.saturating_sub(r))
+                    .unwrap_or(0)
+            )));
         }
     }
     Ok(())

@@ -72,7 +72,7 @@ pub struct Settings {
     /// Freeze to a Space at the idle timeout instead of being destroyed.
     pub persistent: bool,
     /// A solo sandbox, whose freezes keep every process (docs/state.md);
-    /// it cannot fork.
+    /// it forks through criu (src/process_fork.rs).
     pub keep_processes: bool,
     /// The name of the API key that owns it (src/keys.rs); `None` on a
     /// server without keys. Fork children, restores and merges keep it.
@@ -84,12 +84,38 @@ pub struct Settings {
     pub env: Vec<(String, String)>,
     /// Labels asked for at create (E2B's `metadata`), listed and filtered on.
     pub metadata: std::collections::BTreeMap<String, String>,
-    /// At the end of its lifetime, pause it (in memory, until a client
-    /// gives it a new lifetime) instead of destroying it (E2B's `autoPause`).
+    /// At the end of its lifetime, pause it (hibernated, or in memory,
+    /// until a client gives it a new lifetime) instead of destroying it
+    /// (E2B's `autoPause`, src/hibernate.rs).
     pub pause_at_timeout: bool,
     /// Its ports answer through the Host-routed proxy without an API key
     /// (E2B's public traffic, docs/e2b.md#ports).
     pub public_ports: bool,
+}
+
+/// The settings E2B's front door gives a sandbox beyond what its info
+/// shows, as records and Spaces keep them.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct KeptSettings {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<(String, String)>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pause_at_timeout: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub public_ports: bool,
+}
+
+impl KeptSettings {
+    pub fn of(s: &Settings) -> KeptSettings {
+        KeptSettings { env: s.env.clone(), metadata: s.metadata.clone(), pause_at_timeout: s.pause_at_timeout, public_ports: s.public_ports }
+    }
+
+    /// `settings` with these in place of its own.
+    pub fn apply(self, settings: Settings) -> Settings {
+        Settings { env: self.env, metadata: self.metadata, pause_at_timeout: self.pause_at_timeout, public_ports: self.public_ports, ..settings }
+    }
 }
 
 pub struct SandboxEntry {
