@@ -171,12 +171,59 @@ def processes_rows(fb: Forkbox, sizes: list[int], reps: int) -> list[str]:
     return lines
 
 
+def criu_fork_rows(fb: Forkbox, mib: int, counts: list[int], reps: int) -> list[str]:
+    """fork(n) of a keep_processes sandbox (criu: one dump, a restore per
+    child) beside a pooled sandbox's fork of the same state and a bare
+    `os.fork()` per child, in the same run."""
+    med = statistics.median
+    lines = [
+        "",
+        f"fork(n) of a sandbox whose REPL holds {mib} MiB and runs an `http.server` child (medians of {reps}; every "
+        "child checked: the bytes' length, and for criu's children their own copy of the server answering):",
+        "",
+        "| n | keep_processes (criu) | pooled (REPL forks itself) | bare `os.fork()` × n (a host Python holding a million ints) | criu / pooled |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    sids = {}
+    for keep in (True, False):
+        st, b = fb.request("POST", "/v1/sandboxes", {"keep_processes": keep, "ram_mib": max(1024, 2 * mib + 512), "egress": False})
+        if st != 200:
+            raise SystemExit(f"create: HTTP {st}: {b[:300]!r}")
+        sids[keep] = json.loads(b)["id"]
+        expect_out(fb.exec(sids[keep], PROC_SETUP.format(mib=mib)), str(mib << 20), "fork setup")
+    for n in counts:
+        took = {True: [], False: []}
+        bare = []
+        for _ in range(reps):
+            for keep in (True, False):
+                t, children = timed(lambda: post(fb, f"/v1/sandboxes/{sids[keep]}/fork", {"n": n})["children"])
+                took[keep].append(t)
+                for child in children:
+                    # A pooled child has no server (fork(2) copies the REPL only).
+                    expect_out(fb.exec(child, PROC_CHECK), f"{mib << 20} {200 if keep else None}", "fork child")
+                    fb.destroy(child)
+            bare.append(sum(bare_fork_s() for _ in range(n)))
+        c, p = med(took[True]), med(took[False])
+        lines.append(f"| {n} | {c * 1000:,.0f} ms | {p * 1000:,.0f} ms | {med(bare) * 1000:,.1f} ms | {c / p:,.1f}× |")
+        log(f"fork({n}) of {mib} MiB: criu {c:.3f} s, pooled {p:.3f} s")
+    for sid in sids.values():
+        fb.destroy(sid)
+    lines += [
+        "",
+        "A keep_processes sandbox is solo, so criu forks it (docs/fork.md#forking-a-sandbox-that-keeps-its-processes): "
+        "its children get every process, at the cost of copying its memory; a pooled sandbox's REPL forks itself "
+        "(copy-on-write, the REPL only).",
+    ]
+    return lines
+
+
 def main() -> int:
     ap = bench_args(__doc__, DEFAULT_STATE_DIR)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--mib", type=int, default=100)
     ap.add_argument("--proc-mib", type=int, nargs="*", default=[100, 1024])
     ap.add_argument("--proc-reps", type=int, default=3)
+    ap.add_argument("--fork-n", type=int, nargs="*", default=[1, 4])
     args = ap.parse_args()
     work = args.state_dir.rstrip("/") + "-data"
     os.makedirs(work, exist_ok=True)
@@ -213,6 +260,8 @@ def main() -> int:
             log(f"freeze {freezes[-1]:.2f} s (bare {s:.2f} s), resume {resumes[-1]:.2f} s (bare {l_:.2f} s)")
         fb.destroy(sid)
         proc_lines = processes_rows(fb, args.proc_mib, args.proc_reps) if args.proc_mib else []
+        if args.fork_n:
+            proc_lines += criu_fork_rows(fb, args.proc_mib[0] if args.proc_mib else 100, args.fork_n, args.proc_reps)
     finally:
         fb.close()
         srv.stop()
