@@ -268,6 +268,9 @@ def test_a_hibernated_sandbox_keeps_its_id_frees_its_memory_and_wakes_on_the_nex
     assert sandbox_host_pids(sid) == []
     assert c.get("/v1/spaces").json() == {"spaces": []}
     assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "hibernated"
+    listed = {s["id"]: s["state"] for s in c.get("/v1/sandboxes").json()["sandboxes"]}
+    assert listed.get(sid) == "hibernated", listed
+    assert sandbox_host_pids(sid) == [], "listing it does not wake it"
     # Five calls at once: each is served, by one waking.
     results = [None] * 5
 

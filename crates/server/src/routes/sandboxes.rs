@@ -34,7 +34,10 @@ pub async fn create(
 
 #[utoipa::path(get, path = "/v1/sandboxes", responses((status = 200, body = SandboxList)))]
 pub async fn list(State(state): State<AppState>, Key(caller): Key) -> Response {
-    let sandboxes: Vec<SandboxInfo> = state.list(&caller).await.iter().map(|e| e.info()).collect();
+    let mut sandboxes: Vec<SandboxInfo> = state.list(&caller).await.iter().map(|e| e.info()).collect();
+    // Hibernating ones too (`state: "hibernated"`), looked at, not woken.
+    sandboxes.extend(state.hibernating_all(&caller).await.into_iter().map(|meta| meta.sandbox));
+    sandboxes.sort_by_key(|s| s.created_at);
     json(StatusCode::OK, &SandboxList { sandboxes })
 }
 
