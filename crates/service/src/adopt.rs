@@ -127,7 +127,11 @@ impl Service {
             Some(process) => Some(ReplSession::resume(process).await),
             None => None,
         };
-        if paused {
+        // Paused by a freeze the crash cut short, it runs again; paused by
+        // its client, it stays paused.
+        if paused && record.freezing {
+            tracing::info!(sandbox = %record.id, "a freeze had paused it when the server stopped: it runs again");
+        } else if paused {
             if let Err(e) = adopted.member.pause() {
                 tracing::warn!(sandbox = %record.id, error = %e, "could not pause an adopted sandbox again");
             }
@@ -152,6 +156,9 @@ impl Service {
         }
         *entry.egress.lock().unwrap_or_else(|e| e.into_inner()) = record.egress.clone();
         tracing::info!(sandbox = %record.id, "adopted after a server restart");
+        if record.freezing {
+            self.inner.records.save(&entry);
+        }
         Arc::new(entry)
     }
 }

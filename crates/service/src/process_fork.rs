@@ -34,12 +34,18 @@ impl Service {
         }
         let dir = self.inner.spaces.dir.join(format!("{PARTIAL}fork-{}", new_id()));
         let was_paused = parent.engine.is_paused();
-        crate::sandbox::freezer::set_paused(parent, true).await?;
+        // Paused for the dump: a crash meanwhile must not leave it so.
+        self.mark_freezing(parent, !was_paused);
+        if let Err(e) = crate::sandbox::freezer::set_paused(parent, true).await {
+            self.mark_freezing(parent, false);
+            return Err(e);
+        }
         let dumped = self.dump_whole(parent, &criu, &dir).await;
         if !was_paused {
             if let Err(e) = crate::sandbox::freezer::set_paused(parent, false).await {
                 tracing::warn!(sandbox = %parent.id, err = %e, "could not resume a sandbox after dumping it for a fork");
             }
+            self.mark_freezing(parent, false);
         }
         drop(slot);
         let made = match dumped {

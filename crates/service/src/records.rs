@@ -40,6 +40,10 @@ pub struct SandboxRecord {
     /// Environment, metadata, `autoPause`, public ports (E2B's).
     #[serde(flatten)]
     pub kept: KeptSettings,
+    /// A freeze paused it and had not ended: an adopting server lets it
+    /// run again (a crash must not leave it paused).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub freezing: bool,
     /// When its lifetime ends, unix ms (older records: `created_at + timeout_ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<u64>,
@@ -67,6 +71,7 @@ impl SandboxRecord {
             repl_restarts: entry.repl_restarts.load(std::sync::atomic::Ordering::Relaxed),
             owner: s.owner.clone(),
             kept: KeptSettings::of(s),
+            freezing: entry.freezing.load(std::sync::atomic::Ordering::SeqCst),
             expires_at: Some(entry.expires_at()),
         }
     }

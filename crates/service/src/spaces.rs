@@ -77,6 +77,24 @@ impl Service {
             return Err(Error::NotFound(format!("sandbox `{}` was destroyed", entry.id)));
         }
         let was_paused = entry.engine.is_paused();
+        // The freeze pauses it: a crash before it ends must not leave it so.
+        self.mark_freezing(entry, !was_paused);
+        let frozen = self.freeze_locked(entry, &mut slot, was_paused, how).await;
+        if frozen.is_err() && !was_paused {
+            self.mark_freezing(entry, false);
+        }
+        frozen
+    }
+
+    /// Record whether a freeze (or a criu fork's dump) paused `entry` and
+    /// has not ended: a server that adopts it after a crash lets it run.
+    pub(crate) fn mark_freezing(&self, entry: &SandboxEntry, on: bool) {
+        if entry.freezing.swap(on, std::sync::atomic::Ordering::SeqCst) != on {
+            self.inner.records.save(entry);
+        }
+    }
+
+    async fn freeze_locked(&self, entry: &Arc<SandboxEntry>, slot: &mut ReplSlot, was_paused: bool, how: Freeze) -> Result<SpaceMeta, Error> {
         // Every process when criu can (process_spaces.rs), else the globals.
         let not_kept = match self.criu_for(entry) {
             Ok(criu) => match self.freeze_processes(entry, &criu, was_paused, how).await {
@@ -94,7 +112,7 @@ impl Service {
             Err(why) if how == Freeze::HibernateWhole => return Err(Error::Conflict(format!("its processes cannot be kept: {why}"))),
             Err(why) => why,
         };
-        self.freeze_globals(entry, &mut slot, was_paused, not_kept, how).await
+        self.freeze_globals(entry, slot, was_paused, not_kept, how).await
     }
 
     /// The meta of Space `space_id` of `entry`, made `how`, of `kind`;

@@ -159,6 +159,9 @@ pub struct SandboxEntry {
     /// Its checkpoints (checkpoint_list.rs): they belong to the id, so a
     /// restore or a merge hands them to the entry that takes the id over.
     pub checkpoints: checkpoint_list::Checkpoints,
+    /// A freeze paused it, and is under way: a server that adopts it after
+    /// a crash lets it run again (its record says so).
+    pub freezing: AtomicBool,
 }
 
 /// The REPL as the exec queue sees it.
@@ -795,6 +798,7 @@ pub fn entry_with(id: String, settings: Settings, engine: crate::engine::MemberR
         egress: std::sync::Mutex::new(protocol::Egress::On(false)),
         network: Default::default(),
         checkpoints: Default::default(),
+        freezing: AtomicBool::new(false),
     }
 }
 
@@ -832,6 +836,7 @@ pub fn successor_entry(old: &SandboxEntry, new: &SandboxEntry, new_slot: &mut Re
         egress: std::sync::Mutex::new(new.egress.lock().unwrap_or_else(|e| e.into_inner()).clone()),
         network: Arc::clone(&new.network),
         checkpoints: Arc::clone(&old.checkpoints),
+        freezing: AtomicBool::new(false),
     })
 }
 
