@@ -61,6 +61,10 @@ impl Service {
     /// Hibernating sandbox `id`'s Space, looked at, not woken; `None` if
     /// `id` is not hibernating or not `caller`'s.
     pub async fn hibernating(&self, caller: &Caller, id: &str) -> Option<SpaceMeta> {
+        // A live sandbox is not on disk: its id spares the Spaces' scan.
+        if self.inner.sandboxes.read().await.contains_key(id) {
+            return None;
+        }
         match self.frozen(caller, id).await {
             Some(crate::state::Frozen::Space(meta)) if meta.hibernated => Some(*meta),
             _ => None,

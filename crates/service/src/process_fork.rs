@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use crate::error::Error;
 use crate::ids::new_id;
-use crate::process_spaces::Dumped;
 use crate::sandbox::SandboxEntry;
 use crate::space_store::PARTIAL;
 use crate::state::Service;
@@ -51,7 +50,7 @@ impl Service {
         let made = match dumped {
             Ok(dumped) => {
                 let dumped_ms = started.elapsed().as_millis() as u64;
-                let made = self.restore_children(parent, n, &dir, &dumped, &criu).await;
+                let made = self.restore_children(parent, n, &dir, &dumped.edges, &criu).await;
                 tracing::debug!(sandbox = %parent.id, n, dumped_ms, total_ms = started.elapsed().as_millis() as u64, "fork by criu timings");
                 made
             }
@@ -62,7 +61,7 @@ impl Service {
         made
     }
 
-    /// One restore of `dumped` (in `dir`) per child, one after another: a
+    /// One restore of the dump in `dir` per child, one after another: a
     /// restore lends the dump's page images to the child's uid range for
     /// its duration. All of them, or none.
     async fn restore_children(
@@ -70,7 +69,7 @@ impl Service {
         parent: &SandboxEntry,
         n: usize,
         dir: &std::path::Path,
-        dumped: &Dumped,
+        edges: &jail::Edges,
         criu: &criu::Criu,
     ) -> Result<Vec<Arc<SandboxEntry>>, Error> {
         let mut lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
@@ -78,7 +77,7 @@ impl Service {
         let pinned = self.pinned_lower(parent);
         let mut children = Vec::with_capacity(n);
         for _ in 0..n {
-            match self.restore_whole(new_id(), parent.settings.clone(), pinned.as_deref(), dir, dumped, criu, lineage.clone()).await {
+            match self.restore_whole(new_id(), parent.settings.clone(), pinned.as_deref(), dir, edges, criu, lineage.clone()).await {
                 Ok(child) => {
                     // Copies must not draw the same random numbers.
                     if let Some(session) = child.slot.lock().await.session.as_mut() {

@@ -152,16 +152,16 @@ impl Service {
         let beyond = self.reserve_beyond(caller, settings.owner.as_deref(), 1, settings.ram_mib, false).await?;
         let started = std::time::Instant::now();
         let id = keep.unwrap_or_else(crate::ids::new_id);
-        let dumped = Dumped { bytes: 0, edges };
-        let entry = self.restore_whole(id, settings, meta.rootfs.as_deref(), claimed, &dumped, &criu, Vec::new()).await?;
+        let entry = self.restore_whole(id, settings, meta.rootfs.as_deref(), claimed, &edges, &criu, Vec::new()).await?;
         tracing::info!(sandbox = %entry.id, space = %meta.info.space_id, total_ms = started.elapsed().as_millis() as u64, "restored a space's processes");
         self.register_created(&entry, quota, beyond, "space", started).await?;
         Ok(entry)
     }
 
     /// New solo sandbox `id` (not registered yet) from what `dump_whole`
-    /// wrote into `dir`: its files, and every process running again with
-    /// its REPL answering. `dir` is only read, so it may serve many.
+    /// wrote into `dir` (and the `edges` it found): its files, and every
+    /// process running again with its REPL answering. `dir` is only read,
+    /// so it may serve many.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn restore_whole(
         &self,
@@ -169,7 +169,7 @@ impl Service {
         settings: Settings,
         pinned: Option<&Path>,
         dir: &Path,
-        dumped: &Dumped,
+        edges: &jail::Edges,
         criu: &criu::Criu,
         lineage: Vec<String>,
     ) -> Result<Arc<SandboxEntry>, Error> {
@@ -179,7 +179,7 @@ impl Service {
         let (member, repl) = self
             .inner
             .engine
-            .restore(spec, &dir.join(IMAGES_DIR), &dumped.edges, criu)
+            .restore(spec, &dir.join(IMAGES_DIR), edges, criu)
             .await
             .map_err(|e| Error::internal("could not restore the dumped processes", e))?;
         let Some(process) = repl else {
