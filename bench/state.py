@@ -184,7 +184,7 @@ def processes_rows(fb: Forkbox, sizes: list[int], reps: int, work: str) -> list[
         "globals (the bytes too) and its resume starts a fresh REPL that loads them (the child is gone: started "
         "again, not timed). Targets (issue 22): freeze ≤ 1 s per GiB, resume to the first answer ≤ 300 ms. "
         "A freeze is durable (one syncfs before the Space exists), so it cannot beat writing its bytes and syncing them on "
-        "this disk (the baseline column). Resume is not lazy (criu's `--lazy-pages`): it reads every page before the "
+        "this disk (the baseline column); the disk writes the images while criu dumps them (write-behind). Resume is not lazy (criu's `--lazy-pages`): it reads every page before the "
         "first answer; docs/state.md says why.",
     ]
     return lines

@@ -51,6 +51,7 @@ pub mod templates;
 pub mod timers;
 pub mod warm;
 pub mod watch;
+pub mod write_behind;
 
 pub use config::{SandboxLimits, ServerConfig};
 pub use error::Error;

@@ -93,7 +93,9 @@ impl Service {
         space_id: &str,
         how: Freeze,
     ) -> Result<SpaceMeta, String> {
+        let behind = crate::write_behind::WriteBehind::start(partial.join(IMAGES_DIR));
         let dumped = self.dump_whole(entry, criu, partial).await?;
+        drop(behind);
         let mut meta = self.space_meta(entry, space_id, how, SpaceKind::Processes);
         meta.info.bytes = dumped.bytes;
         meta.edges = Some(dumped.edges);
