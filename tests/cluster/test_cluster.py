@@ -129,6 +129,10 @@ def test_a_space_frozen_on_one_node_resumes_on_another(cluster, http):
     space = r.json()["space_id"]
     spaces = http.get("/v1/spaces").json()["spaces"]
     assert space in [s["space_id"] for s in spaces]
+    # Its old id says where it went, as on one server.
+    assert info(http, sid)["state"] == "frozen"
+    r = http.post(f"/v1/sandboxes/{sid}/exec", json={"code": "print(1)"})
+    assert r.status_code == 409 and space in r.json()["error"], r.text
     store = os.path.join(cluster.root, "s3", "forkbox", "store", "spaces")
     assert os.listdir(store) == [f"{space}.tar"]
     with node_client(cluster, "node-2") as n2:
@@ -164,6 +168,97 @@ def test_a_space_resumed_twice_at_once_on_two_nodes_is_resumed_once(cluster, htt
     new = next(r.json()["id"] for r in results if r.status_code == 200)
     assert py(http, new, "print(x)") == "5\n"
     cleanup(http, [new])
+
+
+def store_holds(cluster, space: str) -> bool:
+    store = os.path.join(cluster.root, "s3", "forkbox", "store", "spaces")
+    return os.path.exists(os.path.join(store, f"{space}.tar"))
+
+
+def hibernate(client, sid: str) -> str:
+    """Hibernate `sid` through the gateway; its Space's id."""
+    r = client.post(f"/v1/sandboxes/{sid}/hibernate")
+    assert r.status_code == 200 and r.json()["state"] == "hibernated", r.text
+    return r.json()["space_id"]
+
+
+def test_a_hibernating_sandbox_keeps_its_id_across_the_cluster(cluster, http):
+    """Hibernated on node-1, a sandbox is in the object store and on no
+    node: the gateway shows it (its info, one list entry, not a Space)
+    without waking it; the next call wakes it under its id on node-1, or,
+    with node-1 draining, on another node; DELETE discards it."""
+    sid = create_on(cluster, http, "node-1")
+    secret = ["--url", cluster.url, "--cluster-secret-file", cluster.secret_file]
+    undrain = None
+    try:
+        py(http, sid, "x = 41\nopen('/root/f', 'w').write('kept')")
+        space = hibernate(http, sid)
+        assert store_holds(cluster, space)
+        for _ in range(2):
+            got = info(http, sid)
+            assert got["state"] == "hibernated" and "node" not in got, got
+        listed = [s for s in http.get("/v1/sandboxes").json()["sandboxes"] if s["id"] == sid]
+        assert [s["state"] for s in listed] == ["hibernated"], listed
+        assert space not in [s["space_id"] for s in http.get("/v1/spaces").json()["spaces"]]
+        assert py(http, sid, "x += 1\nprint(x, open('/root/f').read())") == "42 kept\n"
+        assert info(http, sid)["node"] == "node-1", "woken where it was frozen"
+        assert not store_holds(cluster, space), "a woken sandbox's Space leaves the store"
+
+        space = hibernate(http, sid)
+        undrain = subprocess.run([FORKBOX_BIN, "node", "drain", "node-1", *secret], capture_output=True, text=True, timeout=600)
+        assert undrain.returncode == 0, undrain
+        assert py(http, sid, "x += 1\nprint(x, open('/root/f').read())") == "43 kept\n"
+        assert info(http, sid)["node"] != "node-1", "woken on a node that takes work"
+
+        space = hibernate(http, sid)
+        assert http.delete(f"/v1/sandboxes/{sid}").status_code == 204
+        r = http.get(f"/v1/sandboxes/{sid}")
+        assert r.status_code == 404, r.text
+        assert not store_holds(cluster, space)
+        assert http.post(f"/v1/sandboxes/{sid}/exec", json={"code": "print(1)"}).status_code == 404
+    finally:
+        if undrain is not None:
+            out = subprocess.run([FORKBOX_BIN, "node", "undrain", "node-1", *secret], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out
+            wait_until(lambda: not node(http, "node-1")["draining"], 30, "node-1 did not take work again")
+        cleanup(http, [sid])
+
+
+def test_a_hibernating_sandbox_whose_lifetime_ends_leaves_the_store(cluster, http):
+    """No node holds it, and every node looks: one discards it."""
+    sid = create_on(cluster, http, "node-3", timeout_seconds=3, persistent=True)
+    space = hibernate(http, sid)
+    assert store_holds(cluster, space)
+    # Within the nodes' 30 s sweep once its 3 s are up.
+    wait_until(lambda: http.get(f"/v1/sandboxes/{sid}").status_code == 404, 45, "the hibernating sandbox was not discarded")
+    assert not store_holds(cluster, space)
+
+
+def test_another_keys_calls_neither_see_nor_wake_a_hibernating_sandbox(cluster, http, keyed):
+    """The store's record of a hibernating id routes calls, and names its
+    owner: another key's calls answer as for an unknown id on every node,
+    leave it asleep, and cannot delete it."""
+    a, b = keyed("sleeper-a"), keyed("sleeper-b")
+    ha, hb = ({"Authorization": f"Bearer {k}"} for k in (a, b))
+    with httpx.Client(base_url=cluster.url, headers=ha, timeout=120) as ca, httpx.Client(base_url=cluster.url, headers=hb, timeout=120) as cb:
+        sid = create_on_keyed(cluster, "node-2", ha)
+        try:
+            py(ca, sid, "secret = 7")
+            space = hibernate(ca, sid)
+            for call in (lambda: cb.get(f"/v1/sandboxes/{sid}"), lambda: cb.post(f"/v1/sandboxes/{sid}/exec", json={"code": "print(secret)"}),
+                         lambda: cb.delete(f"/v1/sandboxes/{sid}"), lambda: cb.post(f"/v1/spaces/{space}/resume", json={})):
+                r = call()
+                assert r.status_code == 404, r.text
+            for name in cluster.nodes:
+                with node_client(cluster, name) as n:
+                    r = n.get(f"/v1/sandboxes/{sid}", headers=hb)
+                    assert r.status_code == 404, (name, r.text)
+            assert sid not in {s["id"] for s in cb.get("/v1/sandboxes").json()["sandboxes"]}
+            assert info(ca, sid)["state"] == "hibernated", "still asleep"
+            assert store_holds(cluster, space)
+            assert py(ca, sid, "print(secret)") == "7\n"
+        finally:
+            cleanup(ca, [sid])
 
 
 # ── templates across nodes ──────────────────────────────────────────────

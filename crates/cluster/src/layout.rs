@@ -95,6 +95,9 @@ impl Layout {
     pub fn space(&self, id: &str) -> String {
         self.key(&["spaces", id])
     }
+    pub fn frozen(&self, sandbox_id: &str) -> String {
+        self.key(&["frozen", sandbox_id])
+    }
     pub fn reaped(&self, node: &str, lease: i64) -> String {
         self.key(&["reaped", node, &format!("{lease:x}")])
     }

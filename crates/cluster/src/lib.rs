@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use error::ClusterError;
-pub use records::{Load, LostRecord, NodeRecord, SandboxRecord, SpaceRecord};
+pub use records::{FrozenRecord, Load, LostRecord, NodeRecord, SandboxRecord, SpaceRecord};
 
 pub type Result<T> = std::result::Result<T, ClusterError>;
 

@@ -81,6 +81,25 @@ pub struct SpaceRecord {
     /// Taken for a resume (`Cluster::claim_space`), and by whom.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claimed: Option<Claim>,
+    /// What its sandbox's id points at while the Space exists (written
+    /// with it, gone with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frozen: Option<FrozenRecord>,
+}
+
+/// A frozen sandbox's id: the Space that holds it, so a call naming the id
+/// finds it, and a hibernating one (which keeps its id) is woken from it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FrozenRecord {
+    pub sandbox_id: String,
+    pub space_id: String,
+    /// The node that froze it: a wake there finds no other sandbox's work
+    /// in the way of its memory, and the gateway prefers it.
+    pub node: String,
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// Hibernating (keeps its id: any call wakes it), not frozen.
+    pub hibernated: bool,
 }
 
 /// A resume in progress on some node.

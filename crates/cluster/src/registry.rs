@@ -7,7 +7,7 @@ use etcd_client::{GetOptions, PutOptions, Txn, TxnOp};
 
 use crate::error::{json, parse};
 use crate::quota::Ticket;
-use crate::records::{LostRecord, SandboxRecord};
+use crate::records::{FrozenRecord, LostRecord, SandboxRecord};
 use crate::{Cluster, Result};
 
 /// Most sandboxes registered in one transaction (etcd takes 128
@@ -21,6 +21,8 @@ pub enum Found {
     Lost(LostRecord),
     /// On its way from a draining node to another: wait.
     Moving(crate::moves::Moving),
+    /// Frozen into a Space, or hibernating (a call wakes it).
+    Frozen(FrozenRecord),
     Unknown,
 }
 
@@ -72,16 +74,19 @@ impl Cluster {
     /// Where sandbox `id` is, or why it is not.
     pub async fn find(&self, id: &str) -> Result<Found> {
         let l = &self.layout;
-        let keys = [l.moving(id), l.sandbox(id), l.lost(id)];
+        let keys = [l.moving(id), l.sandbox(id), l.lost(id), l.frozen(id)];
         let ops = self.txn(Txn::new().and_then(keys.clone().map(|k| TxnOp::get(k, None)))).await?.op_responses();
         let found: Vec<&etcd_client::KeyValue> =
             ops.iter().filter_map(|o| if let etcd_client::TxnOpResponse::Get(g) = o { g.kvs().first() } else { None }).collect();
-        // In that order: a moving sandbox is still recorded where it was.
+        // In that order: a moving sandbox is still recorded where it was
+        // (and frozen, while it moves), a woken one is live before its
+        // Space is forgotten.
         let Some(kv) = found.first() else { return Ok(Found::Unknown) };
         match keys.iter().position(|k| k.as_bytes() == kv.key()) {
             Some(0) => Ok(Found::Moving(parse(kv.key(), kv.value())?)),
             Some(1) => Ok(Found::Live(parse(kv.key(), kv.value())?)),
-            _ => Ok(Found::Lost(parse(kv.key(), kv.value())?)),
+            Some(2) => Ok(Found::Lost(parse(kv.key(), kv.value())?)),
+            _ => Ok(Found::Frozen(parse(kv.key(), kv.value())?)),
         }
     }
 

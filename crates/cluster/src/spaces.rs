@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use crate::error::{json, parse};
-use crate::records::{Claim, SpaceRecord};
+use crate::records::{Claim, FrozenRecord, SpaceRecord};
 use crate::{now_ms, Cluster, ClusterError, Result};
 
 /// A claim older than this is a resume that died with its node: the Space
@@ -40,8 +40,18 @@ fn scratch_beside(dir: &Path, what: &str) -> Scratch {
 
 impl Cluster {
     /// Make the Space in `dir` resumable from any node: archive it to the
-    /// store, then record it (`meta`: its `meta.json`).
-    pub async fn publish_space(&self, node: &str, space_id: &str, owner: Option<String>, meta: serde_json::Value, dir: &Path) -> Result<SpaceRecord> {
+    /// store, then record it (`meta`: its `meta.json`), and what its
+    /// sandbox's id now points at (`from`: that id, and whether it
+    /// hibernates), in the same transaction.
+    pub async fn publish_space(
+        &self,
+        node: &str,
+        space_id: &str,
+        owner: Option<String>,
+        meta: serde_json::Value,
+        dir: &Path,
+        from: Option<(&str, bool)>,
+    ) -> Result<SpaceRecord> {
         let scratch = scratch_beside(dir, "publish");
         let (src, out) = (dir.to_path_buf(), scratch.0.clone());
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
@@ -53,11 +63,27 @@ impl Cluster {
         .map_err(|e| ClusterError::io(format!("archive {}", dir.display()), e))?;
         let blob = blob_key(space_id);
         let bytes = self.blobs()?.put_file(&blob, &scratch.0).await?;
-        let record =
-            SpaceRecord { space_id: space_id.to_string(), owner, node: node.to_string(), blob: blob.clone(), archive_bytes: bytes, meta, claimed: None };
+        let frozen = from.map(|(sandbox_id, hibernated)| FrozenRecord {
+            sandbox_id: sandbox_id.to_string(),
+            space_id: space_id.to_string(),
+            node: node.to_string(),
+            owner: owner.clone(),
+            hibernated,
+        });
+        let record = SpaceRecord {
+            space_id: space_id.to_string(),
+            owner,
+            node: node.to_string(),
+            blob: blob.clone(),
+            archive_bytes: bytes,
+            meta,
+            claimed: None,
+            frozen: frozen.clone(),
+        };
         let key = self.layout.space(space_id);
-        let put =
-            self.txn(Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(key, json(&record), None)])).await;
+        let mut puts = vec![TxnOp::put(key.clone(), json(&record), None)];
+        puts.extend(frozen.as_ref().map(|f| TxnOp::put(self.layout.frozen(&f.sandbox_id), json(f), None)));
+        let put = self.txn(Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then(puts)).await;
         match put {
             Ok(r) if r.succeeded() => Ok(record),
             // A retry of a put whose answer was lost finds its own record.
@@ -65,7 +91,9 @@ impl Cluster {
             Ok(_) => Err(ClusterError::Conflict(format!("space `{space_id}` exists already"))),
             Err(e) => {
                 // The freeze is undone: no record of it may appear later.
-                self.forget_later(vec![self.layout.space(space_id)]);
+                let mut keys = vec![self.layout.space(space_id)];
+                keys.extend(frozen.map(|f| self.layout.frozen(&f.sandbox_id)));
+                self.forget_later(keys);
                 let _ = self.blobs()?.delete(&blob).await;
                 Err(e)
             }
@@ -138,10 +166,29 @@ impl Cluster {
         })
     }
 
-    /// A claimed Space was resumed (or deleted): its record and bytes go.
+    /// A claimed Space was resumed (or deleted): its record and bytes go,
+    /// and its sandbox's id stops pointing at it (unless the id was frozen
+    /// again meanwhile, into another Space).
     pub async fn forget_space(&self, record: &SpaceRecord) -> Result<()> {
-        self.txn(Txn::new().and_then([TxnOp::delete(self.layout.space(&record.space_id), None)])).await?;
+        let space = TxnOp::delete(self.layout.space(&record.space_id), None);
+        let txn = match &record.frozen {
+            Some(f) => {
+                let id = self.layout.frozen(&f.sandbox_id);
+                Txn::new().when([Compare::value(id.clone(), CompareOp::Equal, json(f))]).and_then([space.clone(), TxnOp::delete(id, None)]).or_else([space])
+            }
+            None => Txn::new().and_then([space]),
+        };
+        self.txn(txn).await?;
         self.blobs()?.delete(&record.blob).await
+    }
+
+    /// The Space frozen sandbox `sandbox_id` is in (hibernating or not),
+    /// unless it is being resumed.
+    pub async fn frozen_space(&self, sandbox_id: &str) -> Result<Option<SpaceRecord>> {
+        let r = self.get_key(self.layout.frozen(sandbox_id)).await?;
+        let Some(kv) = r.kvs().first() else { return Ok(None) };
+        let frozen: FrozenRecord = parse(kv.key(), kv.value())?;
+        self.space(&frozen.space_id).await
     }
 
     /// Delete Space `space_id`; false if there was none.

@@ -288,14 +288,20 @@ async fn to_sandbox(gw: &Gateway, id: &str, dialect: Dialect, req: Request) -> R
             error(dialect, StatusCode::NOT_FOUND, format!("no sandbox `{id}`"))
         }
     };
-    let record = match found {
-        Found::Live(r) => r,
+    let node = match found {
+        Found::Live(record) => match gw.node(&record.node) {
+            Some(node) => node,
+            // Gone, not yet reaped.
+            None => return lost(&record.owner, &format!("node {} left", record.node)),
+        },
+        // On disk in the store: any node can wake it (or, frozen, say how
+        // to resume it), best the one that froze it.
+        Found::Frozen(f) => match placement::wake_on(&gw.nodes(), &f.node, id) {
+            Some(node) => node.clone(),
+            None => return error(dialect, StatusCode::SERVICE_UNAVAILABLE, format!("no node has room to wake sandbox `{id}`")),
+        },
         Found::Lost(l) => return lost(&l.owner, &l.reason),
         Found::Unknown | Found::Moving(_) => return error(dialect, StatusCode::NOT_FOUND, format!("no sandbox `{id}`")),
-    };
-    let Some(node) = gw.node(&record.node) else {
-        // Gone, not yet reaped.
-        return lost(&record.owner, &format!("node {} left", record.node));
     };
     let info = req.method() == Method::GET && req.uri().path().trim_end_matches('/') == format!("/v1/sandboxes/{id}");
     match proxy::forward(&gw.inner.client, &node.name, &node.api, gw.inner.secret.expose(), req).await {
@@ -317,7 +323,8 @@ async fn with_node(resp: Response, node: &str) -> Response {
         return error(Dialect::Forkbox, StatusCode::BAD_GATEWAY, "the node's answer was cut off");
     };
     let out = match serde_json::from_slice::<serde_json::Value>(&bytes) {
-        Ok(serde_json::Value::Object(mut m)) => {
+        // (A hibernating sandbox is on no node.)
+        Ok(serde_json::Value::Object(mut m)) if m.get("state").and_then(|s| s.as_str()) != Some("hibernated") => {
             m.insert("node".into(), serde_json::Value::String(node.to_string()));
             Bytes::from(serde_json::to_vec(&m).unwrap_or_default())
         }
@@ -394,12 +401,22 @@ async fn every(gw: &Gateway, dialect: Dialect, req: Request) -> Response {
             _ => None,
         };
         for mut item in list.unwrap_or_default() {
+            // (A hibernating one is on no node.)
             if let (Dialect::Forkbox, Some(m)) = (dialect, item.as_object_mut()) {
-                m.insert("node".into(), serde_json::Value::String(node.clone()));
+                if m.get("state").and_then(|s| s.as_str()) != Some("hibernated") {
+                    m.insert("node".into(), serde_json::Value::String(node.clone()));
+                }
             }
             items.push(item);
         }
     }
+    // Every node lists the cluster's hibernating sandboxes (they are in
+    // the store, not on a node): each once.
+    let mut seen = std::collections::HashSet::new();
+    items.retain(|v| match v.get("id").or_else(|| v.get("sandboxID")).and_then(|i| i.as_str()) {
+        Some(id) => seen.insert(id.to_string()),
+        None => true,
+    });
     // Oldest first, as one server lists them (E2B's lists have no order).
     items.sort_by_key(|v| v.get("created_at").and_then(|c| c.as_u64()).unwrap_or(0));
     let body = match dialect {

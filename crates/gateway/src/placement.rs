@@ -25,6 +25,21 @@ pub fn choose<'a>(nodes: &'a [NodeRecord], template: Option<&str>, tried: &[Stri
     least.get(rand::random::<u32>() as usize % least.len()).copied()
 }
 
+/// The node a hibernating sandbox wakes on: the one that froze it
+/// (`home`) while it takes work, else one with room picked by the id
+/// alone, so gateways that get calls for it at once send them all to one
+/// node (whose wake serves them all) and different ids spread.
+pub fn wake_on<'a>(nodes: &'a [NodeRecord], home: &str, id: &str) -> Option<&'a NodeRecord> {
+    let mut open: Vec<&NodeRecord> = nodes.iter().filter(|n| !n.draining && n.load.has_room()).collect();
+    if let Some(home) = open.iter().find(|n| n.name == home) {
+        return Some(home);
+    }
+    open.sort_by(|a, b| a.name.cmp(&b.name));
+    // FNV-1a: the same on every gateway, unlike std's seeded hasher.
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    open.get((hash % open.len().max(1) as u64) as usize).copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +69,22 @@ mod tests {
         let full = vec![node("a", 10, &[], false)];
         assert!(choose(&full, None, &[]).is_none());
         assert!(choose(&[], None, &[]).is_none());
+    }
+
+    #[test]
+    fn a_hibernating_sandbox_wakes_at_home_else_where_its_id_says() {
+        let nodes = vec![node("a", 9, &[], false), node("b", 0, &[], false), node("c", 0, &[], true), node("d", 10, &[], false)];
+        // Home takes work (however loaded): home.
+        assert_eq!(wake_on(&nodes, "a", "sb-x").unwrap().name, "a");
+        // Home draining, full or gone: an open node, the same every time.
+        for home in ["c", "d", "gone"] {
+            let first = wake_on(&nodes, home, "sb-x").unwrap().name.clone();
+            assert!(first == "a" || first == "b", "{first}");
+            assert!((0..20).all(|_| wake_on(&nodes, home, "sb-x").unwrap().name == first));
+        }
+        // Different ids spread over the open nodes.
+        let picked: std::collections::BTreeSet<String> = (0..32).map(|i| wake_on(&nodes, "gone", &format!("sb-{i}")).unwrap().name.clone()).collect();
+        assert_eq!(picked.into_iter().collect::<Vec<_>>(), ["a", "b"]);
+        assert!(wake_on(&[node("d", 10, &[], false)], "gone", "sb-x").is_none());
     }
 }

@@ -82,6 +82,11 @@ pub trait Directory: Send + Sync + 'static {
     async fn spaces(&self) -> Result<Option<Vec<SpaceMeta>>, Error> {
         Ok(None)
     }
+    /// The Space beyond this server that frozen (or hibernating) sandbox
+    /// `sandbox_id` is in; None when there is none, or nothing beyond.
+    async fn frozen(&self, _sandbox_id: &str) -> Result<Option<SpaceMeta>, Error> {
+        Ok(None)
+    }
     /// Take Space `id` for a resume (no one else gets it), and have its
     /// directory at `dir` (fetched, unless this server has it). False: it
     /// is not known beyond this server.

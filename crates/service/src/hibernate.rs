@@ -71,8 +71,18 @@ impl Service {
         }
     }
 
-    /// Every hibernating sandbox `caller` may use, oldest first.
+    /// Every hibernating sandbox `caller` may use, oldest first (a
+    /// cluster's: every node lists them all, and its gateway merges).
     pub async fn hibernating_all(&self, caller: &Caller) -> Vec<SpaceMeta> {
+        match self.inner.directory.spaces().await {
+            Ok(Some(mut all)) => {
+                all.retain(|m| m.hibernated && caller.may_use(m.owner.as_deref()));
+                all.sort_by_key(|m| m.info.created_at);
+                return all;
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(err = %e, "could not list the cluster's hibernating sandboxes"),
+        }
         let (state, caller) = (self.clone(), caller.clone());
         tokio::task::spawn_blocking(move || state.inner.spaces.hibernating(&caller)).await.unwrap_or_default()
     }

@@ -93,17 +93,23 @@ impl Service {
         space_id: &str,
         how: Freeze,
     ) -> Result<SpaceMeta, String> {
+        let started = std::time::Instant::now();
         let behind = crate::write_behind::WriteBehind::start(partial.join(IMAGES_DIR));
         let dumped = self.dump_whole(entry, criu, partial).await?;
         drop(behind);
+        let dumped_at = started.elapsed();
         let mut meta = self.space_meta(entry, space_id, how, SpaceKind::Processes);
         meta.info.bytes = dumped.bytes;
         meta.edges = Some(dumped.edges);
         let (partial, home) = (partial.to_path_buf(), home.to_path_buf());
-        tokio::task::spawn_blocking(move || commit(&partial, &home, &meta).map(|()| meta))
+        let meta = tokio::task::spawn_blocking(move || commit(&partial, &home, &meta).map(|()| meta))
             .await
             .map_err(|e| e.to_string())?
-            .map_err(|e| format!("could not write the space: {e}"))
+            .map_err(|e| format!("could not write the space: {e}"))?;
+        // Where a freeze's time goes: the dump, or the disk after it.
+        tracing::debug!(sandbox = %entry.id, bytes = meta.info.bytes, dump_ms = dumped_at.as_millis() as u64,
+            sync_ms = (started.elapsed() - dumped_at).as_millis() as u64, "freeze timings");
+        Ok(meta)
     }
 
     /// Paused solo `entry` whole into new directory `dir`: its files in

@@ -370,7 +370,8 @@ impl Service {
     /// The Spaces `caller` may use (a cluster's: every node's).
     pub async fn spaces(&self, caller: &Caller) -> Result<Vec<SpaceInfo>, Error> {
         if let Some(mut all) = self.inner.directory.spaces().await? {
-            all.retain(|m| caller.may_use(m.owner.as_deref()));
+            // A hibernating sandbox's Space is the sandbox, listed as one.
+            all.retain(|m| !m.hibernated && caller.may_use(m.owner.as_deref()));
             all.sort_by_key(|m| m.info.created_at);
             return Ok(all.into_iter().map(|m| m.info).collect());
         }

@@ -195,14 +195,26 @@ impl Service {
     /// What became of sandbox `id` if it was frozen: its Space, or where
     /// that Space was resumed (only if `caller` may use them).
     pub async fn frozen(&self, caller: &Caller, id: &str) -> Option<Frozen> {
-        let (state, id, caller) = (self.clone(), id.to_string(), caller.clone());
-        tokio::task::spawn_blocking(move || {
+        let (state, sandbox_id, who) = (self.clone(), id.to_string(), caller.clone());
+        let here = tokio::task::spawn_blocking(move || {
             let spaces = &state.inner.spaces;
-            spaces.frozen(&caller, &id).map(|m| Frozen::Space(Box::new(m))).or_else(|| spaces.resumed(&caller, &id).map(Frozen::Resumed))
+            spaces.frozen(&who, &sandbox_id).map(|m| Frozen::Space(Box::new(m))).or_else(|| spaces.resumed(&who, &sandbox_id).map(Frozen::Resumed))
         })
         .await
         .ok()
-        .flatten()
+        .flatten();
+        if here.is_some() {
+            return here;
+        }
+        // A cluster's Spaces are in its store, whichever node froze them.
+        match self.inner.directory.frozen(id).await {
+            Ok(Some(meta)) if meta.info.sandbox_id == id && caller.may_use(meta.owner.as_deref()) => Some(Frozen::Space(Box::new(meta))),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, err = %e, "could not look for a frozen sandbox beyond this server");
+                None
+            }
+        }
     }
 
     /// Memory the live sandboxes use now (their cgroups' usage), in MiB.

@@ -27,21 +27,21 @@ impl Service {
     }
 
     /// Discard the hibernating sandboxes whose lifetime ended (they would
-    /// wake only to be destroyed), every 30 s, forever.
+    /// wake only to be destroyed), every 30 s, forever. In a cluster every
+    /// node looks at the store's, and one discards each.
     pub async fn hibernated_expiry_loop(self) {
         let mut tick = tokio::time::interval(Duration::from_secs(30));
         loop {
             tick.tick().await;
-            let state = self.clone();
             let now = now_ms();
-            let ended: Vec<String> = tokio::task::spawn_blocking(move || {
-                state.inner.spaces.list_all().into_iter().filter(|m| m.hibernated && m.sandbox.expires_at <= now).map(|m| m.info.space_id).collect()
-            })
-            .await
-            .unwrap_or_default();
-            for space in ended {
+            let mut ended = self.hibernating_all(&Caller::server()).await;
+            ended.retain(|m| m.sandbox.expires_at <= now);
+            for meta in ended {
+                let space = meta.info.space_id;
                 match self.delete_space(&Caller::server(), &space).await {
                     Ok(()) => tracing::info!(space = %space, "a hibernating sandbox's lifetime ended: discarded"),
+                    // Another node of the cluster discarded it first.
+                    Err(Error::NotFound(_)) => {}
                     Err(e) => tracing::warn!(space = %space, err = %e, "could not discard a hibernating sandbox whose lifetime ended"),
                 }
             }

@@ -113,7 +113,8 @@ impl Directory for NodeDirectory {
 
     async fn publish_space(&self, meta: &SpaceMeta, dir: &Path) -> Result<(), Error> {
         let value = serde_json::to_value(meta).map_err(|e| Error::internal("could not describe a space", e))?;
-        self.cluster.publish_space(&self.membership.name(), &meta.info.space_id, meta.owner.clone(), value, dir).await.map_err(service_error)?;
+        let from = Some((meta.info.sandbox_id.as_str(), meta.hibernated));
+        self.cluster.publish_space(&self.membership.name(), &meta.info.space_id, meta.owner.clone(), value, dir, from).await.map_err(service_error)?;
         // The cluster's copy is the one: a local one could be resumed here
         // after another node took it.
         let doomed = dir.to_path_buf();
@@ -124,6 +125,11 @@ impl Directory for NodeDirectory {
     async fn spaces(&self) -> Result<Option<Vec<SpaceMeta>>, Error> {
         let all = self.cluster.spaces().await.map_err(service_error)?;
         Ok(Some(all.into_iter().filter_map(|r| serde_json::from_value(r.meta).ok()).collect()))
+    }
+
+    async fn frozen(&self, sandbox_id: &str) -> Result<Option<SpaceMeta>, Error> {
+        let record = self.cluster.frozen_space(sandbox_id).await.map_err(service_error)?;
+        Ok(record.and_then(|r| serde_json::from_value(r.meta).ok()))
     }
 
     async fn claim_space(&self, id: &str, dir: &Path) -> Result<bool, Error> {
