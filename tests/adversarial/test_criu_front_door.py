@@ -10,7 +10,11 @@ to a freeze that dumps it whole, and to the sandbox it comes back as.
   changed in a loop, hundreds of threads, a 64 GiB sparse mapping, a copy
   of the REPL's control socket handed to a child) each end cleanly: the
   freeze answers 200 with the kind it made, the sandbox comes back
-  answering, confined as before, and the server goes on serving."""
+  answering, confined as before, and the server goes on serving.
+- A process of another user than the sandbox's root (E2B's `user`) comes
+  back, from a freeze and in a criu fork's child, as that user with what
+  it held and nothing more: the tools root's criu sets its ids keeping
+  capabilities only for as long as it sets them."""
 from __future__ import annotations
 
 import os
@@ -86,8 +90,8 @@ TRICKS = {
     "a 64 GiB sparse mapping": (
         "import mmap\nm = mmap.mmap(-1, 64 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_NORESERVE)\n"
         "m[0] = 1; m[(64 << 30) - 1] = 2"),
-    # A process of another user than the sandbox's root (criu, run
-    # unprivileged, would fail to restore it, and 4.2.1 then hangs).
+    # A process of another user than the sandbox's root (a criu without
+    # forkbox's restorer patch would fail to restore it, then hang).
     "a process of another user": "import subprocess\nother = subprocess.Popen(['sleep', '1000'], user=1000, group=1000)",
     # The REPL's control socket, copied and handed to a child that outlives it.
     "a copy of the control socket held by a child": (
@@ -178,4 +182,61 @@ def test_tricks_played_during_a_criu_fork_end_cleanly(http, trick):
         assert all(u >= SANDBOX_UID_BASE for u in map(int, proc_status(host_repl_pid(s))["Uid"].split()))
     assert healthy(http)
     for s in [sid] + children:
+        delete_raw(http, s)
+
+
+# Run as uid 1000: answers each connection on 127.0.0.1:9300 with its
+# credentials as the kernel holds them, and whether it can become root.
+REPORTER = r"""
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+KEYS = ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Seccomp_filters")
+def report():
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+    fields = {k: " ".join(status[k].split()) for k in KEYS}
+    fields["securebits"] = libc.prctl(27, 0, 0, 0, 0)  # PR_GET_SECUREBITS
+    for name, call in (("setuid(0)", lambda: os.setuid(0)), ("setgid(0)", lambda: os.setgid(0))):
+        try:
+            call(); fields[name] = "allowed"
+        except PermissionError:
+            fields[name] = "EPERM"
+    return repr(sorted(fields.items()))
+listener = socket.create_server(("127.0.0.1", 9300))
+while True:
+    conn, _ = listener.accept(); conn.sendall(report().encode()); conn.close()
+"""
+ASK_REPORTER = ("import socket, time\nfor _ in range(200):\n    try:\n        print(socket.create_connection(('127.0.0.1', 9300), timeout=5).recv(4096).decode()); break\n"
+                "    except ConnectionRefusedError:\n        time.sleep(0.05)")
+
+
+def reporter_host_uid(sid: str) -> int:
+    """The host uid of the REPL's child running as uid 1000 in `sid`."""
+    repl = host_repl_pid(sid)
+    children = open(f"/proc/{repl}/task/{repl}/children").read().split()
+    uids = [int(proc_status(int(c))["Uid"].split()[0]) for c in children]
+    assert len(uids) == 1, uids
+    return uids[0]
+
+
+def test_a_process_of_another_user_comes_back_as_that_user_with_nothing_more(server, http):
+    sid = create_raw(http, keep_processes=True, egress=False)
+    exec_ok(http, sid, f"import subprocess\nreporter = subprocess.Popen(['python3', '-c', {REPORTER!r}], user=1000, group=1000)")
+    before = exec_ok(http, sid, ASK_REPORTER)
+    for held in ("('Uid', '1000 1000 1000 1000')", "('Gid', '1000 1000 1000 1000')", "('CapEff', '0000000000000000')",
+                 "('CapPrm', '0000000000000000')", "('securebits', 0)", "('setuid(0)', 'EPERM')", "('setgid(0)', 'EPERM')"):
+        assert held in before, (held, before)
+    assert reporter_host_uid(sid) == uid_base(http, sid) + 1000
+    space = freeze(http, sid)
+    assert space["kind"] == "processes", space
+    new = resume(http, space["space_id"])
+    # The same process (its listener kept), as the same user, holding the same.
+    assert exec_ok(http, new, ASK_REPORTER) == before
+    assert reporter_host_uid(new) == uid_base(http, new) + 1000
+    assert exec_ok(http, new, "print(reporter.poll())") == "None\n"
+    # A criu fork's child holds it too, in its own range.
+    children = http.post(f"/v1/sandboxes/{new}/fork", json={"n": 1}).json()["children"]
+    assert exec_ok(http, children[0], ASK_REPORTER) == before
+    assert reporter_host_uid(children[0]) == uid_base(http, children[0]) + 1000
+    assert healthy(http)
+    for s in [new] + children:
         delete_raw(http, s)

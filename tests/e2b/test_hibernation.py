@@ -26,10 +26,13 @@ def test_a_sandbox_made_to_pause_hibernates_at_its_timeout_and_connect_wakes_it(
 
     sb = Sandbox.create(timeout=4, lifecycle={"on_timeout": "pause"}, metadata={"run": "hibernates"}, envs={"FOO": "bar"})
     sid = sb.sandbox_id
-    # (As root: criu, run unprivileged, cannot restore another user's process.)
-    sb.commands.run("sleep 1000", background=True, user="root")
+    # As E2B's default user, uid 1000, beside one of root's.
+    sb.commands.run("sleep 1000", background=True)
+    sb.commands.run("sleep 1001", background=True, user="root")
     sb.commands.run("echo kept > /tmp/k")
-    sleeper = sb.commands.run("pgrep -f 'sleep 1000'").stdout
+    sleepers = "ps -o uid=,pid=,args= -C sleep"
+    sleeper = sb.commands.run(sleepers).stdout
+    assert [line.split()[0] for line in sleeper.splitlines()] == ["1000", "0"], sleeper
     wait_paused(Sandbox, sid)
     # On disk: no process of it left on the host; seen as paused, not woken.
     for _ in range(100):
@@ -45,7 +48,7 @@ def test_a_sandbox_made_to_pause_hibernates_at_its_timeout_and_connect_wakes_it(
 
     again = Sandbox.connect(sid, timeout=60)
     try:
-        assert again.commands.run("pgrep -f 'sleep 1000'").stdout == sleeper, "the same process, not a new one"
+        assert again.commands.run(sleepers).stdout == sleeper, "the same processes, as the same users, not new ones"
         assert again.commands.run("cat /tmp/k; echo $FOO").stdout == "kept\nbar\n"
         info = Sandbox.get_info(sid)
         assert (info.state, info.metadata) == (SandboxState.RUNNING, {"run": "hibernates"}), info
@@ -53,26 +56,32 @@ def test_a_sandbox_made_to_pause_hibernates_at_its_timeout_and_connect_wakes_it(
         assert again.pause()
         assert Sandbox.get_info(sid).state == SandboxState.PAUSED and sandbox_host_pids(sid) == []
         third = Sandbox.connect(sid, timeout=60)
-        assert third.commands.run("pgrep -f 'sleep 1000'").stdout == sleeper
+        assert third.commands.run(sleepers).stdout == sleeper
     finally:
         Sandbox.kill(sid)
     assert not Sandbox.kill(sid), "killed, its hibernation included"
 
 
+# Holds an established TCP connection to itself, which criu does not dump.
+CONNECTED = ("python3 -c \"import socket, time; l = socket.create_server(('127.0.0.1', 9100)); "
+             "c = socket.create_connection(('127.0.0.1', 9100)); a = l.accept(); time.sleep(1000)\"")
+
+
 def test_a_sandbox_whose_processes_cannot_all_be_kept_pauses_in_memory(server):
-    """E2B's commands run as `user`, a process criu (run unprivileged)
-    cannot restore: the pause keeps it by pausing in memory instead."""
+    """A process criu cannot dump (an established TCP connection): the
+    pause keeps it by pausing in memory instead."""
     from e2b import Sandbox, SandboxState
 
     sb = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"})
     try:
-        sb.commands.run("sleep 1000", background=True)
-        sleeper = sb.commands.run("pgrep -f 'sleep 1000'").stdout
+        sb.commands.run(CONNECTED, background=True)
+        sleeper = sb.commands.run("sleep 0.5; pgrep -f create_server").stdout
+        assert sleeper.strip(), "the connected process runs"
         assert sb.pause()
         assert Sandbox.get_info(sb.sandbox_id).state == SandboxState.PAUSED
         assert sandbox_host_pids(sb.sandbox_id), "paused in memory: its processes stay"
         again = Sandbox.connect(sb.sandbox_id)
-        assert again.commands.run("pgrep -f 'sleep 1000'").stdout == sleeper
+        assert again.commands.run("pgrep -f create_server").stdout == sleeper
     finally:
         sb.kill()
 

@@ -9,6 +9,10 @@ use crate::version::{Version, MINIMUM};
 
 /// Where criu sits in a tools root.
 const CRIU_IN_ROOT: &str = "/usr/sbin/criu";
+/// Left in a tools root whose criu carries forkbox's restorer patch
+/// (tools/criu.toml): it restores a task of another user than the tree's
+/// root, which criu 4.2.1 as released cannot when run unprivileged.
+const RESTORES_OTHER_USERS_MARK: &str = "/usr/lib/forkbox/criu-restores-other-users";
 /// Searched after PATH: the server's PATH may lack the sbin directories.
 const SBIN_DIRS: [&str; 3] = ["/usr/local/sbin", "/usr/sbin", "/sbin"];
 
@@ -26,6 +30,12 @@ pub enum Source {
 pub struct Criu {
     pub source: Source,
     pub version: Version,
+    /// Whether a restore brings back a task running as another user than
+    /// the tree's root (a uid-1000 command in a sandbox). Only the tools
+    /// root's patched criu does: criu run unprivileged sets such a task's
+    /// uids without keeping the capabilities it then needs for its gids
+    /// (criu issue #2047), and 4.2.1 then hangs.
+    pub restores_other_users: bool,
 }
 
 impl Criu {
@@ -38,7 +48,7 @@ impl Criu {
         if let Some(path) = &host {
             let version = version_of(Command::new(path), path)?;
             if version >= MINIMUM {
-                return Ok(Criu { source: Source::Host(path.clone()), version });
+                return Ok(Criu { source: Source::Host(path.clone()), version, restores_other_users: false });
             }
             too_old = Some(CriuError::TooOld { path: path.clone(), found: version, minimum: MINIMUM });
         }
@@ -49,7 +59,8 @@ impl Criu {
                 if version < MINIMUM {
                     return Err(CriuError::TooOld { path: binary, found: version, minimum: MINIMUM });
                 }
-                return Ok(Criu { source: Source::ToolsRoot(root.to_path_buf()), version });
+                let restores_other_users = root.join(RESTORES_OTHER_USERS_MARK.trim_start_matches('/')).is_file();
+                return Ok(Criu { source: Source::ToolsRoot(root.to_path_buf()), version, restores_other_users });
             }
         }
         Err(too_old.unwrap_or(CriuError::NotFound { minimum: MINIMUM, tools_root: expected_root.to_path_buf() }))
@@ -97,6 +108,9 @@ impl Criu {
     pub fn describe(&self) -> String {
         match &self.source {
             Source::Host(path) => format!("criu {} ({})", self.version, path.display()),
+            Source::ToolsRoot(root) if self.restores_other_users => {
+                format!("criu {} (tools root {}, restores other users)", self.version, root.display())
+            }
             Source::ToolsRoot(root) => format!("criu {} (tools root {})", self.version, root.display()),
         }
     }

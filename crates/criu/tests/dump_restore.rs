@@ -127,6 +127,10 @@ fn the_tools_roots_criu_passes_its_check_on_this_kernel() {
     let criu = criu();
     assert!(matches!(criu.source, Source::ToolsRoot(_)) || matches!(criu.source, Source::Host(_)));
     assert!(criu.version >= forkbox_criu::MINIMUM, "{}", criu.describe());
+    // The tools root's criu is built with forkbox's restorer patch (tools/criu.toml).
+    if matches!(criu.source, Source::ToolsRoot(_)) {
+        assert!(criu.restores_other_users && criu.describe().contains("restores other users"), "{}", criu.describe());
+    }
     let root = built_root("tools", "criu", "usr/sbin/criu");
     match Readiness::probe(Some(&root), &root) {
         Readiness::Ready(found) => assert_eq!(found.version, criu.version),

@@ -67,6 +67,9 @@ mod tests {
         let criu = tool_recipe("criu").unwrap();
         assert!(criu.run.iter().any(|c| c.contains("-t sid criu")));
         assert!(criu.run.iter().any(|c| c.contains("Check-Valid-Until")));
+        // criu is rebuilt with the restorer patch and the root marked for it.
+        assert!(criu.run.iter().any(|c| c.contains("SECURE_NO_SETUID_FIXUP") && c.contains("grep -q")));
+        assert!(criu.run.iter().any(|c| c.contains("/usr/lib/forkbox/criu-restores-other-users")));
         assert!(tool_recipe("nope").is_none());
     }
 

@@ -6,12 +6,13 @@
 //! own one, with the full capability sets it held in the nested one: that
 //! is CAP_SYS_ADMIN and the rest over the sandbox. A task caught between
 //! credentials (a thread flipping its effective uid) may come back with a
-//! full bounding and inheritable set. And criu, run as the family's host
-//! root rather than host root, cannot restore a task of another user than
-//! the sandbox's root. So a dump refuses a tree with any of these
-//! (the freeze then keeps the globals instead), and a restore refuses a
-//! tree in which a task of the sandbox's user namespace holds a
-//! capability a command is not given.
+//! full bounding and inheritable set. And criu as released, run as the
+//! family's host root rather than host root, cannot restore a task of
+//! another user than the sandbox's root (the tools root's patched criu
+//! can: `criu::Criu::restores_other_users`). So a dump refuses a tree with
+//! any of these it cannot bring back (the freeze then keeps the globals
+//! instead), and a restore refuses a tree in which a task of the sandbox's
+//! user namespace holds a capability a command is not given.
 
 use std::path::Path;
 
@@ -43,12 +44,14 @@ fn user_namespace(task: &Path) -> Option<std::path::PathBuf> {
 }
 
 /// Refuse to dump a tree in which a task is in a user namespace of its
-/// own, its real, effective, saved and filesystem ids differ, or it runs
-/// as another user than the sandbox's root.
-pub(super) fn check_settled(init: i32) -> Result<()> {
+/// own, its real, effective, saved and filesystem ids differ, or, unless
+/// `other_users_restorable`, it runs as another user than the sandbox's
+/// root. Says whether a task of another user is there.
+pub(super) fn check_settled(init: i32, other_users_restorable: bool) -> Result<bool> {
     let init_dir = std::path::PathBuf::from(format!("/proc/{init}"));
     let own = user_namespace(&init_dir);
     let root = [status_fields(&init_dir, "Uid:").first().cloned(), status_fields(&init_dir, "Gid:").first().cloned()];
+    let mut other_users = false;
     for task in tree_tasks(init) {
         if user_namespace(&task) != own {
             return Err(Error::NotDumpable(format!(
@@ -66,12 +69,13 @@ pub(super) fn check_settled(init: i32) -> Result<()> {
                 )));
             }
         }
-        // criu runs as the family's host root, not as host root, so its
-        // restorer sets a task's uids without keeping the capabilities it
-        // needs to set the gids after: it cannot restore a task of
-        // another user (it fails, and 4.2.1 can then hang).
+        // criu runs as the family's host root, not as host root, so an
+        // unpatched restorer sets a task's uids without keeping the
+        // capabilities it needs to set the gids after: it cannot restore
+        // a task of another user (it fails, and 4.2.1 can then hang).
         let ids = [status_fields(&task, "Uid:").first().cloned(), status_fields(&task, "Gid:").first().cloned()];
-        if ids != root {
+        other_users |= ids != root;
+        if ids != root && !other_users_restorable {
             return Err(Error::NotDumpable(format!(
                 "task {} runs as another user than the sandbox's root (uid {}), which criu, run unprivileged, cannot restore",
                 task.display(),
@@ -84,7 +88,7 @@ pub(super) fn check_settled(init: i32) -> Result<()> {
             )));
         }
     }
-    Ok(())
+    Ok(other_users)
 }
 
 /// Refuse a restored tree in which a task of the sandbox's user namespace,

@@ -97,6 +97,12 @@ pub struct Edges {
     /// The REPL's fds 1, 2 and 3 (`pipe:[ino]`, `pipe:[ino]`,
     /// `socket:[ino]`), when one ran.
     pub repl: Option<[String; 3]>,
+    /// Whether a task of the tree runs as another user than its root,
+    /// which only a criu that restores other users brings back
+    /// (`criu::Criu::restores_other_users`). Absent in older dumps, which
+    /// never held one.
+    #[serde(default)]
+    pub other_users: bool,
 }
 
 impl Edges {

@@ -61,6 +61,10 @@ pub struct Request<'a> {
 
 pub fn restore(family: &Family, run_dir: &Path, req: &Request<'_>) -> Result<Restored> {
     let criu = criu::Criu::find(req.criu_root, req.criu_root.unwrap_or(Path::new("/"))).map_err(|e| Error::Setup(e.to_string()))?;
+    if req.edges.other_users && !criu.restores_other_users {
+        // It would fail on the task, then hang (tree_creds.rs).
+        return Err(Error::Setup(format!("the dump holds a task of another user than the sandbox's root, which {} cannot restore", criu.describe())));
+    }
     let root = member::mount_root(family, run_dir, req.name, req.upper, req.work)?;
     let restored = restore_over(&criu, &root, req);
     if restored.is_err() {
