@@ -50,7 +50,7 @@ impl Cluster {
         owner: Option<String>,
         meta: serde_json::Value,
         dir: &Path,
-        from: Option<(&str, bool)>,
+        (sandbox_id, hibernated): (&str, bool),
     ) -> Result<SpaceRecord> {
         let scratch = scratch_beside(dir, "publish");
         let (src, out) = (dir.to_path_buf(), scratch.0.clone());
@@ -63,13 +63,8 @@ impl Cluster {
         .map_err(|e| ClusterError::io(format!("archive {}", dir.display()), e))?;
         let blob = blob_key(space_id);
         let bytes = self.blobs()?.put_file(&blob, &scratch.0).await?;
-        let frozen = from.map(|(sandbox_id, hibernated)| FrozenRecord {
-            sandbox_id: sandbox_id.to_string(),
-            space_id: space_id.to_string(),
-            node: node.to_string(),
-            owner: owner.clone(),
-            hibernated,
-        });
+        let frozen =
+            FrozenRecord { sandbox_id: sandbox_id.to_string(), space_id: space_id.to_string(), node: node.to_string(), owner: owner.clone(), hibernated };
         let record = SpaceRecord {
             space_id: space_id.to_string(),
             owner,
@@ -78,11 +73,10 @@ impl Cluster {
             archive_bytes: bytes,
             meta,
             claimed: None,
-            frozen: frozen.clone(),
+            frozen: Some(frozen.clone()),
         };
         let key = self.layout.space(space_id);
-        let mut puts = vec![TxnOp::put(key.clone(), json(&record), None)];
-        puts.extend(frozen.as_ref().map(|f| TxnOp::put(self.layout.frozen(&f.sandbox_id), json(f), None)));
+        let puts = vec![TxnOp::put(key.clone(), json(&record), None), TxnOp::put(self.layout.frozen(sandbox_id), json(&frozen), None)];
         let put = self.txn(Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then(puts)).await;
         match put {
             Ok(r) if r.succeeded() => Ok(record),
@@ -91,9 +85,7 @@ impl Cluster {
             Ok(_) => Err(ClusterError::Conflict(format!("space `{space_id}` exists already"))),
             Err(e) => {
                 // The freeze is undone: no record of it may appear later.
-                let mut keys = vec![self.layout.space(space_id)];
-                keys.extend(frozen.map(|f| self.layout.frozen(&f.sandbox_id)));
-                self.forget_later(keys);
+                self.forget_later(vec![self.layout.space(space_id), self.layout.frozen(sandbox_id)]);
                 let _ = self.blobs()?.delete(&blob).await;
                 Err(e)
             }

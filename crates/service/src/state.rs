@@ -111,6 +111,13 @@ impl Service {
     /// Sandbox `id`, if `caller` may use it: another key's sandbox (or
     /// its merged, lost or frozen id) answers exactly as an unknown id.
     pub async fn get(&self, caller: &Caller, id: &str) -> Result<Arc<SandboxEntry>, Error> {
+        self.get_knowing(caller, id, None).await
+    }
+
+    /// [`get`](Self::get), given what [`frozen`](Self::frozen) found for
+    /// `id` when the caller looked already (`Some`): in a cluster that
+    /// lookup is a round trip to etcd, made once.
+    async fn get_knowing(&self, caller: &Caller, id: &str, frozen: Option<Option<Frozen>>) -> Result<Arc<SandboxEntry>, Error> {
         if !valid_id(id) {
             return Err(Error::Invalid(format!("invalid sandbox id `{}`", id.chars().take(80).collect::<String>())));
         }
@@ -130,7 +137,11 @@ impl Service {
                 return Err(Error::NotFound(format!("sandbox `{id}` was lost when the server restarted: {why}")));
             }
         }
-        match self.frozen(caller, id).await {
+        let frozen = match frozen {
+            Some(found) => found,
+            None => self.frozen(caller, id).await,
+        };
+        match frozen {
             // (Boxed: waking creates a sandbox, which may look one up.)
             Some(Frozen::Space(space)) if space.hibernated => Box::pin(self.wake(caller, id, &space)).await,
             Some(Frozen::Space(space)) => Err(Error::Conflict(format!(
@@ -156,12 +167,14 @@ impl Service {
     /// `state: "frozen"`.
     pub async fn info(&self, caller: &Caller, id: &str) -> Result<protocol::SandboxInfo, Error> {
         // A hibernating sandbox is looked at, not woken.
+        let mut looked = None;
         if valid_id(id) && !self.inner.sandboxes.read().await.contains_key(id) {
-            if let Some(Frozen::Space(space)) = self.frozen(caller, id).await {
-                return Ok(space.sandbox);
+            match self.frozen(caller, id).await {
+                Some(Frozen::Space(space)) => return Ok(space.sandbox),
+                other => looked = Some(other),
             }
         }
-        match self.get(caller, id).await {
+        match self.get_knowing(caller, id, looked).await {
             Ok(entry) => Ok(entry.info()),
             Err(Error::Conflict(e)) => match self.frozen(caller, id).await {
                 Some(Frozen::Space(space)) => Ok(space.sandbox),

@@ -113,7 +113,7 @@ impl Directory for NodeDirectory {
 
     async fn publish_space(&self, meta: &SpaceMeta, dir: &Path) -> Result<(), Error> {
         let value = serde_json::to_value(meta).map_err(|e| Error::internal("could not describe a space", e))?;
-        let from = Some((meta.info.sandbox_id.as_str(), meta.hibernated));
+        let from = (meta.info.sandbox_id.as_str(), meta.hibernated);
         self.cluster.publish_space(&self.membership.name(), &meta.info.space_id, meta.owner.clone(), value, dir, from).await.map_err(service_error)?;
         // The cluster's copy is the one: a local one could be resumed here
         // after another node took it.
