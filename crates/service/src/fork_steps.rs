@@ -3,7 +3,9 @@
 //! (`pool.rs`): `fork_answered` needs the parent's REPL (descriptors to the
 //! shim, the fork, its answer); `settle_fork` needs only the children
 //! (their ready frames, the shim's adoption). Whatever fails on the way is
-//! destroyed again: a fork makes all its children or none.
+//! destroyed again: a user's fork makes all its children or none; the
+//! pool's creates settle child by child (`settle_each`), so one slow or
+//! failed child holds up or fails no other create.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -134,6 +136,26 @@ impl Service {
                 tracing::warn!(member = %m.id(), err = %e, "could not destroy a fork member");
             }
         }
+    }
+
+    /// `settle_fork` child by child: a future per child, in the fork's
+    /// order, that settles that child alone (its REPL ready, the shim's
+    /// adoption of it) and destroys it if it fails. The warm pool hands
+    /// each create its sandbox as its future ends: under bench/load.py a
+    /// batch of eight waited for its slowest child.
+    pub(crate) fn settle_each<'a>(
+        &'a self,
+        parent: &'a dyn Member,
+        answered: Answered,
+    ) -> Vec<impl std::future::Future<Output = Result<(MemberRef, ReplSession), Error>> + 'a> {
+        let Answered { members, children, parent_repl } = answered;
+        let each = members.into_iter().zip(children).map(move |(member, child)| async move {
+            let one = std::slice::from_ref(&member);
+            let settled = self.settle_steps(parent, parent_repl, one, vec![child]).await;
+            let session = self.or_discard(one, settled).await?.pop().ok_or_else(|| Error::Internal("a settled child has no session".into()))?;
+            Ok((member, session))
+        });
+        each.collect()
     }
 
     /// The steps of `fork_answered`, in order; it cleans up after any of

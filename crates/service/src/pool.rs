@@ -208,23 +208,23 @@ impl Service {
         }
     }
 
-    /// Wait for a batch's children and hand each to its create.
+    /// Wait for a batch's children and hand each to its create as soon as
+    /// that child is ready and adopted.
     async fn settle_batch(&self, warm: &Warm, answered: crate::fork_steps::Answered, answers: Vec<tokio::sync::oneshot::Sender<Batched>>) {
-        match self.settle_fork(warm.zygote.engine.as_ref(), answered).await {
-            Ok(made) => {
-                for ((member, session), answer) in made.into_iter().zip(answers) {
+        let each = self.settle_each(warm.zygote.engine.as_ref(), answered).into_iter().zip(answers).map(|(settled, answer)| async move {
+            match settled.await {
+                Ok((member, session)) => {
                     if let Err(Batched::Made(member, session)) = answer.send(Batched::Made(member, session)) {
                         // Its create is gone (the client left): so is it.
                         self.discard_born(vec![Born { member, session }]).await;
                     }
                 }
-            }
-            Err(e) => {
-                for answer in answers {
-                    let _ = answer.send(Batched::Failed(e.clone()));
+                Err(e) => {
+                    let _ = answer.send(Batched::Failed(e));
                 }
             }
-        }
+        });
+        futures::future::join_all(each).await;
     }
 
     /// A sandbox forked from `warm`'s zygote becomes `settings`' new

@@ -105,6 +105,46 @@ async fn a_pooled_create_that_fails_is_made_cold_and_leaks_nothing() {
 
 // Multi-threaded: the pool starts spares' networks with `block_in_place`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_fails_in_a_batch_fails_its_own_create_alone() {
+    let h = warm().await;
+    until_ready(&h, 2).await;
+    until_spares(&h, 2).await;
+    // Held here, the zygote forks nothing: the next two creates queue,
+    // and so do the refills of the two taken below; let go, all fork in
+    // one batch, in which one child's adoption fails.
+    let warm = h.service.inner.pool.current(&default_key()).expect("a warm pool");
+    let held = warm.zygote.slot.lock().await;
+    h.create().await;
+    h.create().await;
+    h.fake.fail(Fault::AdoptForks, 1);
+    let queued = || warm.fork_queue.lock().map(|q| q.waiting.len()).unwrap_or(0);
+    let release = async {
+        // Until the queue holds both creates and has not grown for 300 ms.
+        let (mut seen, mut still) = (0, 0);
+        for _ in 0..200 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            (seen, still) = if queued() == seen { (seen, still + 1) } else { (queued(), 0) };
+            if seen >= 2 && still >= 6 {
+                break;
+            }
+        }
+        assert!(seen >= 2, "{seen} forks queued");
+        drop(held);
+    };
+    let (a, b, ()) = tokio::join!(h.create(), h.create(), release);
+    // Only the create whose child failed, if either did, was made cold;
+    // the batch's other children were handed out as forked.
+    let cold: Vec<&String> = [&a, &b].into_iter().filter(|id| h.fake.calls().contains(&format!("create {id}"))).collect();
+    assert!(cold.len() <= 1, "made cold: {cold:?} of {a}, {b}: {:?}", h.fake.calls());
+    for id in [&a, &b] {
+        assert_eq!(h.run(id, "x").await.1, 0);
+    }
+    h.service.destroy_all().await;
+    assert!(h.live().is_empty(), "left: {:?}", h.live());
+}
+
+// Multi-threaded: the pool starts spares' networks with `block_in_place`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_that_cannot_make_spares_still_serves_creates() {
     let h = Harness::with(|c| c.warm_pool = true);
     h.fake.fail(Fault::SpareMembers, 100);
