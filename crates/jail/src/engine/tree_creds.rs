@@ -53,14 +53,20 @@ pub(super) fn check_settled(init: i32, other_users_restorable: bool) -> Result<b
     let root = [status_fields(&init_dir, "Uid:").first().cloned(), status_fields(&init_dir, "Gid:").first().cloned()];
     let mut other_users = false;
     for task in tree_tasks(init) {
-        if user_namespace(&task) != own {
+        let (userns, uids, gids) = (user_namespace(&task), status_fields(&task, "Uid:"), status_fields(&task, "Gid:"));
+        // A task that ended after it was listed (a thread of a server
+        // that answered a request) left nothing to read, and nothing to
+        // dump: what was read of a task still there afterwards is its own.
+        if !task.join("status").exists() {
+            continue;
+        }
+        if userns != own {
             return Err(Error::NotDumpable(format!(
                 "task {} is in a user namespace of its own, which criu would restore into the sandbox's with the capabilities it holds there",
                 task.display()
             )));
         }
-        for key in ["Uid:", "Gid:"] {
-            let ids = status_fields(&task, key);
+        for (key, ids) in [("Uid:", &uids), ("Gid:", &gids)] {
             if ids.windows(2).any(|w| w[0] != w[1]) {
                 return Err(Error::NotDumpable(format!(
                     "task {} is between credentials ({key} {}): criu would not restore it as it is",
@@ -73,7 +79,7 @@ pub(super) fn check_settled(init: i32, other_users_restorable: bool) -> Result<b
         // unpatched restorer sets a task's uids without keeping the
         // capabilities it needs to set the gids after: it cannot restore
         // a task of another user (it fails, and 4.2.1 can then hang).
-        let ids = [status_fields(&task, "Uid:").first().cloned(), status_fields(&task, "Gid:").first().cloned()];
+        let ids = [uids.first().cloned(), gids.first().cloned()];
         other_users |= ids != root;
         if ids != root && !other_users_restorable {
             return Err(Error::NotDumpable(format!(
