@@ -255,6 +255,17 @@ class LocalCluster:
         return subprocess.run(["etcdctl", "--endpoints", self.endpoints, *args], capture_output=True, text=True,
                               env={**os.environ, "ETCDCTL_API": "3"}, timeout=30)
 
+    def etcd_leader(self) -> int:
+        """The index of the etcd member that leads now (tests that kill it
+        make the cluster go through an election)."""
+        r = self.etcdctl("endpoint", "status", "--write-out", "json")
+        for entry in json.loads(r.stdout or "[]"):
+            status = entry["Status"]
+            if status["header"]["member_id"] == status["leader"]:
+                port = int(entry["Endpoint"].rpartition(":")[2])
+                return [c for c, _ in self.etcd_ports].index(port)
+        raise RuntimeError(f"no etcd member leads: {r.stdout} {r.stderr}")
+
     def stop(self) -> None:
         """Everything stopped, gracefully (nodes destroy their sandboxes),
         and everything it made removed."""

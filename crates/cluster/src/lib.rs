@@ -43,8 +43,10 @@ pub type Result<T> = std::result::Result<T, ClusterError>;
 /// rather than left waiting.
 pub const ETCD_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a request is tried, round after round of members, before the
-/// caller is told the cluster is unavailable.
-const RETRY_FOR: Duration = Duration::from_secs(4);
+/// caller is told the cluster is unavailable. Long enough for an election
+/// whose first rounds split their votes: with etcd's default timeouts one
+/// took 4.6 s on a loaded two-core machine (each round waits 1–2 s).
+const RETRY_FOR: Duration = Duration::from_secs(10);
 /// How often the member in use is checked (and another taken if it
 /// stopped answering or lost its quorum).
 const MEMBER_CHECK: Duration = Duration::from_millis(500);
@@ -138,22 +140,23 @@ impl Cluster {
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let deadline = tokio::time::Instant::now() + RETRY_FOR;
+        let mut last = ClusterError::Unavailable("no etcd member".into());
         loop {
-            let mut last = None;
             for _ in 0..self.members.clients.len() {
-                let i = self.members.current.load(Ordering::Relaxed) % self.members.clients.len();
-                match op(self.members.clients[i].clone()).await {
-                    Ok(v) => return Ok(v),
-                    Err(e) => {
-                        self.members.suspect(i);
-                        last = Some(e);
-                    }
+                // No try outlives the deadline, so a refusal comes in RETRY_FOR.
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    return Err(last);
                 }
+                let i = self.members.current.load(Ordering::Relaxed) % self.members.clients.len();
+                match tokio::time::timeout(left, op(self.members.clients[i].clone())).await {
+                    Ok(Ok(v)) => return Ok(v),
+                    Ok(Err(e)) => last = ClusterError::etcd(e),
+                    Err(_) => last = ClusterError::Unavailable(format!("no answer in {}s", RETRY_FOR.as_secs())),
+                }
+                self.members.suspect(i);
             }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(last.map(ClusterError::etcd).unwrap_or_else(|| ClusterError::Unavailable("no etcd member".into())));
-            }
-            tokio::time::sleep(Duration::from_millis(150)).await;
+            tokio::time::sleep(Duration::from_millis(150).min(deadline.saturating_duration_since(tokio::time::Instant::now()))).await;
         }
     }
 

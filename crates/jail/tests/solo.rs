@@ -127,8 +127,11 @@ async fn a_solo_sandboxs_init_runs_from_a_read_only_bind_and_its_repl_is_inits_c
 /// The criu of the tools root `./dev test` builds (or the host's, if new enough).
 fn find_criu() -> criu::Criu {
     let dir = std::env::var_os("FORKBOX_TOOLS_DIR").map_or_else(|| std::path::PathBuf::from("/var/lib/forkbox/tools"), std::path::PathBuf::from).join("criu");
-    let root = std::fs::read_dir(&dir).ok().and_then(|d| d.flatten().map(|e| e.path().join("rootfs")).find(|p| p.join("usr/sbin/criu").exists()));
-    criu::Criu::find(root.as_deref(), &dir).expect("criu: run `forkbox tools build criu`")
+    // The newest build, as the server takes it (an older one may lack the patch).
+    let mut roots: Vec<_> =
+        std::fs::read_dir(&dir).into_iter().flatten().flatten().map(|e| e.path().join("rootfs")).filter(|p| p.join("usr/sbin/criu").exists()).collect();
+    roots.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    criu::Criu::find(roots.last().map(|p| p.as_path()), &dir).expect("criu: run `forkbox tools build criu`")
 }
 
 /// A dumped sandbox, as a Space would keep it: its images and files (in

@@ -40,7 +40,7 @@ impl Jail {
         }
         let init = sandbox.init_pid()?;
         let other_users = super::tree_creds::check_settled(init, criu.restores_other_users)?;
-        let edges = Edges { other_users, ..edges_of(init)? };
+        let edges = edges_of(init, other_users)?;
         // Init is the shim's binary, bound in where it was found.
         let init_binary = std::fs::canonicalize(&self.config.shim_exe).map_err(|e| Error::io("find the shim's binary", e))?;
         let seen = criu.seen(images, Path::new(IMAGES_INSIDE)).to_path_buf();
@@ -101,10 +101,11 @@ fn seal(images: &Path) -> Result<()> {
     own(images, 0o700)
 }
 
-/// The edge descriptors of the tree whose init is host pid `init`.
-fn edges_of(init: i32) -> Result<Edges> {
+/// The edge descriptors of the tree whose init is host pid `init`, and
+/// whether a task of it runs as another user than its root.
+fn edges_of(init: i32, other_users: bool) -> Result<Edges> {
     let link = |pid: i32, fd: i32| std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).map(|p| p.to_string_lossy().into_owned());
     let init_channel = link(init, 3).map_err(|e| Error::io("read init's channel", e))?;
     let repl = crate::shim::solo::repl_child(init).and_then(|child| Some([link(child, 1).ok()?, link(child, 2).ok()?, link(child, 3).ok()?]));
-    Ok(Edges { init_channel, repl, other_users: false })
+    Ok(Edges { init_channel, repl, other_users })
 }

@@ -83,7 +83,7 @@ pub(super) fn check_settled(init: i32, other_users_restorable: bool) -> Result<b
         other_users |= ids != root;
         if ids != root && !other_users_restorable {
             return Err(Error::NotDumpable(format!(
-                "task {} runs as another user than the sandbox's root (uid {}), which criu, run unprivileged, cannot restore",
+                "task {} runs as another user than the sandbox's root (uid {}), which this criu cannot restore (it lacks forkbox's patch: build the tools root with `forkbox tools build criu`)",
                 task.display(),
                 ids[0]
                     .as_deref()
