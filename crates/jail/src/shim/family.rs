@@ -25,6 +25,8 @@ pub struct Family {
 impl Family {
     pub fn create(id_base: u32, id_count: u32, layers: &[PathBuf], run_dir: &Path) -> Result<Family> {
         let (go_r, go_w) = pipe().map_err(|e| Error::sys("pipe", e))?;
+        // For the reaper to see whether we died before it asked to die with us.
+        let shim = sys::pidfd_open(nix::unistd::getpid()).map_err(|e| Error::sys("pidfd_open the shim", e))?;
         // The namespace is made with our effective uid set to the family's
         // host root: the kernel charges what the family's users hold against
         // per-user limits (inotify instances, message queue bytes, ...) to the
@@ -44,10 +46,10 @@ impl Family {
         match forked.map_err(|e| Error::sys("clone family", e))? {
             Forked::Child => {
                 drop(go_w);
-                reaper(go_r)
+                reaper(go_r, shim)
             }
             Forked::Parent(pid) => {
-                drop(go_r);
+                drop((go_r, shim));
                 let map = format!("0 {id_base} {id_count}\n");
                 let write_map = |file: &str, text: &str| fs::write(format!("/proc/{pid}/{file}"), text).map_err(|e| Error::io("write id map", e));
                 write_map("uid_map", &map)?;
@@ -111,11 +113,17 @@ pub fn open_ns(pid: Pid, kind: &str) -> Result<OwnedFd> {
 }
 
 /// PID 1 of the family's pid namespace: reap whatever is orphaned into it.
-fn reaper(go: OwnedFd) -> ! {
+fn reaper(go: OwnedFd, shim: OwnedFd) -> ! {
     // Die with the shim; everything in the family dies with us. (A change
     // of our uids would clear this: the reaper keeps the ones it was cloned
-    // with, host root's real uid and the family's effective one.)
+    // with, host root's real uid and the family's effective one.) A shim
+    // that died before we asked sends nothing: then we end here, or we
+    // would outlive it for good.
     let _ = sys::set_parent_death_signal(nix::sys::signal::Signal::SIGKILL);
+    if process_ended(&shim) {
+        std::process::exit(1);
+    }
+    drop(shim);
     let mut b = [0u8; 1];
     if !matches!(read(go.as_fd(), &mut b), Ok(1)) {
         std::process::exit(1);
@@ -131,5 +139,25 @@ fn reaper(go: OwnedFd) -> ! {
         if let Err(nix::errno::Errno::ECHILD) = waitpid(Pid::from_raw(-1), None) {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
+    }
+}
+
+/// Whether the process of `pidfd` has ended (a pidfd polls readable then).
+fn process_ended(pidfd: &OwnedFd) -> bool {
+    let mut fds = [nix::poll::PollFd::new(pidfd.as_fd(), nix::poll::PollFlags::POLLIN)];
+    matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reaper_tells_a_shim_that_died_from_one_that_lives() {
+        assert!(!process_ended(&sys::pidfd_open(nix::unistd::getpid()).unwrap()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pidfd = sys::pidfd_open(Pid::from_raw(child.id() as i32)).unwrap();
+        child.wait().unwrap();
+        assert!(process_ended(&pidfd));
     }
 }
