@@ -14,16 +14,25 @@ to a freeze that dumps it whole, and to the sandbox it comes back as.
 - A process of another user than the sandbox's root (E2B's `user`) comes
   back, from a freeze and in a criu fork's child, as that user with what
   it held and nothing more: the tools root's criu sets its ids keeping
-  capabilities only for as long as it sets them."""
+  capabilities only for as long as it sets them.
+- A lazy resume (docs/state.md#lazy-resume) leaves no process of the
+  sandbox holding `/dev/userfaultfd` or a userfaultfd, and the sandbox
+  cannot make one; a lazy-pages daemon killed while it fills the memory
+  never lets the sandbox read a page it had not filled."""
 from __future__ import annotations
 
+import hashlib
 import os
+import signal
 import stat
+import threading
+import time
 
 import pytest
 
 from adversary import healthy, uid_base
-from helpers import SANDBOX_UID_BASE, create_raw, delete_raw, exec_ok, exec_raw, freeze, host_repl_pid, proc_status, resume
+from helpers import (SANDBOX_UID_BASE, create_raw, delete_raw, exec_ok, exec_raw, freeze, host_repl_pid, proc_cmdline, proc_status,
+                     resume, sandbox_host_pids)
 
 CONFINEMENT = ("CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:", "NoNewPrivs:", "Seccomp:", "Seccomp_filters:")
 
@@ -240,3 +249,121 @@ def test_a_process_of_another_user_comes_back_as_that_user_with_nothing_more(ser
     assert healthy(http)
     for s in [new] + children:
         delete_raw(http, s)
+
+
+def fd_links(pids: list[int]) -> list[str]:
+    """Where every descriptor of `pids` leads (as host root sees it)."""
+    links = []
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                links.append(f"{pid}: {os.readlink(f'/proc/{pid}/fd/{fd}')}")
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return links
+
+
+def lazy_daemons() -> list[int]:
+    """Host pids of criu lazy-pages daemons."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and "lazy-pages" in " ".join(proc_cmdline(int(name))):
+            found.append(int(name))
+    return found
+
+
+MAKE_ONE = """import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.syscall(323, 0)  # userfaultfd(2)
+print('syscall', fd, errno.errorcode.get(ctypes.get_errno()))
+try:
+    os.open('/dev/userfaultfd', os.O_RDWR)
+    print('device opened')
+except OSError as e:
+    print('device', errno.errorcode[e.errno])"""
+
+
+def test_a_lazy_resume_leaves_no_userfaultfd_in_the_sandbox(lazy_http):
+    http = lazy_http
+    sid = create_raw(http, keep_processes=True, ram_mib=1024, egress=False)
+    exec_ok(http, sid, "import hashlib, os, subprocess\ndata = os.urandom(256 << 20)\nwant = hashlib.sha256(data).hexdigest()\n"
+                       "child = subprocess.Popen(['sleep', '1000'])")
+    seen = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.extend(lazy_daemons())
+            time.sleep(0.002)
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        new = resume(http, freeze(http, sid)["space_id"])
+        # At once, while the daemon may still fill the memory, and after.
+        at_once = [link for link in fd_links(sandbox_host_pids(new)) if "userfaultfd" in link]
+    finally:
+        stop.set()
+        t.join()
+    assert seen, "no criu lazy-pages daemon ran: the resume was not lazy"
+    assert at_once == [], at_once
+    assert exec_ok(http, new, "print(hashlib.sha256(data).hexdigest() == want, child.poll())") == "True None\n"
+    assert [link for link in fd_links(sandbox_host_pids(new)) if "userfaultfd" in link] == []
+    out = exec_ok(http, new, MAKE_ONE)
+    assert out == "syscall -1 EPERM\ndevice ENOENT\n", out
+    delete_raw(http, new)
+    assert healthy(http)
+
+
+def listening_with_userfaultfds(pid: int) -> bool:
+    """Whether lazy-pages daemon `pid` took a restore's userfaultfds (it
+    listens and accepted the restore: two sockets; its own probe's
+    userfaultfd comes before either)."""
+    links = fd_links([pid])
+    return sum("socket:" in link for link in links) >= 2 and any("userfaultfd" in link for link in links)
+
+
+def test_a_lazy_pages_daemon_killed_mid_resume_never_leaves_zeroed_memory(lazy_http):
+    http = lazy_http
+    sid = create_raw(http, keep_processes=True, ram_mib=2048, egress=False)
+    exec_ok(http, sid, "import hashlib, os\ndata = os.urandom(768 << 20)\nwant = hashlib.sha256(data).hexdigest()")
+    space = freeze(http, sid)["space_id"]
+    # Killed while the restore hands it the tasks' userfaultfds: the
+    # restore fails at once, and the Space is put back.
+    killed = []
+    stop = threading.Event()
+
+    def hunt():
+        while not stop.is_set() and not killed:
+            for pid in lazy_daemons():
+                if listening_with_userfaultfds(pid):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            time.sleep(0.001)
+    t = threading.Thread(target=hunt)
+    t.start()
+    try:
+        r = http.post(f"/v1/spaces/{space}/resume", json={}, timeout=300)
+    finally:
+        stop.set()
+        t.join()
+    assert killed, "no lazy-pages daemon took the restore's userfaultfds: the resume was not lazy"
+    if r.status_code != 200:
+        assert r.status_code >= 500 and "error" in r.json(), r.text
+        # Killed once the sandbox runs, while the rest of its pages come in.
+        new = resume(http, space)
+        daemons = lazy_daemons()
+        assert daemons, "the resumed sandbox's pages were all in before its answer"
+        for pid in daemons:
+            os.kill(pid, signal.SIGKILL)
+    else:
+        new = r.json()["id"]
+    # The sandbox is killed before it could read a page that was not
+    # filled: its exec finds its REPL gone (or a new REPL), never a wrong
+    # sum or a REPL crashed on zeros (without the shim's hold and kill,
+    # it dies of SIGSEGV).
+    out = exec_raw(http, new, "print(hashlib.sha256(data).hexdigest() == want)", timeout_ms=60_000)
+    said = str(out.events)
+    assert out.exit_code != 0 and "False" not in out.stdout, (out.exit_code, out.stdout, out.events[-3:])
+    assert ("ReplDied" in said or "NameError" in said) and "SIGSEGV" not in said and "SIGBUS" not in said, out.events[-3:]
+    delete_raw(http, new)
+    assert healthy(http)

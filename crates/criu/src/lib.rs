@@ -26,6 +26,12 @@ mod version;
 pub use check::Readiness;
 pub use error::CriuError;
 pub use locate::{Criu, Source};
-pub use run::run_logged;
+pub use run::{run_logged, run_logged_unless};
 pub use userns_image::rebase_userns_image;
 pub use version::{Version, MINIMUM};
+
+/// The environment variable that names the descriptor of an open
+/// `/dev/userfaultfd` handed to the patched criu (tools/criu.toml): it
+/// makes every userfaultfd of a lazy restore from it, and closes it in each
+/// restored task before the task runs again (docs/state.md#lazy-resume).
+pub const USERFAULTFD_DEV_FD_ENV: &str = "CRIU_USERFAULTFD_DEV_FD";

@@ -13,6 +13,10 @@ const CRIU_IN_ROOT: &str = "/usr/sbin/criu";
 /// (tools/criu.toml): it restores a task of another user than the tree's
 /// root, which criu 4.2.1 as released cannot when run unprivileged.
 const RESTORES_OTHER_USERS_MARK: &str = "/usr/lib/forkbox/criu-restores-other-users";
+/// Left in a tools root whose criu makes userfaultfds from a `/dev/userfaultfd`
+/// handed to it ([`crate::USERFAULTFD_DEV_FD_ENV`]), so it restores lazily
+/// when run unprivileged (tools/criu.toml).
+const LAZY_PAGES_MARK: &str = "/usr/lib/forkbox/criu-lazy-pages-from-device";
 /// Searched after PATH: the server's PATH may lack the sbin directories.
 const SBIN_DIRS: [&str; 3] = ["/usr/local/sbin", "/usr/sbin", "/sbin"];
 
@@ -36,6 +40,11 @@ pub struct Criu {
     /// uids without keeping the capabilities it then needs for its gids
     /// (criu issue #2047), and 4.2.1 then hangs.
     pub restores_other_users: bool,
+    /// Whether `restore --lazy-pages` works run unprivileged, given
+    /// `/dev/userfaultfd` (docs/state.md#lazy-resume). Only the tools root's
+    /// patched criu: the released one makes a restored task's userfaultfd
+    /// with the system call, which an unprivileged task may not use.
+    pub lazy_pages: bool,
 }
 
 impl Criu {
@@ -48,7 +57,7 @@ impl Criu {
         if let Some(path) = &host {
             let version = version_of(Command::new(path), path)?;
             if version >= MINIMUM {
-                return Ok(Criu { source: Source::Host(path.clone()), version, restores_other_users: false });
+                return Ok(Criu { source: Source::Host(path.clone()), version, restores_other_users: false, lazy_pages: false });
             }
             too_old = Some(CriuError::TooOld { path: path.clone(), found: version, minimum: MINIMUM });
         }
@@ -59,8 +68,9 @@ impl Criu {
                 if version < MINIMUM {
                     return Err(CriuError::TooOld { path: binary, found: version, minimum: MINIMUM });
                 }
-                let restores_other_users = root.join(RESTORES_OTHER_USERS_MARK.trim_start_matches('/')).is_file();
-                return Ok(Criu { source: Source::ToolsRoot(root.to_path_buf()), version, restores_other_users });
+                let marked = |mark: &str| root.join(mark.trim_start_matches('/')).is_file();
+                let (restores_other_users, lazy_pages) = (marked(RESTORES_OTHER_USERS_MARK), marked(LAZY_PAGES_MARK));
+                return Ok(Criu { source: Source::ToolsRoot(root.to_path_buf()), version, restores_other_users, lazy_pages });
             }
         }
         Err(too_old.unwrap_or(CriuError::NotFound { minimum: MINIMUM, tools_root: expected_root.to_path_buf() }))
@@ -104,15 +114,16 @@ impl Criu {
         }
     }
 
-    /// "criu 4.2.1 (tools root /var/lib/forkbox/tools/criu/…/rootfs)", for logs and errors.
+    /// "criu 4.2.1 (tools root /var/lib/forkbox/tools/criu/…/rootfs, restores
+    /// other users, lazy pages)", for logs and errors.
     pub fn describe(&self) -> String {
-        match &self.source {
-            Source::Host(path) => format!("criu {} ({})", self.version, path.display()),
-            Source::ToolsRoot(root) if self.restores_other_users => {
-                format!("criu {} (tools root {}, restores other users)", self.version, root.display())
-            }
-            Source::ToolsRoot(root) => format!("criu {} (tools root {})", self.version, root.display()),
-        }
+        let mut parts = vec![match &self.source {
+            Source::Host(path) => path.display().to_string(),
+            Source::ToolsRoot(root) => format!("tools root {}", root.display()),
+        }];
+        parts.extend(self.restores_other_users.then(|| "restores other users".to_string()));
+        parts.extend(self.lazy_pages.then(|| "lazy pages".to_string()));
+        format!("criu {} ({})", self.version, parts.join(", "))
     }
 }
 

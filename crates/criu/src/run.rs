@@ -16,7 +16,13 @@ pub const LONGEST_RUN: Duration = Duration::from_secs(300);
 /// (its `-o`); when it fails, the error carries the log's `Error` lines
 /// and what criu printed. A criu still running after `LONGEST_RUN` is
 /// killed, and that is an error too.
-pub fn run_logged(mut command: Command, what: &str, log: &Path) -> Result<(), CriuError> {
+pub fn run_logged(command: Command, what: &str, log: &Path) -> Result<(), CriuError> {
+    run_logged_unless(command, what, log, || None)
+}
+
+/// [`run_logged`], and criu is killed as soon as `stop` says why it must
+/// be (a restore whose lazy-pages daemon died would wait on its pages).
+pub fn run_logged_unless(mut command: Command, what: &str, log: &Path, mut stop: impl FnMut() -> Option<String>) -> Result<(), CriuError> {
     command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = command.spawn().map_err(|source| CriuError::Spawn { what: format!("criu {what}"), source })?;
     // Read while it runs, so a full pipe cannot stop it.
@@ -29,16 +35,22 @@ pub fn run_logged(mut command: Command, what: &str, log: &Path) -> Result<(), Cr
         text
     });
     let started = Instant::now();
+    let mut stopped = None;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
-            Ok(None) if started.elapsed() < LONGEST_RUN => std::thread::sleep(Duration::from_millis(2)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
+            Ok(None) if started.elapsed() < LONGEST_RUN => {
+                stopped = stop();
+                if stopped.is_none() {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
             }
+            _ => {}
         }
+        let _ = child.kill();
+        let _ = child.wait();
+        break None;
     };
     let printed = printed.join().unwrap_or_default();
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -47,6 +59,9 @@ pub fn run_logged(mut command: Command, what: &str, log: &Path) -> Result<(), Cr
     match status {
         Some(status) if status.success() => Ok(()),
         Some(status) => Err(CriuError::Failed { what: what.to_string(), status: status.to_string(), errors: errors.join("; ") }),
-        None => Err(CriuError::Failed { what: what.to_string(), status: format!("killed after {} s", LONGEST_RUN.as_secs()), errors: errors.join("; ") }),
+        None => {
+            let status = stopped.map_or_else(|| format!("killed after {} s", LONGEST_RUN.as_secs()), |why| format!("killed: {why}"));
+            Err(CriuError::Failed { what: what.to_string(), status, errors: errors.join("; ") })
+        }
     }
 }

@@ -130,6 +130,7 @@ fn the_tools_roots_criu_passes_its_check_on_this_kernel() {
     // The tools root's criu is built with forkbox's restorer patch (tools/criu.toml).
     if matches!(criu.source, Source::ToolsRoot(_)) {
         assert!(criu.restores_other_users && criu.describe().contains("restores other users"), "{}", criu.describe());
+        assert!(criu.lazy_pages && criu.describe().contains("lazy pages"), "{}", criu.describe());
     }
     let root = built_root("tools", "criu", "usr/sbin/criu");
     match Readiness::probe(Some(&root), &root) {

@@ -54,6 +54,7 @@ fn fixture() -> &'static Fixture {
             idle_pause: None,
             orphan_grace: std::time::Duration::ZERO,
             cpu_boost: 1,
+            lazy_resume: false,
             directory: Default::default(),
             cluster_secret_sha256: None,
             criu: criu::Readiness::Unavailable("not probed in tests".into()),

@@ -271,7 +271,7 @@ async fn a_dumped_solo_sandbox_comes_back_running_in_a_family_of_its_own() {
         let Frozen { work: _work, images, files, edges } = freeze(sandbox, &criu).await;
         let new_id = unique("t-solo-new");
         let spec = SandboxSpec { initial_upper: Some(files), ..solo_spec(&new_id) };
-        let (new, repl) = jail().restore(spec, &images, &edges, &criu).await.unwrap_or_else(|e| {
+        let (new, repl) = jail().restore(spec, &images, &edges, &criu, true).await.unwrap_or_else(|e| {
             let log = std::fs::read_to_string(images.join("restore.log")).unwrap_or_default();
             panic!("restore {round}: {e}\n{}", log.lines().filter(|l| l.contains("Error")).collect::<Vec<_>>().join("\n"))
         });
@@ -346,7 +346,7 @@ async fn damaged_images_fail_the_restore_and_leave_nothing_behind() {
         damage(&damaged);
         let id = unique("t-solo-bad-new");
         let spec = SandboxSpec { initial_upper: Some(files.clone()), ..solo_spec(&id) };
-        let restored = jail().restore(spec, &damaged, &edges, &criu).await;
+        let restored = jail().restore(spec, &damaged, &edges, &criu, true).await;
         assert!(restored.is_err(), "{what}: restored anyway");
         nothing_left_of(&id);
         // The memory pages lent to the restore are root's again.

@@ -58,6 +58,8 @@ pub struct ServerConfig {
     /// The criu freezes could keep every process with, or why there is none
     /// (docs/state.md#where-criu-comes-from).
     pub criu: criu::Readiness,
+    /// Whether a `processes` Space resumes lazily (docs/state.md#lazy-resume).
+    pub lazy_resume: bool,
     /// What this server's sandboxes are beyond it: a cluster node's
     /// registry, quotas and Spaces (src/directory.rs); alone by default.
     pub directory: DirectoryHandle,

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::error::Error;
 use crate::ids::new_id;
+use crate::process_spaces::Pages;
 use crate::sandbox::SandboxEntry;
 use crate::space_store::PARTIAL;
 use crate::state::Service;
@@ -77,7 +78,7 @@ impl Service {
         let pinned = self.pinned_lower(parent);
         let mut children = Vec::with_capacity(n);
         for _ in 0..n {
-            match self.restore_whole(new_id(), parent.settings.clone(), pinned.as_deref(), dir, edges, criu, lineage.clone()).await {
+            match self.restore_whole(new_id(), parent.settings.clone(), pinned.as_deref(), dir, edges, criu, lineage.clone(), Pages::First).await {
                 Ok(child) => {
                     // Copies must not draw the same random numbers.
                     if let Some(session) = child.slot.lock().await.session.as_mut() {

@@ -160,7 +160,8 @@ impl Service {
         let beyond = self.reserve_beyond(caller, settings.owner.as_deref(), 1, settings.ram_mib, false).await?;
         let started = std::time::Instant::now();
         let id = keep.unwrap_or_else(crate::ids::new_id);
-        let entry = self.restore_whole(id, settings, meta.rootfs.as_deref(), claimed, &edges, &criu, Vec::new()).await?;
+        let pages = if self.inner.config.lazy_resume { Pages::Lazily } else { Pages::First };
+        let entry = self.restore_whole(id, settings, meta.rootfs.as_deref(), claimed, &edges, &criu, Vec::new(), pages).await?;
         tracing::info!(sandbox = %entry.id, space = %meta.info.space_id, total_ms = started.elapsed().as_millis() as u64, "restored a space's processes");
         self.register_created(&entry, quota, beyond, "space", started).await?;
         Ok(entry)
@@ -180,6 +181,7 @@ impl Service {
         edges: &jail::Edges,
         criu: &criu::Criu,
         lineage: Vec<String>,
+        pages: Pages,
     ) -> Result<Arc<SandboxEntry>, Error> {
         let rootfs = self.inner.templates.rootfs_pinned(&settings.template, pinned)?;
         let trust = self.trust_layer(&rootfs)?;
@@ -187,7 +189,7 @@ impl Service {
         let (member, repl) = self
             .inner
             .engine
-            .restore(spec, &dir.join(IMAGES_DIR), edges, criu)
+            .restore(spec, &dir.join(IMAGES_DIR), edges, criu, pages == Pages::Lazily)
             .await
             .map_err(|e| Error::internal("could not restore the dumped processes", e))?;
         let Some(process) = repl else {
@@ -210,6 +212,17 @@ impl Service {
         }
         Ok(new_entry(id, settings, member, session, lineage))
     }
+}
+
+/// How a restore brings memory back (docs/state.md#lazy-resume).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pages {
+    /// The tree runs at once; its pages follow (a resume: one restore of
+    /// a dump nobody else reads).
+    Lazily,
+    /// Every page before the tree runs (a criu fork's children and
+    /// checkpoints, restored from one dump, paused or dumped again soon).
+    First,
 }
 
 /// What `dump_whole` wrote.

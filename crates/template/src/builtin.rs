@@ -70,6 +70,12 @@ mod tests {
         // criu is rebuilt with the restorer patch and the root marked for it.
         assert!(criu.run.iter().any(|c| c.contains("SECURE_NO_SETUID_FIXUP") && c.contains("grep -q")));
         assert!(criu.run.iter().any(|c| c.contains("/usr/lib/forkbox/criu-restores-other-users")));
+        // ... and with the lazy-pages patch, applied to the source it came from.
+        assert!(criu
+            .run
+            .iter()
+            .any(|c| c.starts_with("patch -d /tmp/criu") && c.contains("USERFAULTFD_IOC_NEW") && c.contains("close_service_fd(UFFD_DEV_OFF)")));
+        assert!(criu.run.iter().any(|c| c.contains("/usr/lib/forkbox/criu-lazy-pages-from-device")));
         assert!(tool_recipe("nope").is_none());
     }
 

@@ -15,6 +15,9 @@ use super::*;
 const IMAGES_INSIDE: &str = "/forkbox/images";
 /// The log criu writes into the images directory.
 pub const DUMP_LOG: &str = "dump.log";
+/// How long a dump waits for a lazily restored tree's memory to be all in
+/// (criu's daemon copies about a GiB a second).
+const PAGES_IN_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// What becomes of a dumped tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +40,13 @@ impl Jail {
         }
         if after == AfterDump::StayPaused && !sandbox.is_paused() {
             return Err(Error::Invalid("a dump that leaves the sandbox paused needs it paused first".into()));
+        }
+        // A lazily restored tree's pages still coming in would be missing
+        // from its dump.
+        match tokio::time::timeout(PAGES_IN_WAIT, sandbox.shim().call(Request::PagesIn, &[])).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(Error::Unsupported(format!("its memory is still coming in after {} s", PAGES_IN_WAIT.as_secs()))),
         }
         let init = sandbox.init_pid()?;
         let other_users = super::tree_creds::check_settled(init, criu.restores_other_users)?;

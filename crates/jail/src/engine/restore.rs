@@ -8,8 +8,10 @@ impl Jail {
     /// A new solo sandbox (`spec.solo`) whose files are `spec.initial_upper`
     /// (saved by `Sandbox::export_upper` from the dumped one) and whose
     /// processes come back from criu's `images` (`edges` from `dump`).
-    /// With the REPL, with new ends, when one was dumped.
-    pub async fn restore(&self, spec: SandboxSpec, images: &Path, edges: &Edges, criu: &criu::Criu) -> Result<(Sandbox, Option<ReplProcess>)> {
+    /// With the REPL, with new ends, when one was dumped. `lazily`: the
+    /// tree runs before its memory is all in, where criu can
+    /// (docs/state.md#lazy-resume).
+    pub async fn restore(&self, spec: SandboxSpec, images: &Path, edges: &Edges, criu: &criu::Criu, lazily: bool) -> Result<(Sandbox, Option<ReplProcess>)> {
         if !spec.solo {
             return Err(Error::Invalid("only a solo sandbox is restored from a dump".into()));
         }
@@ -25,6 +27,7 @@ impl Jail {
             images: images.to_path_buf(),
             edges: edges.clone(),
             criu_root,
+            lazily,
         };
         let (sandbox, reply, fds, exited) = self.build(spec, request).await?;
         let checked = sandbox.init_pid().and_then(|init| {

@@ -155,7 +155,19 @@ pub enum Request {
     /// [pidfd of init, its mnt, net, uts, ipc and pid namespaces], then, when
     /// a REPL was dumped, [pidfd of the REPL, control socket, stdout read
     /// end, stderr read end] (the server's new ends of it).
-    RestoreMember { member: String, upper: PathBuf, work: PathBuf, cgroup_procs: Vec<PathBuf>, images: PathBuf, edges: Edges, criu_root: Option<PathBuf> },
+    /// `lazily`: the tree runs before its memory is all in, where criu can
+    /// (shim/lazy.rs).
+    RestoreMember {
+        member: String,
+        upper: PathBuf,
+        work: PathBuf,
+        cgroup_procs: Vec<PathBuf>,
+        images: PathBuf,
+        edges: Edges,
+        criu_root: Option<PathBuf>,
+        #[serde(default)]
+        lazily: bool,
+    },
     /// Give a hollow member its root over these layers (answered once its
     /// init has moved into it).
     RootMember { member: String, upper: PathBuf, work: PathBuf },
@@ -205,6 +217,9 @@ pub enum Request {
     OpenNetwork { member: String },
     /// (A new server, adopting the family.) Reply: `Members`.
     ListMembers,
+    /// Answered (`Done`) once a lazily restored member's memory is all in
+    /// (shim/lazy.rs): a dump must not find pages still missing.
+    PagesIn,
     /// (A new server) take a member back. Reply: `Reattached`, fds: [pidfd
     /// of init], then, when it has a live REPL with deposited ends, [pidfd
     /// of the REPL, control socket, stdout, stderr].

@@ -12,6 +12,7 @@ mod family;
 mod gate;
 mod handover;
 pub mod init;
+mod lazy;
 mod member;
 pub mod messages;
 mod move_edges;
@@ -90,6 +91,10 @@ struct Shim {
     own_mnt: OwnedFd,
     /// REPLs that solo members' inits started (see `solo`).
     solo_repls: solo::SoloRepls,
+    /// A lazily restored member's pages still coming in (see `lazy`), and
+    /// the `PagesIn` requests to answer once they are.
+    lazy: Option<lazy::Transfer>,
+    pages_in: Vec<u64>,
 }
 
 struct Creating {
@@ -184,6 +189,8 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
         rooting: HashMap::new(),
         own_mnt,
         solo_repls: Default::default(),
+        lazy: None,
+        pages_in: Vec::new(),
     };
     let result = shim.serve();
     shim.family.terminate();
@@ -468,6 +475,14 @@ impl Shim {
             if pid == self.family.reaper() {
                 return Ok(false);
             }
+            if self.lazy.as_ref().is_some_and(|t| t.daemon == pid) {
+                if let Some(transfer) = self.lazy.take() {
+                    transfer.finish(status == ExitStatus::Code(0));
+                }
+                for req in std::mem::take(&mut self.pages_in) {
+                    self.reply(req, Ok((Reply::Done, vec![])))?;
+                }
+            }
             if let Some(member) = self.repls.remove(&pid.as_raw()) {
                 self.forget_deposit(&member, pid.as_raw());
                 self.send(ShimMessage::Event(ShimEvent::ReplExited { member, host_pid: pid.as_raw(), status: Some(status) }), &[])?;
@@ -585,12 +600,16 @@ impl Shim {
                     Err(e) => self.reply(req, Err(e)),
                 }
             }
+            Request::PagesIn if self.lazy.is_some() => {
+                self.pages_in.push(req);
+                Ok(())
+            }
             // Answered once the member's init has moved into its root.
             Request::RootMember { member, upper, work } => match self.root_member(req, member, &upper, &work) {
                 Ok(()) => Ok(()),
                 Err(e) => self.reply(req, Err(e)),
             },
-            Request::RestoreMember { member, upper, work, cgroup_procs, images, edges, criu_root } => {
+            Request::RestoreMember { member, upper, work, cgroup_procs, images, edges, criu_root, lazily } => {
                 let asked = restore::Request {
                     name: &member,
                     upper: &upper,
@@ -600,6 +619,7 @@ impl Shim {
                     edges: &edges,
                     criu_root: criu_root.as_deref(),
                     id_base: self.config.id_base,
+                    lazily,
                 };
                 let result = self.restore_member(&asked);
                 self.reply(req, result)
@@ -648,6 +668,7 @@ impl Shim {
             self.solo_repls.running(req.name, pid);
         }
         self.members.insert(req.name.to_string(), restored.member);
+        self.lazy = restored.lazy;
         Ok((Reply::Restored { repl_host_pid }, fds))
     }
 
@@ -800,6 +821,7 @@ impl Shim {
                 self.deposits.insert(member, (pid, fds));
                 Ok((Reply::Done, vec![]))
             }
+            Request::PagesIn => Ok((Reply::Done, vec![])),
             Request::ListMembers => {
                 let members = self
                     .members

@@ -44,6 +44,8 @@ const PIDFILE: &str = "restored.pid";
 pub struct Restored {
     pub member: Member,
     pub repl: Option<(i32, [OwnedFd; 3])>,
+    /// The pages still coming in, for a lazy restore (see `lazy`).
+    pub lazy: Option<super::lazy::Transfer>,
 }
 
 /// What a restore is asked to do (`Request::RestoreMember`).
@@ -57,6 +59,8 @@ pub struct Request<'a> {
     pub criu_root: Option<&'a Path>,
     /// The family's first host uid and gid.
     pub id_base: u32,
+    /// Whether the tree may run before its memory is all in (`lazy`).
+    pub lazily: bool,
 }
 
 pub fn restore(family: &Family, run_dir: &Path, req: &Request<'_>) -> Result<Restored> {
@@ -93,9 +97,12 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
     let bin_dir = exe.parent().unwrap_or(Path::new("/")).to_path_buf();
     let exe_name = exe.file_name().map(PathBuf::from).unwrap_or_default();
     let images_dir = root.parent().unwrap_or(root).join("images");
-    let _lent = copy_images(req.images, &images_dir, req.id_base)?;
+    let lent = copy_images(req.images, &images_dir, req.id_base)?;
     let binds = [(images_dir.as_path(), Path::new(IMAGES_INSIDE)), (root, Path::new(ROOT_INSIDE)), (bin_dir.as_path(), Path::new(BIN_INSIDE))];
     let images = criu.seen(&images_dir, Path::new(IMAGES_INSIDE)).to_path_buf();
+    let device = if req.lazily { super::lazy::device(criu) } else { None };
+    // A daemon that does not start costs the restore its laziness, not its success.
+    let mut daemon = device.as_ref().and_then(|device| super::lazy::start(criu, &binds, &images, req.id_base, device).ok());
     let mut command = criu.command_as("restore", &binds, req.id_base);
     command.arg("-D").arg(&images).args(["-o", RESTORE_LOG, "-d", "--manage-cgroups=ignore", "--empty-ns", "net", "--ext-unix-sk"]);
     command.arg("--root").arg(criu.seen(root, Path::new(ROOT_INSIDE)));
@@ -108,7 +115,10 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
         // As /proc/<pid>/fd names it ("socket:[ino]"), which criu matches.
         command.arg("--inherit-fd").arg(format!("fd[{}]:{kind}:[{ino}]", FIRST_INHERITED_FD + i as i32));
     }
-    let sources: Vec<i32> = new_edges.iter().map(|fd| fd.as_raw_fd()).collect();
+    let mut sources: Vec<i32> = new_edges.iter().map(|fd| fd.as_raw_fd()).collect();
+    if let (Some(device), Some(daemon)) = (&device, daemon.as_mut()) {
+        daemon.hand_to(&mut command, device, &mut sources, FIRST_INHERITED_FD);
+    }
     let hostname = req.name.as_bytes().to_vec();
     let cgroups: Vec<CString> = req.cgroup_procs.iter().map(|p| CString::new(p.as_os_str().as_bytes()).unwrap_or_default()).collect();
     // SAFETY: the closure runs between fork and exec; it only makes system
@@ -132,15 +142,24 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
             sys::place_fds(&sources, FIRST_INHERITED_FD).map_err(std::io::Error::from)
         });
     }
-    if let Err(e) = criu::run_logged(command, "restore", &images_dir.join(RESTORE_LOG)) {
+    let ran = criu::run_logged_unless(command, "restore", &images_dir.join(RESTORE_LOG), || daemon.as_mut().and_then(|d| d.died()));
+    drop(device);
+    if let Err(e) = ran {
         // Beside the images it came from, for whoever looks into why.
         let _ = std::fs::copy(images_dir.join(RESTORE_LOG), req.images.join(RESTORE_LOG));
+        if let Some(daemon) = daemon.as_mut() {
+            daemon.stop();
+        }
         return Err(Error::Setup(e.to_string()));
     }
     drop((init_theirs, stdout_w, stderr_w, control_theirs));
     let pid_text = std::fs::read_to_string(images_dir.join(PIDFILE)).map_err(|e| Error::io("read criu's pidfile", e))?;
     let init_pid = Pid::from_raw(pid_text.trim().parse().map_err(|_| Error::Protocol(format!("criu's pidfile says {pid_text:?}")))?);
-    let _ = std::fs::remove_dir_all(&images_dir);
+    // Restored lazily, the images are read until the daemon is done.
+    let lazy = daemon.and_then(|daemon| daemon.transfer(init_pid, images_dir.clone(), Box::new(lent)));
+    if lazy.is_none() {
+        let _ = std::fs::remove_dir_all(&images_dir);
+    }
     let ns = MemberNs::of_init(init_pid)?;
     in_netns(&ns.net, || sys::loopback_up().map_err(|e| Error::sys("bring the restored loopback up", e)))?;
     let init = renew_init(&ns.net, init_ours)?;
@@ -153,7 +172,7 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
         }
     };
     let member = Member { root: root.to_path_buf(), ns, init, init_pid };
-    Ok(Restored { member, repl })
+    Ok(Restored { member, repl, lazy })
 }
 
 /// The images of `images` in `dir` for one restore, readable by the

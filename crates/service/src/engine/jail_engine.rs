@@ -62,8 +62,15 @@ impl Engine for Jail {
         Jail::dump(self, own(member)?, criu, images, after).await
     }
 
-    async fn restore(&self, spec: SandboxSpec, images: &Path, edges: &jail::Edges, criu: &criu::Criu) -> jail::Result<(MemberRef, Option<ReplProcess>)> {
-        let (sandbox, repl) = Jail::restore(self, spec, images, edges, criu).await?;
+    async fn restore(
+        &self,
+        spec: SandboxSpec,
+        images: &Path,
+        edges: &jail::Edges,
+        criu: &criu::Criu,
+        lazily: bool,
+    ) -> jail::Result<(MemberRef, Option<ReplProcess>)> {
+        let (sandbox, repl) = Jail::restore(self, spec, images, edges, criu, lazily).await?;
         Ok((Arc::new(sandbox), repl))
     }
 

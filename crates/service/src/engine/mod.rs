@@ -75,8 +75,15 @@ pub trait Engine: Send + Sync + 'static {
         Err(unsupported("dumping a sandbox's processes"))
     }
     /// A new solo member from `dump`'s images, with its REPL when one was
-    /// dumped.
-    async fn restore(&self, _spec: SandboxSpec, _images: &Path, _edges: &jail::Edges, _criu: &criu::Criu) -> jail::Result<(MemberRef, Option<ReplProcess>)> {
+    /// dumped; `lazily`, running before its memory is all in.
+    async fn restore(
+        &self,
+        _spec: SandboxSpec,
+        _images: &Path,
+        _edges: &jail::Edges,
+        _criu: &criu::Criu,
+        _lazily: bool,
+    ) -> jail::Result<(MemberRef, Option<ReplProcess>)> {
         Err(unsupported("restoring a sandbox's processes"))
     }
 

@@ -47,6 +47,7 @@ fn config(state: &Path) -> ServerConfig {
         orphan_grace: Duration::ZERO,
         drain: Duration::from_secs(5),
         cpu_boost: 1,
+        lazy_resume: false,
         directory: Default::default(),
         cluster_secret_sha256: None,
         criu: criu::Readiness::Unavailable("not probed in tests".into()),
