@@ -42,8 +42,16 @@ impl Jail {
             return Err(Error::Invalid("a dump that leaves the sandbox paused needs it paused first".into()));
         }
         // A lazily restored tree's pages still coming in would be missing
-        // from its dump.
-        match tokio::time::timeout(PAGES_IN_WAIT, sandbox.shim().call(Request::PagesIn, &[])).await {
+        // from its dump. (An older shim restores nothing lazily.)
+        let shim = sandbox.shim();
+        let asked = async {
+            if shim.protocol() >= crate::shim::messages::PAGES_IN {
+                shim.call(Request::PagesIn, &[]).await.map(|_| ())
+            } else {
+                Ok(())
+            }
+        };
+        match tokio::time::timeout(PAGES_IN_WAIT, asked).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(Error::Unsupported(format!("its memory is still coming in after {} s", PAGES_IN_WAIT.as_secs()))),

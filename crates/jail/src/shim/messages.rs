@@ -58,10 +58,14 @@ impl ShimConfig {
 /// 3: network gates (`CloseNetwork`, `OpenNetwork`, `NetworkWanted`): an
 /// older shim knows neither request, so a member's way out is started
 /// ahead of use in its families.
-pub const PROTOCOL: u32 = 3;
+/// 4: `PagesIn` (an older shim never restores lazily, and would take the
+/// unknown request for a server gone).
+pub const PROTOCOL: u32 = 4;
 
 /// The first [`PROTOCOL`] with network gates.
 pub const NETWORK_GATES: u32 = 3;
+/// The first [`PROTOCOL`] that answers `PagesIn`.
+pub const PAGES_IN: u32 = 4;
 
 /// Who a command runs as inside the sandbox. Supplementary groups stay
 /// init's (as `setpriv --keep-groups`).
