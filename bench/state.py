@@ -190,9 +190,9 @@ def processes_rows(fb: Forkbox, sizes: list[int], reps: int, work: str) -> list[
         "globals (the bytes too) and its resume starts a fresh REPL that loads them (the child is gone: started "
         "again, not timed). Targets (issue 22): freeze ≤ 1 s per GiB, resume to the first answer ≤ 300 ms. "
         "A freeze is durable (one syncfs before the Space exists), so it cannot beat writing its bytes and syncing them on "
-        "this disk (the baseline column); the disk writes the images while criu dumps them (write-behind). A processes resume reads "
-        "every page before the first answer: the benchmark's server runs without `--lazy-resume` (experimental, off by default; "
-        "docs/state.md#lazy-resume). *Until every page was read* adds an exec that reads a byte of each page of the blob.",
+        "this disk (the baseline column); the disk writes the images while criu dumps them (write-behind). A processes resume is "
+        "lazy, the default (docs/state.md#lazy-resume): the sandbox answers while criu's daemon still fills its memory. "
+        "*Until every page was read* adds an exec that reads a byte of each page of the blob.",
     ]
     return lines
 

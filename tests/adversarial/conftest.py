@@ -58,15 +58,6 @@ def tenants(say, server):  # `server` first: the default template is built
     yield from e2e.serve(s)
 
 
-@pytest.fixture(scope="module")
-def lazy_http(say, server):  # `server` first: the default template is built
-    """A client of a server that resumes Spaces lazily (`--lazy-resume`,
-    docs/state.md#lazy-resume)."""
-    for s in e2e.serve(ForkboxServer("lazy", args=["--lazy-resume"], build_templates=False, log=say)):
-        with s.http(timeout=300) as c:
-            yield c
-
-
 @pytest.fixture(scope="session")
 def warm_pool(http):
     """Wait until the `default` template's warm pool is up, so creates are

@@ -31,8 +31,8 @@ import time
 import pytest
 
 from adversary import healthy, uid_base
-from helpers import (SANDBOX_UID_BASE, create_raw, delete_raw, exec_ok, exec_raw, freeze, host_repl_pid, proc_cmdline, proc_status,
-                     resume, sandbox_host_pids)
+from helpers import (SANDBOX_UID_BASE, Watch, create_raw, delete_raw, exec_ok, exec_raw, fd_links, freeze, host_repl_pid, lazy_daemons,
+                     proc_cmdline, proc_status, resume, sandbox_host_pids)
 
 CONFINEMENT = ("CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:", "NoNewPrivs:", "Seccomp:", "Seccomp_filters:")
 
@@ -251,27 +251,6 @@ def test_a_process_of_another_user_comes_back_as_that_user_with_nothing_more(ser
         delete_raw(http, s)
 
 
-def fd_links(pids: list[int]) -> list[str]:
-    """Where every descriptor of `pids` leads (as host root sees it)."""
-    links = []
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                links.append(f"{pid}: {os.readlink(f'/proc/{pid}/fd/{fd}')}")
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-    return links
-
-
-def lazy_daemons() -> list[int]:
-    """Host pids of criu lazy-pages daemons."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and "lazy-pages" in " ".join(proc_cmdline(int(name))):
-            found.append(int(name))
-    return found
-
-
 MAKE_ONE = """import ctypes, errno, os
 libc = ctypes.CDLL(None, use_errno=True)
 fd = libc.syscall(323, 0)  # userfaultfd(2)
@@ -283,27 +262,14 @@ except OSError as e:
     print('device', errno.errorcode[e.errno])"""
 
 
-def test_a_lazy_resume_leaves_no_userfaultfd_in_the_sandbox(lazy_http):
-    http = lazy_http
+def test_a_lazy_resume_leaves_no_userfaultfd_in_the_sandbox(http):
     sid = create_raw(http, keep_processes=True, ram_mib=1024, egress=False)
     exec_ok(http, sid, "import hashlib, os, subprocess\ndata = os.urandom(256 << 20)\nwant = hashlib.sha256(data).hexdigest()\n"
                        "child = subprocess.Popen(['sleep', '1000'])")
-    seen = []
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            seen.extend(lazy_daemons())
-            time.sleep(0.002)
-    t = threading.Thread(target=watch)
-    t.start()
-    try:
+    with Watch(lazy_daemons) as seen:
         new = resume(http, freeze(http, sid)["space_id"])
         # At once, while the daemon may still fill the memory, and after.
         at_once = [link for link in fd_links(sandbox_host_pids(new)) if "userfaultfd" in link]
-    finally:
-        stop.set()
-        t.join()
     assert seen, "no criu lazy-pages daemon ran: the resume was not lazy"
     assert at_once == [], at_once
     assert exec_ok(http, new, "print(hashlib.sha256(data).hexdigest() == want, child.poll())") == "True None\n"
@@ -322,8 +288,7 @@ def listening_with_userfaultfds(pid: int) -> bool:
     return sum("socket:" in link for link in links) >= 2 and any("userfaultfd" in link for link in links)
 
 
-def test_a_lazy_pages_daemon_killed_mid_resume_never_leaves_zeroed_memory(lazy_http):
-    http = lazy_http
+def test_a_lazy_pages_daemon_killed_mid_resume_never_leaves_zeroed_memory(http):
     sid = create_raw(http, keep_processes=True, ram_mib=2048, egress=False)
     exec_ok(http, sid, "import hashlib, os\ndata = os.urandom(768 << 20)\nwant = hashlib.sha256(data).hexdigest()")
     space = freeze(http, sid)["space_id"]

@@ -610,6 +610,48 @@ def proc_cmdline(pid: int) -> list[str]:
         return []
 
 
+def fd_links(pids: list[int]) -> list[str]:
+    """Where every descriptor of `pids` leads (as host root sees it)."""
+    links = []
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                links.append(f"{pid}: {os.readlink(f'/proc/{pid}/fd/{fd}')}")
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return links
+
+
+def lazy_daemons() -> list[int]:
+    """Host pids of criu lazy-pages daemons (docs/state.md#lazy-resume)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and "lazy-pages" in " ".join(proc_cmdline(int(name))):
+            found.append(int(name))
+    return found
+
+
+class Watch:
+    """Calls `look` every 2 ms in a thread until the block ends, and keeps
+    what it returned: `with Watch(lazy_daemons) as seen: ...`."""
+
+    def __init__(self, look):
+        self.look, self.seen, self.stop = look, [], threading.Event()
+
+    def __enter__(self) -> list:
+        def run():
+            while not self.stop.is_set():
+                self.seen.extend(self.look())
+                time.sleep(0.002)
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+        return self.seen
+
+    def __exit__(self, *_):
+        self.stop.set()
+        self.thread.join()
+
+
 def proc_cgroups(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cgroup") as f:

@@ -19,8 +19,8 @@ import pytest
 from podflare import Client, Sandbox
 
 from conftest import start_server, stop_and_assert_clean
-from helpers import (assert_json_error, crash_during_freeze, create_raw, delete_raw, exec_ok, exec_raw, freeze, resume, sandbox_host_pids,
-                     wait_no_leaks, wait_until)
+from helpers import (Watch, assert_json_error, crash_during_freeze, create_raw, delete_raw, exec_ok, exec_raw, freeze, lazy_daemons, resume,
+                     sandbox_host_pids, wait_no_leaks, wait_until)
 
 py = exec_ok
 
@@ -93,6 +93,45 @@ def test_a_freeze_keeps_every_process_and_the_resume_brings_them_back(c):
     # It goes on working: a new process, a new file.
     assert bash(c, new, "echo more >> /root/log && cat /root/log") == "abcmore\n"
     delete_raw(c, new)
+
+
+LAZY_SETUP = """
+import os, subprocess, time, urllib.request
+blob = os.urandom(100 << 20)
+server = subprocess.Popen(['python3', '-m', 'http.server', '8000'], cwd='/root', stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def up():
+    try:
+        return urllib.request.urlopen('http://127.0.0.1:8000/', timeout=2).status
+    except OSError as e:
+        return repr(e)
+for _ in range(100):
+    if up() == 200: break
+    time.sleep(0.1)
+print(up())
+"""
+# Memory the REPL did not have at the freeze: its heap grows (pages no
+# image holds, in ranges the restore registered) and is given back.
+GROW = "more = bytearray(64 << 20)\nmore[::4096] = b'x' * (len(more) // 4096)\ndel more\nprint(hashlib.sha256(blob).hexdigest() == want)"
+
+
+def test_a_lazy_resume_runs_every_process_while_its_pages_come_in(c):
+    """By default a resume is lazy (docs/state.md#lazy-resume): each process
+    runs at once, and its faults are answered while the rest of its pages
+    come in and after. (When the shim held its copy of a process's
+    userfaultfd until the daemon ended, the child here did not answer.)"""
+    sid = create_raw(c, keep_processes=True, ram_mib=1024, egress=False)
+    assert py(c, sid, LAZY_SETUP) == "200\n"
+    py(c, sid, "import hashlib\nwant = hashlib.sha256(blob).hexdigest()")
+    # Three rounds: whether a process is done with its pages before another
+    # touches memory it did not have is a race each round.
+    for _ in range(3):
+        with Watch(lazy_daemons) as seen:
+            sid = resume(c, freeze(c, sid)["space_id"])
+        assert seen, "no criu lazy-pages daemon ran: the resume was not lazy"
+        assert py(c, sid, "print(up(), server.poll())") == "200 None\n"
+        assert py(c, sid, GROW) == "True\n"
+        assert py(c, sid, "print(up())") == "200\n"
+    delete_raw(c, sid)
 
 
 def test_the_podflare_sdk_resumes_a_processes_space(srv, c):

@@ -342,12 +342,12 @@ struct ServeArgs {
     /// run ahead of busy neighbours'. 1 turns both off.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=100))]
     cpu_boost: u64,
-    /// Resume `processes` Spaces lazily (criu's lazy pages; needs the tools
-    /// root's criu and /dev/userfaultfd): the sandbox answers before its
-    /// memory is all in. Experimental, off by default: a restored child
-    /// process can stall while its pages come in (docs/state.md#lazy-resume).
-    #[arg(long, env = "FORKBOX_LAZY_RESUME")]
-    lazy_resume: bool,
+    /// Resume `processes` Spaces reading every page before the sandbox
+    /// answers. By default they resume lazily where they can (criu's lazy
+    /// pages: the tools root's criu and /dev/userfaultfd) and answer before
+    /// their memory is all in (docs/state.md#lazy-resume).
+    #[arg(long, env = "FORKBOX_EAGER_RESUME")]
+    eager_resume: bool,
     /// Join a cluster as one of its nodes (docs/cluster.md).
     #[command(flatten)]
     node: node::NodeArgs,
@@ -686,7 +686,7 @@ fn server_config(a: ServeArgs) -> anyhow::Result<server::ServerConfig> {
         drain: Duration::from_secs(a.drain_seconds),
         cpu_boost: a.cpu_boost,
         criu,
-        lazy_resume: a.lazy_resume,
+        lazy_resume: !a.eager_resume,
         directory: Default::default(),
         cluster_secret_sha256: None,
     })

@@ -98,6 +98,16 @@ pub fn pidfd_pid(pidfd: BorrowedFd<'_>) -> Option<i32> {
     (pid > 0).then_some(pid)
 }
 
+/// Whether two descriptors of this process name the same open file
+/// (`kcmp(KCMP_FILE)`): anonymous-inode files such as userfaultfds all
+/// share one inode, so their stat cannot tell them apart.
+pub fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
+    const KCMP_FILE: libc::c_int = 0;
+    let me = std::process::id() as libc::pid_t;
+    // SAFETY: plain syscall with integer arguments.
+    unsafe { libc::syscall(libc::SYS_kcmp, me, me, KCMP_FILE, a.as_raw_fd(), b.as_raw_fd()) == 0 }
+}
+
 /// What `fork_with` returns in each process.
 pub enum Forked {
     Parent(Pid),
@@ -278,4 +288,26 @@ pub fn set_thread_time_slice(tid: i32, slice: std::time::Duration) -> std::io::R
     // SAFETY: `attr` is a valid sched_attr of the size it declares.
     check(unsafe { libc::syscall(libc::SYS_sched_setattr, tid, &attr as *const SchedAttr, 0) }).map_err(std::io::Error::from)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn same_file_tells_a_duplicate_from_a_file_of_the_same_kind() {
+        let (a, b) = nix::unistd::pipe().unwrap();
+        let a_again = a.try_clone().unwrap();
+        assert!(same_file(a.as_fd(), a_again.as_fd()));
+        assert!(!same_file(a.as_fd(), b.as_fd()));
+        // Anonymous-inode files share one inode: only kcmp tells them apart.
+        let eventfd = || {
+            // SAFETY: plain syscall; the new descriptor is ours.
+            unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_CLOEXEC)) }
+        };
+        let (x, y) = (eventfd(), eventfd());
+        assert!(!same_file(x.as_fd(), y.as_fd()));
+        assert!(same_file(x.as_fd(), x.as_fd()));
+    }
 }

@@ -16,7 +16,12 @@
 //! each task's userfaultfd to a socket of the shim's (its *keeper*), and
 //! the shim holds them while the daemon works: a fault then waits instead,
 //! and a daemon that fails has its tree killed before any fault is
-//! answered. Once the daemon is done the shim lets go of them.
+//! answered. The daemon sends each userfaultfd back to the shim (on a
+//! second socket) as it lets go of it, when its task's pages are all in or
+//! the task is gone, and the shim lets go of its copy then: a copy held on
+//! would keep the task's ranges registered with nobody answering, and a
+//! later fault (a heap grown, memory given back and touched again) would
+//! wait until the daemon ends.
 
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -33,7 +38,8 @@ use crate::sys;
 const DEVICE: &str = "/dev/userfaultfd";
 /// Where the daemon writes its log, in the restore's image directory.
 pub const LAZY_LOG: &str = "lazy-pages.log";
-/// The descriptors the daemon gets: its readiness pipe, then the device.
+/// The descriptors the daemon gets: its readiness pipe, then the device,
+/// then the socket it hands userfaultfds back on.
 const STATUS_FD: i32 = 10;
 /// How long a daemon may take to listen.
 const START_WAIT: Duration = Duration::from_secs(10);
@@ -51,13 +57,15 @@ pub fn device(criu: &criu::Criu) -> Option<OwnedFd> {
     std::fs::OpenOptions::new().read(true).write(true).open(DEVICE).ok().map(OwnedFd::from)
 }
 
-/// A `criu lazy-pages` daemon that listens for a restore, and the keeper
-/// socket the restore sends each task's userfaultfd to.
+/// A `criu lazy-pages` daemon that listens for a restore, the keeper
+/// socket the restore sends each task's userfaultfd to, and the socket the
+/// daemon sends each back on once it is done with it.
 pub struct Daemon {
     child: Child,
     keeper: OwnedFd,
     /// The end criu writes to, until the restore has it.
     keeper_for_criu: Option<OwnedFd>,
+    let_go: OwnedFd,
     /// Set once the daemon was seen to end during the restore.
     ended: Option<std::process::ExitStatus>,
 }
@@ -66,19 +74,24 @@ pub struct Daemon {
 /// restore's), run as `id`, and wait until it listens.
 pub fn start(criu: &criu::Criu, binds: &[(&Path, &Path)], images: &Path, id: u32, device: &OwnedFd) -> Result<Daemon> {
     let (status_r, status_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
+    let (let_go, let_go_for_criu) = socket_pair()?;
+    // A shim slow to read must not stall the daemon: a send that would
+    // block fails, and the shim's copy is then held until the daemon ends.
+    let_go_for_criu.set_nonblocking(true).map_err(|e| Error::io("make the let-go socket non-blocking", e))?;
     let mut command: Command = criu.command_as("lazy-pages", binds, id);
     command.arg("-D").arg(images).args(["-o", LAZY_LOG, "--status-fd", &STATUS_FD.to_string()]);
     command.env(criu::USERFAULTFD_DEV_FD_ENV, (STATUS_FD + 1).to_string());
+    command.env(KEEPER_FD_ENV, (STATUS_FD + 2).to_string());
     command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    let sources = [status_w.as_raw_fd(), device.as_raw_fd()];
+    let sources = [status_w.as_raw_fd(), device.as_raw_fd(), let_go_for_criu.as_raw_fd()];
     // SAFETY: the closure runs between fork and exec and only makes system calls.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut command, move || sys::place_fds(&sources, STATUS_FD).map_err(std::io::Error::from));
     }
     let child = command.spawn().map_err(|e| Error::io("start criu lazy-pages", e))?;
-    drop(status_w);
-    let (keeper, keeper_for_criu) = std::os::unix::net::UnixStream::pair().map_err(|e| Error::io("socketpair", e))?;
-    let mut daemon = Daemon { child, keeper: keeper.into(), keeper_for_criu: Some(keeper_for_criu.into()), ended: None };
+    drop((status_w, let_go_for_criu));
+    let (keeper, keeper_for_criu) = socket_pair()?;
+    let mut daemon = Daemon { child, keeper: keeper.into(), keeper_for_criu: Some(keeper_for_criu.into()), let_go: let_go.into(), ended: None };
     // criu writes one byte once it listens, and closes the pipe.
     let mut fds = [PollFd::new(status_r.as_fd(), PollFlags::POLLIN)];
     let ready = matches!(poll(&mut fds, PollTimeout::try_from(START_WAIT.as_millis() as i32).unwrap_or(PollTimeout::MAX)), Ok(1))
@@ -129,7 +142,9 @@ impl Daemon {
         self.keeper_for_criu = None;
         let failed = self.died().is_some();
         let daemon = Pid::from_raw(self.child.id() as i32);
-        let transfer = Transfer { daemon, init, images_dir, held: received_fds(&self.keeper), _keep: keep, started: Instant::now() };
+        let (held, _) = received_fds(&self.keeper);
+        let mut transfer = Transfer { daemon, init, images_dir, held, let_go: Some(self.let_go), _keep: keep, started: Instant::now() };
+        transfer.let_go();
         if self.ended.is_some() {
             transfer.finish(!failed);
             return None;
@@ -145,12 +160,36 @@ pub struct Transfer {
     pub daemon: Pid,
     init: Pid,
     images_dir: PathBuf,
+    /// The shim's copies of the tree's userfaultfds the daemon still fills.
     held: Vec<OwnedFd>,
+    /// Where the daemon hands each back when done with it; None once it
+    /// hung up.
+    let_go: Option<OwnedFd>,
     _keep: Box<dyn std::any::Any>,
     started: Instant,
 }
 
 impl Transfer {
+    /// The socket to watch for [`Transfer::let_go`], while the daemon has it open.
+    pub fn let_go_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.let_go.as_ref().map(|fd| fd.as_fd())
+    }
+
+    /// Let go of the copies of the userfaultfds the daemon handed back.
+    pub fn let_go(&mut self) {
+        let Some(socket) = &self.let_go else {
+            return;
+        };
+        let (back, hung_up) = received_fds(socket);
+        for fd in back {
+            // (A forked task's userfaultfd, made after the restore, was never held.)
+            self.held.retain(|held| !sys::same_file(held.as_fd(), fd.as_fd()));
+        }
+        if hung_up {
+            self.let_go = None;
+        }
+    }
+
     /// The daemon ended with `succeeded`: a tree it failed is killed while
     /// its faults still wait (its memory is not all there); then (on drop)
     /// the userfaultfds and the images go.
@@ -171,8 +210,13 @@ impl Drop for Transfer {
     }
 }
 
-/// Every descriptor queued on `sock` (each task's sendmsg carries one).
-fn received_fds(sock: &OwnedFd) -> Vec<OwnedFd> {
+fn socket_pair() -> Result<(std::os::unix::net::UnixStream, std::os::unix::net::UnixStream)> {
+    std::os::unix::net::UnixStream::pair().map_err(|e| Error::io("socketpair", e))
+}
+
+/// Every descriptor queued on `sock` (each of criu's sendmsg carries one),
+/// and whether its peer has hung up.
+fn received_fds(sock: &OwnedFd) -> (Vec<OwnedFd>, bool) {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut fds = Vec::new();
     loop {
@@ -180,10 +224,10 @@ fn received_fds(sock: &OwnedFd) -> Vec<OwnedFd> {
         let mut iov = [std::io::IoSliceMut::new(&mut buf)];
         let mut space = nix::cmsg_space!([std::os::fd::RawFd; 8]);
         let Ok(msg) = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC) else {
-            break;
+            return (fds, false);
         };
         if msg.bytes == 0 {
-            break;
+            return (fds, true);
         }
         for cmsg in msg.cmsgs().into_iter().flatten() {
             if let ControlMessageOwned::ScmRights(got) = cmsg {
@@ -192,5 +236,4 @@ fn received_fds(sock: &OwnedFd) -> Vec<OwnedFd> {
             }
         }
     }
-    fds
 }

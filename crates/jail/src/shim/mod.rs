@@ -263,6 +263,7 @@ impl Shim {
             let listeners = self.listeners.len();
             let creating = self.creating.len();
             let handing: Vec<(i32, usize)> = self.handovers.watched().into_iter().map(|(p, s, _)| (p, s)).collect();
+            let lazy_watched = self.lazy.as_ref().is_some_and(|t| t.let_go_socket().is_some());
             let ready: Vec<bool> = {
                 // The server's socket, or while orphaned the adoption socket.
                 let first = match (&self.sock, &self.listener) {
@@ -286,6 +287,9 @@ impl Shim {
                 for (_, _, pidfd) in self.handovers.watched() {
                     fds.push(PollFd::new(pidfd, PollFlags::POLLIN));
                 }
+                if let Some(socket) = self.lazy.as_ref().and_then(|t| t.let_go_socket()) {
+                    fds.push(PollFd::new(socket, PollFlags::POLLIN));
+                }
                 match poll(&mut fds, timeout) {
                     // POLLIN, or a hang-up (a listener whose filter nobody uses any more).
                     Ok(_) => fds.iter().map(|f| f.any().unwrap_or(false)).collect(),
@@ -293,6 +297,12 @@ impl Shim {
                     Err(e) => return Err(Error::sys("poll", e)),
                 }
             };
+            // Before the daemon's end is reaped: what it handed back first.
+            if lazy_watched && ready[ready.len() - 1] {
+                if let Some(transfer) = self.lazy.as_mut() {
+                    transfer.let_go();
+                }
+            }
             if ready[1] {
                 while let Ok(Some(_)) = self.sigchld.read_signal() {}
                 if !self.reap()? {
