@@ -21,6 +21,7 @@ to a freeze that dumps it whole, and to the sandbox it comes back as.
   never lets the sandbox read a page it had not filled."""
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import signal
@@ -330,5 +331,62 @@ def test_a_lazy_pages_daemon_killed_mid_resume_never_leaves_zeroed_memory(http):
     said = str(out.events)
     assert out.exit_code != 0 and "False" not in out.stdout, (out.exit_code, out.stdout, out.events[-3:])
     assert ("ReplDied" in said or "NameError" in said) and "SIGSEGV" not in said and "SIGBUS" not in said, out.events[-3:]
+    delete_raw(http, new)
+    assert healthy(http)
+
+
+def userfaultfds(pid: int) -> list[int]:
+    """The descriptors of host process `pid` that are userfaultfds."""
+    found = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if "userfaultfd" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                found.append(int(fd))
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def same_file(pid_a: int, fd_a: int, pid_b: int, fd_b: int) -> bool:
+    """kcmp(KCMP_FILE): whether two processes' descriptors are one open
+    file (every userfaultfd shares one inode, so only this tells)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(312, pid_a, pid_b, 0, fd_a, fd_b) == 0  # SYS_kcmp on x86_64
+
+
+FORK_WAITING = """r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.read(r, 1)
+    os._exit(0 if hashlib.sha256(data).hexdigest() == want else 3)
+print(pid)"""
+
+
+def test_a_task_forked_while_its_pages_come_in_is_held_too(http):
+    """A task the tree forks while its pages come in gets a userfaultfd the
+    kernel hands the daemon alone: the shim must hold it too, or a daemon
+    that dies leaves that task's pages to be filled with zeros."""
+    sid = create_raw(http, keep_processes=True, ram_mib=2048, egress=False)
+    exec_ok(http, sid, "import hashlib, os\ndata = os.urandom(768 << 20)\nwant = hashlib.sha256(data).hexdigest()")
+    new = resume(http, freeze(http, sid)["space_id"])
+    child = exec_ok(http, new, FORK_WAITING).strip()
+    daemons = lazy_daemons()
+    assert len(daemons) == 1, f"the pages were all in before the fork (daemons: {daemons})"
+    daemon = daemons[0]
+    # Stopped, the daemon keeps what it holds as it is while we look.
+    os.kill(daemon, signal.SIGSTOP)
+    try:
+        shim = int(proc_status(daemon)["PPid"])
+        theirs, ours = userfaultfds(daemon), userfaultfds(shim)
+        assert len(theirs) >= 2, ("the REPL's and its child's userfaultfds should both still be the daemon's", theirs)
+        unheld = [fd for fd in theirs if not any(same_file(daemon, fd, shim, mine) for mine in ours)]
+        assert unheld == [], f"the daemon alone holds userfaultfds {unheld} (the shim holds {ours})"
+    finally:
+        # The daemon dies: the tree is killed before the child reads a page.
+        os.kill(daemon, signal.SIGKILL)
+    out = exec_raw(http, new, f"os.write(w, b'x')\nprint(os.waitpid({child}, 0))", timeout_ms=60_000)
+    said = str(out.events)
+    assert out.exit_code != 0 and f"({child}, 768)" not in out.stdout, (out.exit_code, out.stdout, out.events[-3:])
+    assert "ReplDied" in said or "NameError" in said, out.events[-3:]
     delete_raw(http, new)
     assert healthy(http)

@@ -16,9 +16,10 @@
 //! each task's userfaultfd to a socket of the shim's (its *keeper*), and
 //! the shim holds them while the daemon works: a fault then waits instead,
 //! and a daemon that fails has its tree killed before any fault is
-//! answered. The daemon sends each userfaultfd back to the shim (on a
-//! second socket) as it lets go of it, when its task's pages are all in or
-//! the task is gone, and the shim lets go of its copy then: a copy held on
+//! answered. The daemon tells the shim (on a second socket) of each
+//! userfaultfd a task's fork makes, which the shim holds too, and hands
+//! each one back as it lets go of it, when its task's pages are all in or
+//! the task is gone; the shim lets go of its copy then: a copy held on
 //! would keep the task's ranges registered with nobody answering, and a
 //! later fault (a heap grown, memory given back and touched again) would
 //! wait until the daemon ends.
@@ -39,13 +40,16 @@ const DEVICE: &str = "/dev/userfaultfd";
 /// Where the daemon writes its log, in the restore's image directory.
 pub const LAZY_LOG: &str = "lazy-pages.log";
 /// The descriptors the daemon gets: its readiness pipe, then the device,
-/// then the socket it hands userfaultfds back on.
+/// then the socket it tells the shim of userfaultfds on.
 const STATUS_FD: i32 = 10;
 /// How long a daemon may take to listen.
 const START_WAIT: Duration = Duration::from_secs(10);
 /// The environment variable naming the keeper socket's descriptor
 /// (tools/criu.toml).
 const KEEPER_FD_ENV: &str = "CRIU_USERFAULTFD_KEEPER_FD";
+/// The byte the daemon sends with a forked task's new userfaultfd; any
+/// other (`L`) hands one back (tools/criu.toml).
+const HOLD_TOO: u8 = b'H';
 
 /// `/dev/userfaultfd`, open, when `criu` can restore lazily with it and
 /// this host has it (Linux >= 6.1); else the restore reads every page first.
@@ -59,13 +63,13 @@ pub fn device(criu: &criu::Criu) -> Option<OwnedFd> {
 
 /// A `criu lazy-pages` daemon that listens for a restore, the keeper
 /// socket the restore sends each task's userfaultfd to, and the socket the
-/// daemon sends each back on once it is done with it.
+/// daemon tells of forked tasks' userfaultfds and hands each back on.
 pub struct Daemon {
     child: Child,
     keeper: OwnedFd,
     /// The end criu writes to, until the restore has it.
     keeper_for_criu: Option<OwnedFd>,
-    let_go: OwnedFd,
+    from_daemon: OwnedFd,
     /// Set once the daemon was seen to end during the restore.
     ended: Option<std::process::ExitStatus>,
 }
@@ -74,24 +78,25 @@ pub struct Daemon {
 /// restore's), run as `id`, and wait until it listens.
 pub fn start(criu: &criu::Criu, binds: &[(&Path, &Path)], images: &Path, id: u32, device: &OwnedFd) -> Result<Daemon> {
     let (status_r, status_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
-    let (let_go, let_go_for_criu) = socket_pair()?;
+    let (from_daemon, daemon_end) = socket_pair()?;
     // A shim slow to read must not stall the daemon: a send that would
-    // block fails, and the shim's copy is then held until the daemon ends.
-    let_go_for_criu.set_nonblocking(true).map_err(|e| Error::io("make the let-go socket non-blocking", e))?;
+    // block fails (a copy is then held until the daemon ends, or a fork's
+    // userfaultfd is not held).
+    daemon_end.set_nonblocking(true).map_err(|e| Error::io("make the daemon's keeper socket non-blocking", e))?;
     let mut command: Command = criu.command_as("lazy-pages", binds, id);
     command.arg("-D").arg(images).args(["-o", LAZY_LOG, "--status-fd", &STATUS_FD.to_string()]);
     command.env(criu::USERFAULTFD_DEV_FD_ENV, (STATUS_FD + 1).to_string());
     command.env(KEEPER_FD_ENV, (STATUS_FD + 2).to_string());
     command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    let sources = [status_w.as_raw_fd(), device.as_raw_fd(), let_go_for_criu.as_raw_fd()];
+    let sources = [status_w.as_raw_fd(), device.as_raw_fd(), daemon_end.as_raw_fd()];
     // SAFETY: the closure runs between fork and exec and only makes system calls.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut command, move || sys::place_fds(&sources, STATUS_FD).map_err(std::io::Error::from));
     }
     let child = command.spawn().map_err(|e| Error::io("start criu lazy-pages", e))?;
-    drop((status_w, let_go_for_criu));
+    drop((status_w, daemon_end));
     let (keeper, keeper_for_criu) = socket_pair()?;
-    let mut daemon = Daemon { child, keeper: keeper.into(), keeper_for_criu: Some(keeper_for_criu.into()), let_go: let_go.into(), ended: None };
+    let mut daemon = Daemon { child, keeper: keeper.into(), keeper_for_criu: Some(keeper_for_criu.into()), from_daemon: from_daemon.into(), ended: None };
     // criu writes one byte once it listens, and closes the pipe.
     let mut fds = [PollFd::new(status_r.as_fd(), PollFlags::POLLIN)];
     let ready = matches!(poll(&mut fds, PollTimeout::try_from(START_WAIT.as_millis() as i32).unwrap_or(PollTimeout::MAX)), Ok(1))
@@ -142,9 +147,9 @@ impl Daemon {
         self.keeper_for_criu = None;
         let failed = self.died().is_some();
         let daemon = Pid::from_raw(self.child.id() as i32);
-        let (held, _) = received_fds(&self.keeper);
-        let mut transfer = Transfer { daemon, init, images_dir, held, let_go: Some(self.let_go), _keep: keep, started: Instant::now() };
-        transfer.let_go();
+        let held = received_fds(&self.keeper).0.into_iter().map(|(_, fd)| fd).collect();
+        let mut transfer = Transfer { daemon, init, images_dir, held, from_daemon: Some(self.from_daemon), _keep: keep, started: Instant::now() };
+        transfer.hear_daemon();
         if self.ended.is_some() {
             transfer.finish(!failed);
             return None;
@@ -162,31 +167,35 @@ pub struct Transfer {
     images_dir: PathBuf,
     /// The shim's copies of the tree's userfaultfds the daemon still fills.
     held: Vec<OwnedFd>,
-    /// Where the daemon hands each back when done with it; None once it
-    /// hung up.
-    let_go: Option<OwnedFd>,
+    /// Where the daemon tells of forked tasks' userfaultfds and hands each
+    /// back when done with it; None once it hung up.
+    from_daemon: Option<OwnedFd>,
     _keep: Box<dyn std::any::Any>,
     started: Instant,
 }
 
 impl Transfer {
-    /// The socket to watch for [`Transfer::let_go`], while the daemon has it open.
-    pub fn let_go_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        self.let_go.as_ref().map(|fd| fd.as_fd())
+    /// The socket to watch for [`Transfer::hear_daemon`], while the daemon has it open.
+    pub fn daemon_socket(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.from_daemon.as_ref().map(|fd| fd.as_fd())
     }
 
-    /// Let go of the copies of the userfaultfds the daemon handed back.
-    pub fn let_go(&mut self) {
-        let Some(socket) = &self.let_go else {
+    /// Hold the userfaultfds of tasks forked since, and let go of the
+    /// copies of those the daemon handed back, in the order it sent them.
+    pub fn hear_daemon(&mut self) {
+        let Some(socket) = &self.from_daemon else {
             return;
         };
-        let (back, hung_up) = received_fds(socket);
-        for fd in back {
-            // (A forked task's userfaultfd, made after the restore, was never held.)
-            self.held.retain(|held| !sys::same_file(held.as_fd(), fd.as_fd()));
+        let (sent, hung_up) = received_fds(socket);
+        for (what, fd) in sent {
+            if what == HOLD_TOO {
+                self.held.push(fd);
+            } else {
+                self.held.retain(|held| !sys::same_file(held.as_fd(), fd.as_fd()));
+            }
         }
         if hung_up {
-            self.let_go = None;
+            self.from_daemon = None;
         }
     }
 
@@ -214,9 +223,10 @@ fn socket_pair() -> Result<(std::os::unix::net::UnixStream, std::os::unix::net::
     std::os::unix::net::UnixStream::pair().map_err(|e| Error::io("socketpair", e))
 }
 
-/// Every descriptor queued on `sock` (each of criu's sendmsg carries one),
-/// and whether its peer has hung up.
-fn received_fds(sock: &OwnedFd) -> (Vec<OwnedFd>, bool) {
+/// Every descriptor queued on `sock`, each with the byte its message
+/// carried (each of criu's sendmsg carries one of each), and whether its
+/// peer has hung up.
+fn received_fds(sock: &OwnedFd) -> (Vec<(u8, OwnedFd)>, bool) {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut fds = Vec::new();
     loop {
@@ -229,11 +239,13 @@ fn received_fds(sock: &OwnedFd) -> (Vec<OwnedFd>, bool) {
         if msg.bytes == 0 {
             return (fds, true);
         }
+        let mut got = Vec::new();
         for cmsg in msg.cmsgs().into_iter().flatten() {
-            if let ControlMessageOwned::ScmRights(got) = cmsg {
+            if let ControlMessageOwned::ScmRights(raw) = cmsg {
                 // SAFETY: the kernel gave us these descriptors.
-                fds.extend(got.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                got.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
             }
         }
+        fds.extend(got.into_iter().map(|fd| (buf[0], fd)));
     }
 }

@@ -263,7 +263,7 @@ impl Shim {
             let listeners = self.listeners.len();
             let creating = self.creating.len();
             let handing: Vec<(i32, usize)> = self.handovers.watched().into_iter().map(|(p, s, _)| (p, s)).collect();
-            let lazy_watched = self.lazy.as_ref().is_some_and(|t| t.let_go_socket().is_some());
+            let lazy_watched = self.lazy.as_ref().is_some_and(|t| t.daemon_socket().is_some());
             let ready: Vec<bool> = {
                 // The server's socket, or while orphaned the adoption socket.
                 let first = match (&self.sock, &self.listener) {
@@ -287,7 +287,7 @@ impl Shim {
                 for (_, _, pidfd) in self.handovers.watched() {
                     fds.push(PollFd::new(pidfd, PollFlags::POLLIN));
                 }
-                if let Some(socket) = self.lazy.as_ref().and_then(|t| t.let_go_socket()) {
+                if let Some(socket) = self.lazy.as_ref().and_then(|t| t.daemon_socket()) {
                     fds.push(PollFd::new(socket, PollFlags::POLLIN));
                 }
                 match poll(&mut fds, timeout) {
@@ -297,10 +297,10 @@ impl Shim {
                     Err(e) => return Err(Error::sys("poll", e)),
                 }
             };
-            // Before the daemon's end is reaped: what it handed back first.
+            // Before the daemon's end is reaped: what it sent first.
             if lazy_watched && ready[ready.len() - 1] {
                 if let Some(transfer) = self.lazy.as_mut() {
-                    transfer.let_go();
+                    transfer.hear_daemon();
                 }
             }
             if ready[1] {
