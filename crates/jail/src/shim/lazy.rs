@@ -30,7 +30,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use crate::error::{Error, Result};
@@ -53,7 +53,7 @@ const HOLD_TOO: u8 = b'H';
 
 /// `/dev/userfaultfd`, open, when `criu` can restore lazily with it and
 /// this host has it (Linux >= 6.1); else the restore reads every page first.
-pub fn device(criu: &criu::Criu) -> Option<OwnedFd> {
+fn device(criu: &criu::Criu) -> Option<OwnedFd> {
     if !criu.lazy_pages {
         return None;
     }
@@ -66,6 +66,8 @@ pub fn device(criu: &criu::Criu) -> Option<OwnedFd> {
 /// daemon tells of forked tasks' userfaultfds and hands each back on.
 pub struct Daemon {
     child: Child,
+    /// `/dev/userfaultfd`, until the restore has run.
+    device: Option<OwnedFd>,
     keeper: OwnedFd,
     /// The end criu writes to, until the restore has it.
     keeper_for_criu: Option<OwnedFd>,
@@ -75,8 +77,15 @@ pub struct Daemon {
 }
 
 /// Start the daemon for the images criu sees at `images` (`binds` as the
-/// restore's), run as `id`, and wait until it listens.
-pub fn start(criu: &criu::Criu, binds: &[(&Path, &Path)], images: &Path, id: u32, device: &OwnedFd) -> Result<Daemon> {
+/// restore's), run as `id`, and wait until it listens. None when criu or
+/// the host cannot restore lazily, or the daemon did not start: that costs
+/// the restore its laziness, not its success.
+pub fn start(criu: &criu::Criu, binds: &[(&Path, &Path)], images: &Path, id: u32) -> Option<Daemon> {
+    let device = device(criu)?;
+    start_with(criu, binds, images, id, device).inspect_err(|e| eprintln!("forkbox shim: restoring every page first: {e}")).ok()
+}
+
+fn start_with(criu: &criu::Criu, binds: &[(&Path, &Path)], images: &Path, id: u32, device: OwnedFd) -> Result<Daemon> {
     let (status_r, status_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("pipe", e))?;
     let (from_daemon, daemon_end) = socket_pair()?;
     // A shim slow to read must not stall the daemon: a send that would
@@ -96,7 +105,14 @@ pub fn start(criu: &criu::Criu, binds: &[(&Path, &Path)], images: &Path, id: u32
     let child = command.spawn().map_err(|e| Error::io("start criu lazy-pages", e))?;
     drop((status_w, daemon_end));
     let (keeper, keeper_for_criu) = socket_pair()?;
-    let mut daemon = Daemon { child, keeper: keeper.into(), keeper_for_criu: Some(keeper_for_criu.into()), from_daemon: from_daemon.into(), ended: None };
+    let mut daemon = Daemon {
+        child,
+        keeper: keeper.into(),
+        keeper_for_criu: Some(keeper_for_criu.into()),
+        from_daemon: from_daemon.into(),
+        ended: None,
+        device: Some(device),
+    };
     // criu writes one byte once it listens, and closes the pipe.
     let mut fds = [PollFd::new(status_r.as_fd(), PollFlags::POLLIN)];
     let ready = matches!(poll(&mut fds, PollTimeout::try_from(START_WAIT.as_millis() as i32).unwrap_or(PollTimeout::MAX)), Ok(1))
@@ -111,7 +127,10 @@ pub fn start(criu: &criu::Criu, binds: &[(&Path, &Path)], images: &Path, id: u32
 impl Daemon {
     /// Give `command` (the restore) the device and the keeper, placed with
     /// the descriptors in `sources` from `first` on.
-    pub fn hand_to(&mut self, command: &mut Command, device: &OwnedFd, sources: &mut Vec<i32>, first: i32) {
+    pub fn hand_to(&mut self, command: &mut Command, sources: &mut Vec<i32>, first: i32) {
+        let Some(device) = &self.device else {
+            return;
+        };
         command.arg("--lazy-pages");
         command.env(criu::USERFAULTFD_DEV_FD_ENV, (first + sources.len() as i32).to_string());
         sources.push(device.as_raw_fd());
@@ -132,6 +151,7 @@ impl Daemon {
 
     /// End a daemon whose restore failed.
     pub fn stop(&mut self) {
+        self.device = None;
         if self.ended.is_none() {
             let _ = self.child.kill();
             let _ = self.child.wait();
@@ -144,10 +164,12 @@ impl Daemon {
     /// ends. None when the daemon already ended: done (every page is in),
     /// or failed, and then the tree is killed here.
     pub fn transfer(mut self, init: Pid, images_dir: PathBuf, keep: Box<dyn std::any::Any>) -> Option<Transfer> {
-        self.keeper_for_criu = None;
+        (self.keeper_for_criu, self.device) = (None, None);
         let failed = self.died().is_some();
         let daemon = Pid::from_raw(self.child.id() as i32);
         let held = received_fds(&self.keeper).0.into_iter().map(|(_, fd)| fd).collect();
+        // A pidfd: the tree's init may be gone and its pid reused by the time it is killed.
+        let init = sys::pidfd_open(init).ok();
         let mut transfer = Transfer { daemon, init, images_dir, held, from_daemon: Some(self.from_daemon), _keep: keep, started: Instant::now() };
         transfer.hear_daemon();
         if self.ended.is_some() {
@@ -163,7 +185,8 @@ impl Daemon {
 /// A restored tree whose pages the daemon is still copying.
 pub struct Transfer {
     pub daemon: Pid,
-    init: Pid,
+    /// A pidfd of the restored tree's init (None if it was already gone).
+    init: Option<OwnedFd>,
     images_dir: PathBuf,
     /// The shim's copies of the tree's userfaultfds the daemon still fills.
     held: Vec<OwnedFd>,
@@ -204,7 +227,9 @@ impl Transfer {
     /// the userfaultfds and the images go.
     pub fn finish(self, succeeded: bool) {
         if !succeeded {
-            let _ = kill(self.init, Signal::SIGKILL);
+            if let Some(init) = &self.init {
+                let _ = sys::pidfd_send_signal(init.as_fd(), Signal::SIGKILL);
+            }
             let log = std::fs::read_to_string(self.images_dir.join(LAZY_LOG)).unwrap_or_default();
             let errors: Vec<&str> = log.lines().filter(|l| l.contains("Error")).collect();
             eprintln!("forkbox shim: criu lazy-pages failed after {:?}; the restored tree was killed: {}", self.started.elapsed(), errors.join("; "));

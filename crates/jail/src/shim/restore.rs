@@ -100,9 +100,7 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
     let lent = copy_images(req.images, &images_dir, req.id_base)?;
     let binds = [(images_dir.as_path(), Path::new(IMAGES_INSIDE)), (root, Path::new(ROOT_INSIDE)), (bin_dir.as_path(), Path::new(BIN_INSIDE))];
     let images = criu.seen(&images_dir, Path::new(IMAGES_INSIDE)).to_path_buf();
-    let device = if req.lazily { super::lazy::device(criu) } else { None };
-    // A daemon that does not start costs the restore its laziness, not its success.
-    let mut daemon = device.as_ref().and_then(|device| super::lazy::start(criu, &binds, &images, req.id_base, device).ok());
+    let mut daemon = if req.lazily { super::lazy::start(criu, &binds, &images, req.id_base) } else { None };
     let mut command = criu.command_as("restore", &binds, req.id_base);
     command.arg("-D").arg(&images).args(["-o", RESTORE_LOG, "-d", "--manage-cgroups=ignore", "--empty-ns", "net", "--ext-unix-sk"]);
     command.arg("--root").arg(criu.seen(root, Path::new(ROOT_INSIDE)));
@@ -116,8 +114,8 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
         command.arg("--inherit-fd").arg(format!("fd[{}]:{kind}:[{ino}]", FIRST_INHERITED_FD + i as i32));
     }
     let mut sources: Vec<i32> = new_edges.iter().map(|fd| fd.as_raw_fd()).collect();
-    if let (Some(device), Some(daemon)) = (&device, daemon.as_mut()) {
-        daemon.hand_to(&mut command, device, &mut sources, FIRST_INHERITED_FD);
+    if let Some(daemon) = daemon.as_mut() {
+        daemon.hand_to(&mut command, &mut sources, FIRST_INHERITED_FD);
     }
     let hostname = req.name.as_bytes().to_vec();
     let cgroups: Vec<CString> = req.cgroup_procs.iter().map(|p| CString::new(p.as_os_str().as_bytes()).unwrap_or_default()).collect();
@@ -143,7 +141,6 @@ fn restore_over(criu: &criu::Criu, root: &Path, req: &Request<'_>) -> Result<Res
         });
     }
     let ran = criu::run_logged_unless(command, "restore", &images_dir.join(RESTORE_LOG), || daemon.as_mut().and_then(|d| d.died()));
-    drop(device);
     if let Err(e) = ran {
         // Beside the images it came from, for whoever looks into why.
         let _ = std::fs::copy(images_dir.join(RESTORE_LOG), req.images.join(RESTORE_LOG));
