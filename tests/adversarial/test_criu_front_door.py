@@ -283,10 +283,11 @@ def test_a_lazy_resume_leaves_no_userfaultfd_in_the_sandbox(http):
 
 def listening_with_userfaultfds(pid: int) -> bool:
     """Whether lazy-pages daemon `pid` took a restore's userfaultfds (it
-    listens and accepted the restore: two sockets; its own probe's
-    userfaultfd comes before either)."""
+    holds the shim's keeper socket from the start, listens, and accepted
+    the restore: three sockets; its own probe's userfaultfd comes before
+    any)."""
     links = fd_links([pid])
-    return sum("socket:" in link for link in links) >= 2 and any("userfaultfd" in link for link in links)
+    return sum("socket:" in link for link in links) >= 3 and any("userfaultfd" in link for link in links)
 
 
 def test_a_lazy_pages_daemon_killed_mid_resume_never_leaves_zeroed_memory(http):

@@ -30,7 +30,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::signal::Signal;
+use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::error::{Error, Result};
@@ -97,6 +97,9 @@ fn start_with(criu: &criu::Criu, binds: &[(&Path, &Path)], images: &Path, id: u3
     command.env(criu::USERFAULTFD_DEV_FD_ENV, (STATUS_FD + 1).to_string());
     command.env(KEEPER_FD_ENV, (STATUS_FD + 2).to_string());
     command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    // A group of its own: criu forks helpers (usernsd) that inherit the
+    // status pipe and outlive a daemon killed alone.
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let sources = [status_w.as_raw_fd(), device.as_raw_fd(), daemon_end.as_raw_fd()];
     // SAFETY: the closure runs between fork and exec and only makes system calls.
     unsafe {
@@ -113,9 +116,13 @@ fn start_with(criu: &criu::Criu, binds: &[(&Path, &Path)], images: &Path, id: u3
         ended: None,
         device: Some(device),
     };
-    // criu writes one byte once it listens, and closes the pipe.
-    let mut fds = [PollFd::new(status_r.as_fd(), PollFlags::POLLIN)];
-    let ready = matches!(poll(&mut fds, PollTimeout::try_from(START_WAIT.as_millis() as i32).unwrap_or(PollTimeout::MAX)), Ok(1))
+    // criu writes one byte once it listens, and closes the pipe; a daemon
+    // that dies first ends the wait (its helpers may hold the pipe open).
+    let exited = sys::pidfd_open(Pid::from_raw(daemon.child.id() as i32)).map_err(|e| Error::sys("pidfd_open", e))?;
+    let mut fds = [PollFd::new(status_r.as_fd(), PollFlags::POLLIN), PollFd::new(exited.as_fd(), PollFlags::POLLIN)];
+    let polled = poll(&mut fds, PollTimeout::try_from(START_WAIT.as_millis() as i32).unwrap_or(PollTimeout::MAX));
+    let ready = matches!(polled, Ok(n) if n > 0)
+        && fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN))
         && nix::unistd::read(status_r.as_fd(), &mut [0u8; 1]).is_ok_and(|n| n == 1);
     if !ready {
         daemon.stop();
@@ -153,6 +160,7 @@ impl Daemon {
     pub fn stop(&mut self) {
         self.device = None;
         if self.ended.is_none() {
+            let _ = killpg(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
@@ -226,6 +234,8 @@ impl Transfer {
     /// its faults still wait (its memory is not all there); then (on drop)
     /// the userfaultfds and the images go.
     pub fn finish(self, succeeded: bool) {
+        // The daemon is reaped; what it forked must not outlive it.
+        let _ = killpg(self.daemon, Signal::SIGKILL);
         if !succeeded {
             if let Some(init) = &self.init {
                 let _ = sys::pidfd_send_signal(init.as_fd(), Signal::SIGKILL);
