@@ -87,12 +87,17 @@ STATES = {
     },
 }
 BIG_BYTES = 1 << 30
+# Prints which of a template's usual heavy modules a REPL has imported.
+HELD_MODULES = ("import sys\nprint(','.join(m for m in ('numpy', 'pandas', 'matplotlib', 'scipy', 'sklearn') "
+                "if m in sys.modules))")
 
 # The bare baseline: a host python3 holding the same state, driven over its
 # stdin/stdout one JSON line per command.
 WORKER = r'''
 import gc, json, os, signal, sys, time
-mode, setup = sys.argv[1], sys.argv[2]
+mode, setup, preimport = sys.argv[1], sys.argv[2], sys.argv[3]
+for name in filter(None, preimport.split(",")):
+    __import__(name)  # what the forkbox parent's REPL holds besides its state
 out = sys.stdout
 sys.stdout = open(os.devnull, "w")  # setup prints its fingerprint; keep the protocol clean
 exec(setup)
@@ -169,15 +174,17 @@ for line in sys.stdin:
 
 
 class BareWorker:
-    """A host python3 holding one of STATES, forking on request."""
+    """A host python3 holding one of STATES, and the modules `preimport`
+    the forkbox parent's REPL holds, forking on request."""
 
-    def __init__(self, state: str):
+    def __init__(self, state: str, preimport: list[str]):
         try:
             import numpy  # noqa: F401
             import pandas  # noqa: F401
         except ImportError:
             raise SystemExit(f"{sys.executable} lacks numpy/pandas: pip install -r bench/requirements.txt")
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, state, STATES[state]["setup"]],
+        self.preimport = preimport
+        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, state, STATES[state]["setup"], ",".join(preimport)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.info = self.call(op="info")
         if self.info["chk"] is None:
@@ -290,6 +297,19 @@ def run_ok(fb: Forkbox, sid: str, code: str, what: str) -> str:
     return out.strip()
 
 
+def wait_warm(fb: Forkbox, template: str, timeout: float = 120.0) -> None:
+    """Wait until the warm pool has sandboxes of `template` ready, so the
+    parents are what a create gives a user (forked from the zygote, its
+    modules imported), not a sandbox made the slow way while it warms."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st, b = fb.request("GET", "/v1/pool")
+        if st == 200 and json.loads(b).get("templates", {}).get(template, {}).get("ready"):
+            return
+        time.sleep(0.5)
+    log(f"the warm pool of {template} is not ready after {timeout:.0f} s; the parents are made the slow way")
+
+
 def make_parent(fb: Forkbox, state: str, template: str, ram_mib: int) -> tuple[str, str]:
     st, b = fb.request("POST", "/v1/sandboxes", {"template": template, "ram_mib": ram_mib,
                                                  "idle_timeout_seconds": 7200, "timeout_seconds": 7200})
@@ -326,7 +346,7 @@ def destroy_all(fb: Forkbox, ids: list[str]) -> None:
 
 def fork_timings(log_text: str) -> dict[str, tuple[float, float]]:
     """First child id → (members_ms, total_ms) from the server's debug line
-    `fork timings sandbox=P n=N snapshot_ms=… total_ms=…` and the info line
+    `fork timings sandbox=P n=N members_ms=… answered_ms=… total_ms=…` and the info line
     `forked sandbox=P children=[…]` that follows it."""
     pending: dict[str, tuple[float, float]] = {}
     out: dict[str, tuple[float, float]] = {}
@@ -335,7 +355,7 @@ def fork_timings(log_text: str) -> dict[str, tuple[float, float]]:
         if "fork timings" in line:
             kv = dict(re.findall(r"(\w+)=(\S+)", line))
             try:
-                pending[kv["sandbox"]] = (float(kv["snapshot_ms"]), float(kv["total_ms"]))
+                pending[kv["sandbox"]] = (float(kv["members_ms"]), float(kv["total_ms"]))
             except (KeyError, ValueError):
                 pass
         elif " forked " in line:
@@ -569,10 +589,13 @@ def render(lat: dict, split: dict, mem: dict, cr: list[Series], facts: dict, m: 
       "once every child's REPL is ready for an exec. The children are destroyed after each sample (not timed).")
     a("- Server split (from the server's `fork timings` debug lines, when the script started the server): "
       "*members* = freezing the parent, snapshotting its files and building each child's jail "
-      "(`snapshot_ms`); *REPL fork → ready* = the rest (`total_ms − snapshot_ms`): the parent REPL forking "
+      "(`members_ms`); *REPL fork → ready* = the rest (`total_ms − members_ms`): the parent REPL forking "
       "itself into the children's namespaces and the server waiting for each child's ready message and adopting it.")
     a("- The bare baseline forks a host `python3` holding the same data N times in a row and waits until each "
       "child has written one byte; the children stay alive (paused) until the sample is over, like idle forkbox children.")
+    a(f"- The bare `python3` imports what the parent's REPL holds besides its state (the template's zygote imported "
+      f"it: {', '.join(facts['small_held']) or 'nothing'}), so both forks copy page tables of the same size: small-state "
+      f"parent RSS {facts['small_fb_rss']:.0f} MiB in forkbox, {facts['small_bare_rss']:.0f} MiB bare.")
     a(f"- The 1 GiB parent: forkbox REPL RSS {facts['fb_rss']:.0f} MiB of which {facts['fb_thp']:.0f} MiB in "
       f"transparent huge pages; bare `python3` RSS {facts['bare_rss']:.0f} MiB, {facts['bare_thp']:.0f} MiB in huge "
       "pages (numpy asks for huge pages with madvise; fork copies one page-table entry per 2 MiB huge page, "
@@ -635,8 +658,7 @@ def main() -> int:
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
     load_start = os.getloadavg()[0]
-    log("bare baseline: starting host python3 workers (small, 1 GiB)")
-    workers = {s: BareWorker(s) for s in STATES}
+    workers: dict[str, BareWorker] = {}
     server = None
     if args.url:
         url = args.url.rstrip("/")
@@ -654,12 +676,20 @@ def main() -> int:
         st, body = fb.healthz()
         if st != 200 or body.strip() != b"ok":
             raise SystemExit(f"{url}/v1/healthz: {st} {body[:200]!r}")
+        wait_warm(fb, args.template)
         for s in STATES:
             log(f"parent: {STATES[s]['label']}")
             sid, chk = make_parent(fb, s, args.template, args.ram_mib)
             parents[s] = sid
+            # The bare baseline holds the same modules as the parent's REPL
+            # (a template's REPL is forked from a zygote that imported them),
+            # so both forks copy the same page tables.
+            held = run_ok(fb, sid, HELD_MODULES, "modules the parent holds").split(",")
+            log(f"bare baseline: a host python3 with {STATES[s]['label']} and {', '.join(held) or 'no module'} imported")
+            workers[s] = BareWorker(s, [m for m in held if m])
             if chk != workers[s].info["chk"] and s == "small":
                 raise RuntimeError(f"small state differs: sandbox {chk!r}, host {workers[s].info['chk']!r}")
+        small = rollup(repl_pid(parents["small"]))
         big = rollup(repl_pid(parents["big"]))
         if big.get("Rss", 0) * 1024 < BIG_BYTES:
             raise RuntimeError(f"the 1 GiB parent's REPL has only {big.get('Rss', 0)} kB resident")
@@ -706,6 +736,8 @@ def main() -> int:
         "fb_rss": mem["parent"].get("Rss", 0) / 1024, "fb_thp": mem["parent"].get("AnonHugePages", 0) / 1024,
         "bare_rss": mem["bare_parent"].get("Rss", 0) / 1024, "bare_thp": mem["bare_parent"].get("AnonHugePages", 0) / 1024,
         "fb_versions": fb_versions, "load": load_start,
+        "small_fb_rss": small.get("Rss", 0) / 1024, "small_bare_rss": workers["small"].info["self"].get("Rss", 0) / 1024,
+        "small_held": workers["small"].preimport,
         "bare_versions": f"(Python {bv.get('python')}, numpy {bv.get('numpy', '?')}, pandas {bv.get('pandas', '?')})",
     }
     body = render(lat, split, mem, cr, facts, machine(), args, cmdline, date)

@@ -69,26 +69,13 @@ fn child_channels() -> std::io::Result<ChildChannels> {
 
 impl Service {
     /// Have the REPL of `session` (in `parent`) fork itself into the new
-    /// members `made`, and wait until every child REPL is ready and adopted.
-    /// `plan`: what the children must redo (jail::fork_plan), read from the
-    /// REPL's /proc when None. All or nothing: on failure, at whichever
-    /// step, every member in `made` is destroyed (by `fork_answered` or
-    /// `settle_fork`, and only there).
-    pub(crate) async fn fork_repl_into(
-        &self,
-        session: &mut ReplSession,
-        parent: &dyn Member,
-        made: Vec<Forked>,
-        plan: Option<&serde_json::Value>,
-    ) -> Result<Vec<(MemberRef, ReplSession)>, Error> {
-        let answered = self.fork_answered(session, parent, made, plan, 0).await?;
-        self.settle_fork(parent, answered).await
-    }
-
-    /// The first half of `fork_repl_into`, the part that needs the parent's
-    /// REPL: hand the children's descriptors to the shim (as fork slots
-    /// `first_slot`, `first_slot + 1`, …), have the REPL fork, take its
-    /// answer. The REPL is free again when this returns; the children are
+    /// members `made`: the first half of a fork, the part that needs the
+    /// parent's REPL. `plan`: what the children must redo
+    /// (jail::fork_plan), read from the REPL's /proc when None. On failure,
+    /// at whichever step, every member in `made` is destroyed (here or by
+    /// `settle_fork`, and only there). Here: hand the children's
+    /// descriptors to the shim (as fork slots `first_slot`,
+    /// `first_slot + 1`, …), have the REPL fork, take its answer. The REPL is free again when this returns; the children are
     /// still starting.
     pub(crate) async fn fork_answered(
         &self,
@@ -109,7 +96,7 @@ impl Service {
         Ok(Answered { members, children, parent_repl: session.host_pid })
     }
 
-    /// The second half of `fork_repl_into`: wait until each child REPL is
+    /// The second half of a fork: wait until each child REPL is
     /// ready and the shim adopted it.
     pub(crate) async fn settle_fork(&self, parent: &dyn Member, answered: Answered) -> Result<Vec<(MemberRef, ReplSession)>, Error> {
         let Answered { members, children, parent_repl } = answered;
