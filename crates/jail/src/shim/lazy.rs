@@ -160,8 +160,8 @@ impl Daemon {
     pub fn stop(&mut self) {
         self.device = None;
         if self.ended.is_none() {
+            // The daemon leads its group: this kills it and its helpers.
             let _ = killpg(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
-            let _ = self.child.kill();
             let _ = self.child.wait();
         }
     }

@@ -263,7 +263,8 @@ impl Shim {
             let listeners = self.listeners.len();
             let creating = self.creating.len();
             let handing: Vec<(i32, usize)> = self.handovers.watched().into_iter().map(|(p, s, _)| (p, s)).collect();
-            let lazy_watched = self.lazy.as_ref().is_some_and(|t| t.daemon_socket().is_some());
+            let lazy_socket = self.lazy.as_ref().and_then(|t| t.daemon_socket());
+            let lazy_watched = lazy_socket.is_some();
             let ready: Vec<bool> = {
                 // The server's socket, or while orphaned the adoption socket.
                 let first = match (&self.sock, &self.listener) {
@@ -287,7 +288,7 @@ impl Shim {
                 for (_, _, pidfd) in self.handovers.watched() {
                     fds.push(PollFd::new(pidfd, PollFlags::POLLIN));
                 }
-                if let Some(socket) = self.lazy.as_ref().and_then(|t| t.daemon_socket()) {
+                if let Some(socket) = lazy_socket {
                     fds.push(PollFd::new(socket, PollFlags::POLLIN));
                 }
                 match poll(&mut fds, timeout) {
