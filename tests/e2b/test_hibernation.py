@@ -31,7 +31,13 @@ def test_a_sandbox_made_to_pause_hibernates_at_its_timeout_and_connect_wakes_it(
     sb.commands.run("sleep 1001", background=True, user="root")
     sb.commands.run("echo kept > /tmp/k")
     sleepers = "ps -o uid=,pid=,args= -C sleep"
-    sleeper = sb.commands.run(sleepers).stdout
+    # A background command is reported started once forked, before it
+    # execs (as `sleep`, after it dropped to uid 1000).
+    for _ in range(50):
+        sleeper = sb.commands.run(sleepers).stdout
+        if len(sleeper.splitlines()) == 2:
+            break
+        time.sleep(0.1)
     assert [line.split()[0] for line in sleeper.splitlines()] == ["1000", "0"], sleeper
     wait_paused(Sandbox, sid)
     # On disk: no process of it left on the host; seen as paused, not woken.
