@@ -684,9 +684,9 @@ def main() -> int:
             # The bare baseline holds the same modules as the parent's REPL
             # (a template's REPL is forked from a zygote that imported them),
             # so both forks copy the same page tables.
-            held = run_ok(fb, sid, HELD_MODULES, "modules the parent holds").split(",")
+            held = [m for m in run_ok(fb, sid, HELD_MODULES, "modules the parent holds").split(",") if m]
             log(f"bare baseline: a host python3 with {STATES[s]['label']} and {', '.join(held) or 'no module'} imported")
-            workers[s] = BareWorker(s, [m for m in held if m])
+            workers[s] = BareWorker(s, held)
             if chk != workers[s].info["chk"] and s == "small":
                 raise RuntimeError(f"small state differs: sandbox {chk!r}, host {workers[s].info['chk']!r}")
         small = rollup(repl_pid(parents["small"]))

@@ -75,8 +75,8 @@ impl Service {
     /// at whichever step, every member in `made` is destroyed (here or by
     /// `settle_fork`, and only there). Here: hand the children's
     /// descriptors to the shim (as fork slots `first_slot`,
-    /// `first_slot + 1`, …), have the REPL fork, take its answer. The REPL is free again when this returns; the children are
-    /// still starting.
+    /// `first_slot + 1`, …), have the REPL fork, take its answer. The REPL
+    /// is free again when this returns; the children are still starting.
     pub(crate) async fn fork_answered(
         &self,
         session: &mut ReplSession,
