@@ -281,28 +281,37 @@ def test_a_lazy_resume_leaves_no_userfaultfd_in_the_sandbox(http):
     assert healthy(http)
 
 
-def listening_with_userfaultfds(pid: int) -> bool:
-    """Whether lazy-pages daemon `pid` took a restore's userfaultfds (it
-    holds the shim's keeper socket from the start, listens, and accepted
-    the restore: three sockets; its own probe's userfaultfd comes before
-    any)."""
-    links = fd_links([pid])
-    return sum("socket:" in link for link in links) >= 3 and any("userfaultfd" in link for link in links)
+class TaskUserfaultfdWatch:
+    """Tells when a lazy-pages daemon holds a restored task's userfaultfd.
+    Its own probe's userfaultfd comes and goes before it listens (while it
+    holds one socket, the shim's); once it listened, any userfaultfd it
+    holds is a task's, until every page is in."""
+
+    def __init__(self):
+        self.listened: set[int] = set()
+
+    def holds_one(self, pid: int) -> bool:
+        links = fd_links([pid])
+        if sum("socket:" in link for link in links) >= 2:
+            self.listened.add(pid)
+        return pid in self.listened and any("anon_inode:[userfaultfd]" in link for link in links)
 
 
 def test_a_lazy_pages_daemon_killed_mid_resume_never_leaves_zeroed_memory(http):
     sid = create_raw(http, keep_processes=True, ram_mib=2048, egress=False)
     exec_ok(http, sid, "import hashlib, os\ndata = os.urandom(768 << 20)\nwant = hashlib.sha256(data).hexdigest()")
     space = freeze(http, sid)["space_id"]
-    # Killed while the restore hands it the tasks' userfaultfds: the
-    # restore fails at once, and the Space is put back.
+    # Killed as soon as it holds a task's userfaultfd: while the restore
+    # hands them over (the restore fails at once, and the Space is put
+    # back), or just after (the sandbox runs, and is killed below).
     killed = []
     stop = threading.Event()
+    watch = TaskUserfaultfdWatch()
 
     def hunt():
         while not stop.is_set() and not killed:
             for pid in lazy_daemons():
-                if listening_with_userfaultfds(pid):
+                if watch.holds_one(pid):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
             time.sleep(0.001)

@@ -623,10 +623,12 @@ def fd_links(pids: list[int]) -> list[str]:
 
 
 def lazy_daemons() -> list[int]:
-    """Host pids of criu lazy-pages daemons (docs/state.md#lazy-resume)."""
+    """Host pids of criu lazy-pages daemons (docs/state.md#lazy-resume):
+    the `lazy-pages` command itself, not a `restore --lazy-pages` nor the
+    helpers and tasks that restore forks, which carry its command line."""
     found = []
     for name in os.listdir("/proc"):
-        if name.isdigit() and "lazy-pages" in " ".join(proc_cmdline(int(name))):
+        if name.isdigit() and "lazy-pages" in proc_cmdline(int(name)):
             found.append(int(name))
     return found
 
