@@ -33,7 +33,8 @@ pub mod volume;
 
 pub use cgroup::Limits;
 pub use engine::{
-    Adopted, AfterDump, CommandControl, CommandProcess, ForkChild, Jail, JailConfig, Kept, MemberRecord, ReplProcess, Sandbox, SandboxSpec, TerminalProcess,
+    Adopted, AfterDump, CommandControl, CommandProcess, ForkChild, Jail, JailConfig, Kept, MemberRecord, ReplProcess, Rooting, Sandbox, SandboxSpec,
+    TerminalProcess,
 };
 pub use error::{Error, Result};
 /// What a REPL's fork must carry over, read from `/proc` (docs/fork.md).

@@ -18,6 +18,19 @@ use crate::shim::messages::*;
 
 type Pending = HashMap<u64, oneshot::Sender<(Reply, Vec<OwnedFd>)>>;
 
+/// A request sent to the shim whose reply has not been read yet.
+pub(crate) struct Replying(oneshot::Receiver<(Reply, Vec<OwnedFd>)>);
+
+impl Replying {
+    pub(crate) async fn reply(self) -> Result<(Reply, Vec<OwnedFd>)> {
+        let (reply, fds) = self.0.await.map_err(|_| Error::SupervisorGone)?;
+        match reply {
+            Reply::Failed { error } => Err(Error::Failed(error)),
+            r => Ok((r, fds)),
+        }
+    }
+}
+
 /// Who waits for a command's start and exit.
 pub(crate) struct CommandWaiters {
     pub(crate) started: Option<oneshot::Sender<()>>,
@@ -208,31 +221,30 @@ impl ShimHandle {
     }
 
     pub(crate) async fn call(&self, request: Request, fds: &[i32]) -> Result<(Reply, Vec<OwnedFd>)> {
+        self.send(request, fds).await?.reply().await
+    }
+
+    /// Send `request`; its reply comes through what this returns. The
+    /// shim reads requests in the order they were sent.
+    pub(crate) async fn send(&self, request: Request, fds: &[i32]) -> Result<Replying> {
         if !self.alive() {
             return Err(Error::SupervisorGone);
         }
         let req = self.next_req.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().await.insert(req, tx);
-        {
-            let _g = self.send_lock.lock().await;
-            let env = Envelope { req, request };
-            loop {
-                let mut guard = self.sock.writable().await.map_err(|e| Error::io("wait for shim", e))?;
-                match channel::send(self.sock.get_ref().as_fd(), &env, fds) {
-                    Ok(()) => break,
-                    Err(Error::Sys { source: nix::errno::Errno::EAGAIN, .. }) => guard.clear_ready(),
-                    Err(e) => {
-                        self.pending.lock().await.remove(&req);
-                        return Err(e);
-                    }
+        let _g = self.send_lock.lock().await;
+        let env = Envelope { req, request };
+        loop {
+            let mut guard = self.sock.writable().await.map_err(|e| Error::io("wait for shim", e))?;
+            match channel::send(self.sock.get_ref().as_fd(), &env, fds) {
+                Ok(()) => return Ok(Replying(rx)),
+                Err(Error::Sys { source: nix::errno::Errno::EAGAIN, .. }) => guard.clear_ready(),
+                Err(e) => {
+                    self.pending.lock().await.remove(&req);
+                    return Err(e);
                 }
             }
-        }
-        let (reply, fds) = rx.await.map_err(|_| Error::SupervisorGone)?;
-        match reply {
-            Reply::Failed { error } => Err(Error::Failed(error)),
-            r => Ok((r, fds)),
         }
     }
 

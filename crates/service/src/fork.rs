@@ -123,11 +123,12 @@ impl Service {
         // Checked before members are made, which would otherwise be left.
         let session = slot.session.as_mut().ok_or_else(|| Error::Conflict("the sandbox has no Python process".into()))?;
         let ids: Vec<String> = (0..n).map(|_| new_id()).collect();
-        let made = self.inner.engine.fork_members(parent.engine.as_ref(), &ids).await.map_err(|e| Error::internal("could not fork the sandbox", e))?;
+        let (made, rooting) =
+            self.inner.engine.fork_members(parent.engine.as_ref(), &ids).await.map_err(|e| Error::internal("could not fork the sandbox", e))?;
         let membered = started.elapsed();
         let answered = self.fork_answered(session, parent.engine.as_ref(), made, None, 0).await?;
         let forked = started.elapsed();
-        let children = self.settle_fork(parent.engine.as_ref(), answered).await?;
+        let children = self.settle_fork(parent.engine.as_ref(), answered, rooting).await?;
         let mut lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();
         lineage.push(parent.id.clone());
         let entries = children

@@ -98,9 +98,14 @@ impl Service {
 
     /// The second half of a fork: wait until each child REPL is
     /// ready and the shim adopted it.
-    pub(crate) async fn settle_fork(&self, parent: &dyn Member, answered: Answered) -> Result<Vec<(MemberRef, ReplSession)>, Error> {
+    pub(crate) async fn settle_fork(&self, parent: &dyn Member, answered: Answered, rooting: jail::Rooting) -> Result<Vec<(MemberRef, ReplSession)>, Error> {
         let Answered { members, children, parent_repl } = answered;
-        let sessions = self.settle_steps(parent, parent_repl, &members, children).await;
+        // The children take their namespaces once their members have their
+        // roots (the shim holds their hand-overs until then).
+        let sessions = match rooting.wait().await {
+            Ok(()) => self.settle_steps(parent, parent_repl, &members, children).await,
+            Err(e) => Err(ForkError::Root(e)),
+        };
         let sessions = self.or_discard(&members, sessions).await?;
         Ok(members.into_iter().zip(sessions).collect())
     }
@@ -248,6 +253,8 @@ pub enum ForkError {
     ChildStart(repl_host::session::SessionError),
     #[error("the shim could not adopt the children: {0}")]
     Adopt(jail::Error),
+    #[error("a child's files could not be attached as its root: {0}")]
+    Root(jail::Error),
 }
 
 impl From<ForkError> for Error {

@@ -18,7 +18,10 @@ impl Jail {
     /// built ahead of time, see `refill_hollows`) where there are some, else
     /// are built hollow now (names from `ids`); each then gets its root: a
     /// snapshot of the parent's layer, mounted in its own mount namespace.
-    pub async fn fork_members(&self, parent: &Sandbox, ids: &[String]) -> Result<Vec<ForkChild>> {
+    /// The roots are on their way when this returns (`Rooting`): the shim
+    /// holds each child's hand-over until its member has one, so the REPL
+    /// can fork meanwhile.
+    pub async fn fork_members(&self, parent: &Sandbox, ids: &[String]) -> Result<(Vec<ForkChild>, Rooting)> {
         if parent.is_solo() {
             return Err(Error::Unsupported(SOLO_HAS_NO_SIBLINGS.into()));
         }
@@ -40,7 +43,7 @@ impl Jail {
             }
         }
         match self.root_children(parent, &children).await {
-            Ok(()) => Ok(children),
+            Ok(rooting) => Ok((children, rooting)),
             Err(e) => {
                 self.destroy_children(&children).await;
                 Err(e)
@@ -55,8 +58,9 @@ impl Jail {
     }
 
     /// Snapshot the parent's layer (frozen) into each child's subvolume and
-    /// have the shim attach it as each child's root.
-    async fn root_children(&self, parent: &Sandbox, children: &[ForkChild]) -> Result<()> {
+    /// ask the shim to attach it as each child's root. A shim older than
+    /// `ROOTING_HOLDS_HANDOVERS` is waited for here.
+    async fn root_children(&self, parent: &Sandbox, children: &[ForkChild]) -> Result<Rooting> {
         // A hollow child has no subvolume yet: its disk limit comes with
         // its snapshot.
         let limits = parent.limits();
@@ -87,15 +91,18 @@ impl Jail {
         .await
         .map_err(|e| Error::Thread(format!("join: {e}")))??;
         let shim = parent.shim();
-        let roots = children.iter().map(|c| {
+        let mut sent = Vec::with_capacity(children.len());
+        for c in children {
             let sub = &c.sandbox.subvolume;
             let req = Request::RootMember { member: c.sandbox.id.clone(), upper: sub.join("upper"), work: sub.join("work") };
-            shim.call(req, &[])
-        });
-        for r in futures::future::join_all(roots).await {
-            r?;
+            sent.push(shim.send(req, &[]).await?);
         }
-        Ok(())
+        let rooting = Rooting(sent);
+        if shim.protocol() < crate::shim::messages::ROOTING_HOLDS_HANDOVERS {
+            rooting.wait().await?;
+            return Ok(Rooting(Vec::new()));
+        }
+        Ok(rooting)
     }
 
     /// Keep `target` hollow spares in `member`'s family, so its
@@ -193,6 +200,26 @@ impl Jail {
             Reply::Adopted { host_pids } if host_pids.len() == fds.len() => Ok(host_pids.into_iter().zip(fds).collect()),
             other => Err(Error::Protocol(format!("unexpected reply {other:?}"))),
         }
+    }
+}
+
+/// The roots of a fork's members on their way (`Jail::fork_members`).
+/// Dropped, nothing waits for them; a member whose root failed is
+/// destroyed with the fork.
+pub struct Rooting(Vec<crate::supervisor::Replying>);
+
+impl Rooting {
+    /// Nothing left to wait for.
+    pub fn done() -> Rooting {
+        Rooting(Vec::new())
+    }
+
+    /// Until every member has its root (or one failed).
+    pub async fn wait(self) -> Result<()> {
+        for r in futures::future::join_all(self.0.into_iter().map(|r| r.reply())).await {
+            r?;
+        }
+        Ok(())
     }
 }
 

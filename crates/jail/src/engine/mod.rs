@@ -27,7 +27,7 @@ mod sandbox;
 mod tree_creds;
 pub use adopt::{Adopted, Kept, MemberRecord};
 pub use dump::AfterDump;
-pub use fork::ForkChild;
+pub use fork::{ForkChild, Rooting};
 pub use sandbox::Sandbox;
 
 /// Settings of the engine.

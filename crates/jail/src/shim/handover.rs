@@ -22,6 +22,10 @@
 //!
 //! Steps 2 and 3 come in either order; a take waits (its caller blocked in
 //! the call) until the give. Any other take of the slot fails with `EPERM`.
+//! A take also waits while the child's member is still being given its
+//! root (`Request::RootMember`, answered when its init has moved in): the
+//! server has the REPL fork meanwhile, and the child must not join a mount
+//! namespace whose root is not its own yet.
 //! A named child that dies before it took frees its slot; so does
 //! destroying the child's member. Nothing here is kept across a restart of
 //! the server: a fork in flight then fails.
@@ -54,6 +58,8 @@ struct Slot {
     child: Option<(i32, OwnedFd)>,
     /// Takes waiting for the give.
     takes: Vec<Take>,
+    /// The named child's take, waiting for its member's root.
+    rooting: Option<Take>,
 }
 
 struct Take {
@@ -99,6 +105,13 @@ fn refuse(listener: &Listener, id: u64, errno: i32) {
     let _ = listener.respond(id, Verdict::Errno(errno));
 }
 
+/// The family's members as a hand-over needs them: all of them, and those
+/// still being given their root (name → the `RootMember` request).
+pub struct Members<'a> {
+    pub all: &'a HashMap<String, Member>,
+    pub rooting: &'a HashMap<String, u64>,
+}
+
 /// A hand-over `ioctl` waiting for its answer: the listener it came on, its
 /// notification and the host tid of the thread that made it.
 #[derive(Clone, Copy)]
@@ -118,7 +131,7 @@ impl HandOvers {
     /// Hold `fds` for the child that REPL `parent` forks as `slot` into
     /// `member`; replaces what an earlier fork left in that slot.
     pub fn expect(&mut self, parent: i32, slot: usize, member: String, fds: Vec<OwnedFd>) {
-        let old = self.forks.entry(parent).or_default().insert(slot, Slot { member, fds, child: None, takes: Vec::new() });
+        let old = self.forks.entry(parent).or_default().insert(slot, Slot { member, fds, child: None, takes: Vec::new(), rooting: None });
         if let Some(old) = old {
             old.fail();
         }
@@ -126,7 +139,7 @@ impl HandOvers {
 
     /// `ioctl(slot, HANDOVER_GIVE, pid)`; `family_level`: the index of the
     /// family pid namespace in `NSpid` lines.
-    pub fn give(&mut self, call: Call<'_>, slot: usize, pid: i32, family_level: usize, members: &HashMap<String, Member>) {
+    pub fn give(&mut self, call: Call<'_>, slot: usize, pid: i32, family_level: usize, members: &Members<'_>) {
         let caller = call.caller;
         let Some(s) = self.forks.get_mut(&caller).and_then(|f| f.get_mut(&slot)) else {
             return call.refuse(libc::EPERM);
@@ -164,7 +177,7 @@ impl HandOvers {
     }
 
     /// `ioctl(slot, HANDOVER_TAKE, 0)`.
-    pub fn take(&mut self, call: Call<'_>, slot: usize, members: &HashMap<String, Member>) {
+    pub fn take(&mut self, call: Call<'_>, slot: usize, members: &Members<'_>) {
         let caller = call.caller;
         // A fork child is a whole single-threaded process, blocked in this
         // call: it cannot start a thread before it is answered.
@@ -185,8 +198,40 @@ impl HandOvers {
     }
 
     /// Answer the caller of `take` (a fork child waiting in its take) with
-    /// a socket holding slot `slot`'s descriptors, and free the slot.
-    fn serve(&mut self, parent: i32, slot: usize, take: Call<'_>, members: &HashMap<String, Member>) {
+    /// a socket holding slot `slot`'s descriptors, and free the slot; or,
+    /// while the child's member is still being rooted, hold the take until
+    /// it is (`rooted`).
+    fn serve(&mut self, parent: i32, slot: usize, take: Call<'_>, members: &Members<'_>) {
+        if let Some(s) = self.forks.get_mut(&parent).and_then(|f| f.get_mut(&slot)) {
+            if members.rooting.contains_key(&s.member) {
+                // Only the named child gets here, and it waits in one call
+                // at a time: a take held before is one a signal restarted.
+                match take.listener.try_clone() {
+                    Ok(listener) => s.rooting = Some(Take { host_pid: take.caller, id: take.id, listener }),
+                    Err(_) => take.refuse(libc::EPERM),
+                }
+                return;
+            }
+        }
+        self.hand_over(parent, slot, take, members.all);
+    }
+
+    /// `member` has its root: serve the take that waited for it.
+    pub fn rooted(&mut self, member: &str, members: &HashMap<String, Member>) {
+        let waiting: Vec<(i32, usize)> = self
+            .forks
+            .iter()
+            .flat_map(|(parent, fork)| fork.iter().filter(|(_, s)| s.member == member && s.rooting.is_some()).map(|(slot, _)| (*parent, *slot)))
+            .collect();
+        for (parent, slot) in waiting {
+            let Some(t) = self.forks.get_mut(&parent).and_then(|f| f.get_mut(&slot)).and_then(|s| s.rooting.take()) else {
+                continue;
+            };
+            self.hand_over(parent, slot, Call { listener: &t.listener, id: t.id, caller: t.host_pid }, members);
+        }
+    }
+
+    fn hand_over(&mut self, parent: i32, slot: usize, take: Call<'_>, members: &HashMap<String, Member>) {
         let Some(s) = self.remove(parent, slot) else {
             return take.refuse(libc::EPERM);
         };
@@ -256,7 +301,7 @@ impl HandOvers {
 impl Slot {
     /// Refuse every waiting take; the descriptors close with the slot.
     fn fail(self) {
-        for t in self.takes {
+        for t in self.takes.into_iter().chain(self.rooting) {
             refuse(&t.listener, t.id, libc::EPERM);
         }
     }

@@ -60,12 +60,17 @@ impl ShimConfig {
 /// ahead of use in its families.
 /// 4: `PagesIn` (an older shim never restores lazily, and would take the
 /// unknown request for a server gone).
-pub const PROTOCOL: u32 = 4;
+/// 5: a fork child's hand-over waits for its member's root (`RootMember`
+/// answered), so a fork need not wait for its members' roots before the
+/// REPL forks; an older shim would hand a child a namespace without one.
+pub const PROTOCOL: u32 = 5;
 
 /// The first [`PROTOCOL`] with network gates.
 pub const NETWORK_GATES: u32 = 3;
 /// The first [`PROTOCOL`] that answers `PagesIn`.
 pub const PAGES_IN: u32 = 4;
+/// The first [`PROTOCOL`] whose hand-overs wait for a member's root.
+pub const ROOTING_HOLDS_HANDOVERS: u32 = 5;
 
 /// Who a command runs as inside the sandbox. Supplementary groups stay
 /// init's (as `setpriv --keep-groups`).

@@ -370,9 +370,10 @@ impl Shim {
     /// A step of a fork's descriptor hand-over (see `handover`).
     fn hand_over(&mut self, listener: usize, n: crate::notify::Notification, step: crate::notify::HandOver) {
         let call = handover::Call { listener: &self.listeners[listener], id: n.id, caller: n.pid };
+        let members = handover::Members { all: &self.members, rooting: &self.rooting };
         match step {
-            crate::notify::HandOver::Give { slot, pid } => self.handovers.give(call, slot, pid, self.family_view.family_level(), &self.members),
-            crate::notify::HandOver::Take { slot } => self.handovers.take(call, slot, &self.members),
+            crate::notify::HandOver::Give { slot, pid } => self.handovers.give(call, slot, pid, self.family_view.family_level(), &members),
+            crate::notify::HandOver::Take { slot } => self.handovers.take(call, slot, &members),
         }
     }
 
@@ -588,11 +589,18 @@ impl Shim {
                 Ok(())
             }
             InitMessage::Rooted => match self.rooting.remove(&member) {
-                Some(req) => self.reply(req, Ok((Reply::Done, vec![]))),
+                Some(req) => {
+                    self.handovers.rooted(&member, &self.members);
+                    self.reply(req, Ok((Reply::Done, vec![])))
+                }
                 None => Ok(()),
             },
             InitMessage::SetupFailed { error } => match self.rooting.remove(&member) {
-                Some(req) => self.reply(req, Err(Error::Setup(error))),
+                Some(req) => {
+                    // Its fork child never gets its namespaces.
+                    self.handovers.forget_member(&member);
+                    self.reply(req, Err(Error::Setup(error)))
+                }
                 None => Ok(()),
             },
             _ => Ok(()),
@@ -876,6 +884,10 @@ impl Shim {
                     self.gates.forget(mnt);
                 }
                 self.handovers.forget_member(&name);
+                // A fork that failed before its members had their roots.
+                if let Some(req) = self.rooting.remove(&name) {
+                    let _ = self.reply(req, Err(Error::Invalid(format!("member {name} was destroyed before it had its root"))));
+                }
                 let _ = self.solo_repls.forget_member(&name);
                 self.deposits.remove(&name);
                 if let Some(m) = self.members.remove(&name) {

@@ -226,10 +226,10 @@ impl Engine for FakeEngine {
         Ok(())
     }
 
-    async fn fork_members(&self, parent: &dyn Member, ids: &[String]) -> jail::Result<Vec<Forked>> {
+    async fn fork_members(&self, parent: &dyn Member, ids: &[String]) -> jail::Result<(Vec<Forked>, jail::Rooting)> {
         self.shared.log(format!("fork_members {}", parent.id()));
         self.shared.check(Fault::ForkMembers)?;
-        self.members_like(parent, ids, &parent.limits())
+        Ok((self.members_like(parent, ids, &parent.limits())?, jail::Rooting::done()))
     }
 
     async fn spare_members(&self, sibling: &dyn Member, ids: &[String], limits: &Limits) -> jail::Result<Vec<Forked>> {

@@ -29,8 +29,9 @@ impl Engine for Jail {
         Jail::destroy(self, own(member)?).await
     }
 
-    async fn fork_members(&self, parent: &dyn Member, ids: &[String]) -> jail::Result<Vec<Forked>> {
-        Ok(forked(Jail::fork_members(self, own(parent)?, ids).await?))
+    async fn fork_members(&self, parent: &dyn Member, ids: &[String]) -> jail::Result<(Vec<Forked>, jail::Rooting)> {
+        let (made, rooting) = Jail::fork_members(self, own(parent)?, ids).await?;
+        Ok((forked(made), rooting))
     }
 
     async fn spare_members(&self, sibling: &dyn Member, ids: &[String], limits: &Limits) -> jail::Result<Vec<Forked>> {

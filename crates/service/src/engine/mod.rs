@@ -53,8 +53,9 @@ pub trait Engine: Send + Sync + 'static {
     async fn destroy(&self, member: &dyn Member) -> jail::Result<()>;
 
     /// Snapshot `parent`'s files into one new member per id (step one of a
-    /// fork, docs/fork.md); their REPLs come from `parent`'s forking.
-    async fn fork_members(&self, parent: &dyn Member, ids: &[String]) -> jail::Result<Vec<Forked>>;
+    /// fork, docs/fork.md); their REPLs come from `parent`'s forking, which
+    /// may start before their roots are attached (`jail::Rooting`).
+    async fn fork_members(&self, parent: &dyn Member, ids: &[String]) -> jail::Result<(Vec<Forked>, jail::Rooting)>;
     /// Members for `sibling`'s family with `limits`, for the warm pool.
     async fn spare_members(&self, sibling: &dyn Member, ids: &[String], limits: &Limits) -> jail::Result<Vec<Forked>>;
     /// Hand the supervisor child `slot`'s descriptors for the REPL that
