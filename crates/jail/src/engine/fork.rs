@@ -100,7 +100,7 @@ impl Jail {
         let rooting = Rooting(sent);
         if shim.protocol() < crate::shim::messages::ROOTING_HOLDS_HANDOVERS {
             rooting.wait().await?;
-            return Ok(Rooting(Vec::new()));
+            return Ok(Rooting::done());
         }
         Ok(rooting)
     }
@@ -216,10 +216,7 @@ impl Rooting {
 
     /// Until every member has its root (or one failed).
     pub async fn wait(self) -> Result<()> {
-        for r in futures::future::join_all(self.0.into_iter().map(|r| r.reply())).await {
-            r?;
-        }
-        Ok(())
+        futures::future::try_join_all(self.0.into_iter().map(crate::supervisor::Replying::reply)).await.map(|_| ())
     }
 }
 
