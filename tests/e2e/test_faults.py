@@ -22,7 +22,7 @@ import pytest
 from conftest import start_server, stop_and_assert_clean
 from helpers import (
     E2E_ROOT, TEMPLATES_DIR, ForkboxServer, assert_json_error, create_raw, current_rootfs, exec_ok, exec_raw, proc_status,
-    sandbox_host_pids, wait_no_leaks,
+    sandbox_cgroup_dirs, sandbox_host_pids, wait_no_leaks,
 )
 
 
@@ -134,6 +134,50 @@ def test_a_supervisor_killed_mid_exec_rebuilds_its_sandbox_only(cold):
 
 
 # ── the server killed mid-create and mid-fork ───────────────────────────
+
+@pytest.mark.skipif(not os.path.isdir("/sys/fs/cgroup/freezer"),
+                    reason="holds a killed process with cgroup v1's freezer (v2's kills frozen tasks)")
+def test_a_destroy_waits_for_killed_processes_slow_to_die(cold):
+    """A destroy waits for its sandbox's killed processes however long they
+    take to die. Under bench/load.py a stall of the whole machine held some
+    past the kill's 10 s deadline, and each such destroy gave up and left
+    the sandbox's cgroups and files behind for good. Here a host process put
+    in the sandbox's cgroups is held by a frozen freezer cgroup of the
+    test's for 14 s: on cgroup v1 a frozen task dies only once thawed."""
+    held = f"/sys/fs/cgroup/freezer/forkbox-test-held-{uuid.uuid4().hex[:8]}"
+
+    def freeze(state: str) -> None:
+        with open(os.path.join(held, "freezer.state"), "w") as f:
+            f.write(state)
+
+    with cold.http(timeout=120) as c:
+        sid = create_raw(c)
+        dirs = sandbox_cgroup_dirs(sid)
+        os.mkdir(held)
+        stuck = subprocess.Popen(["sleep", "600"])
+        thaw = threading.Timer(14, freeze, args=("THAWED",))
+        try:
+            for d in dirs + [held]:
+                if "/freezer/" not in d or d == held:
+                    with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                        f.write(str(stuck.pid))
+            freeze("FROZEN")
+            thaw.start()
+            started = time.monotonic()
+            assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
+            waited = time.monotonic() - started
+            assert stuck.wait(timeout=30) == -signal.SIGKILL
+            left = [d for d in dirs if os.path.exists(d)]
+            assert not left, f"the destroy gave up after {waited:.1f} s and left {left}"
+            assert waited > 12, waited
+            assert not os.path.exists(os.path.join(cold.state_dir, "volume", "sandboxes", sid))
+        finally:
+            thaw.cancel()
+            freeze("THAWED")
+            stuck.kill()
+            stuck.wait()
+            os.rmdir(held)
+
 
 @pytest.fixture(scope="module")
 def crashing(say, server):

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from podflare import Sandbox
 
-from helpers import assert_json_error, create_raw, delete_raw, exec_ok, exec_raw, sandbox_cgroup_dirs, wait_pool, wait_until
+from helpers import assert_json_error, create_raw, delete_raw, exec_raw, sandbox_cgroup_dirs, wait_pool, wait_until
 
 
 def py(sb, code: str) -> str:
@@ -235,43 +235,6 @@ def test_destroying_parent_or_child_leaves_the_others(http):
     assert exec_raw(http, b, "print(v)").stdout == "alive\n"
     assert exec_raw(http, b, "echo ok", "bash").stdout == "ok\n"
     assert delete_raw(http, b) == 204
-
-
-def test_roots_are_volatile_overlays_down_a_fork_line(http):
-    """A sandbox's overlay never syncs its upper layer: its unmount at a
-    destroy would otherwise commit the volume in the family's one thread
-    (docs/fork.md#volatile-roots). A volatile mount leaves a mark in its
-    work directory that refuses the next mount of those layers, and a fork
-    child's layers are a snapshot of its parent's, mark included: a child
-    and a grandchild, with the parent's files, show it is cleared first."""
-    def root_options(sid: str) -> str:
-        # mountinfo: "id parent dev root mountpoint opts [optional...] - fstype source superopts"
-        out = exec_ok(http, sid, "cat /proc/self/mountinfo", "bash")
-        (tail,) = [line.split(" - ")[1] for line in out.splitlines() if line.split()[4] == "/"]
-        fstype, _, superopts = tail.split()
-        assert fstype == "overlay", tail
-        return superopts
-
-    def volatile(opts: str) -> bool:
-        # Shown as `volatile` before Linux 6.6, `fsync=volatile` since.
-        return bool({"volatile", "fsync=volatile"} & set(opts.split(",")))
-    sid = create_raw(http)
-    made = [sid]
-    try:
-        exec_ok(http, sid, "echo mine > /root/f", "bash")
-        assert volatile(root_options(sid)), root_options(sid)
-        (child,) = http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 1}).json()["children"]
-        made.append(child)
-        assert volatile(root_options(child)), root_options(child)
-        r = http.post(f"/v1/sandboxes/{child}/fork", json={"n": 1})
-        assert r.status_code == 200, r.text
-        (grandchild,) = r.json()["children"]
-        made.append(grandchild)
-        assert volatile(root_options(grandchild)), root_options(grandchild)
-        assert exec_ok(http, grandchild, "cat /root/f", "bash") == "mine\n"
-    finally:
-        for s in made:
-            delete_raw(http, s)
 
 
 def test_a_crash_in_one_member_affects_no_other(http):

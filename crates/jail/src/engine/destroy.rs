@@ -8,8 +8,8 @@ impl Jail {
     /// Destroy a sandbox and free everything it used. The family's shim
     /// (and its id range) goes with its last member.
     pub async fn destroy(&self, sandbox: &Sandbox) -> Result<()> {
-        let cgroup = sandbox.cgroup.clone();
-        tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE)).await.map_err(|e| Error::Thread(format!("join: {e}")))??;
+        let (cgroup, id) = (sandbox.cgroup.clone(), sandbox.id.clone());
+        tokio::task::spawn_blocking(move || kill_patiently(&cgroup, &id)).await.map_err(|e| Error::Thread(format!("join: {e}")))??;
         let shim = sandbox.shim();
         let _ = shim.call(Request::DestroyMember { member: sandbox.id.clone() }, &[]).await;
         shim.network_wanted.lock().await.remove(&sandbox.id);
@@ -112,6 +112,24 @@ impl Jail {
     /// new ones: a pasta's parent was the server that died).
     pub fn kill_stale_pastas(&self) {
         crate::net::kill_stale(&self.config.state_dir.join("run"));
+    }
+}
+
+/// SIGKILL every process of a sandbox's cgroup and wait until it is
+/// empty. Killed processes can take longer than `DESTROY_DEADLINE` to die
+/// when the whole machine stalls (bench/load.py, 2026-12-07: 17 s in which
+/// the server answered almost nothing); a destroy that gave up then left
+/// the member, its cgroup and its files behind for good. So it warns and
+/// waits on, up to `KILL_PATIENCE` in all. Blocking.
+fn kill_patiently(cgroup: &crate::cgroup::Cgroup, sandbox: &str) -> Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        match cgroup.kill_all(DESTROY_DEADLINE) {
+            Err(e) if started.elapsed() < KILL_PATIENCE => {
+                tracing::warn!(sandbox, err = %e, waited_s = started.elapsed().as_secs(), "killed processes are slow to die; waiting on");
+            }
+            done => return done,
+        }
     }
 }
 

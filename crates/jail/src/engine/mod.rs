@@ -203,6 +203,9 @@ impl FamilyHandle {
 
 const SANDBOXES_DIR: &str = "sandboxes";
 const DESTROY_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a destroy waits in all for killed processes to die
+/// (`kill_patiently`).
+const KILL_PATIENCE: Duration = Duration::from_secs(300);
 
 impl Jail {
     /// Open the engine: mount the volume, prepare cgroups, and clean up

@@ -7,7 +7,6 @@
 use std::fs;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
@@ -83,55 +82,22 @@ pub fn mount_root(family: &Family, run_dir: &Path, name: &str, upper: &Path, wor
         std::os::unix::fs::symlink(target, &path).map_err(|e| Error::io("link overlay layer", e))?;
     }
     let options = format!("lowerdir={},upperdir=u,workdir=w", lower_links.join(":"));
-    let volatile = format!("{options},volatile");
-    forget_volatile_mount(work);
     chdir(&dir).map_err(|e| Error::sys("enter run dir", e))?;
     // After a rebuild the previous overlay on these layers may take a moment
     // to be released by the kernel (EBUSY: "upperdir in use").
     let mut tries = 0;
-    let mut fell_back = false;
-    let mut options = if VOLATILE_REFUSED.load(Ordering::Relaxed) { options } else { volatile };
     let mounted = loop {
         match mount(Some("overlay"), &root, Some("overlay"), MsFlags::empty(), Some(options.as_str())) {
             Err(nix::errno::Errno::EBUSY) if tries < 200 => {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            // A kernel before 5.10 has no volatile overlays.
-            Err(nix::errno::Errno::EINVAL) if options.ends_with(",volatile") => {
-                options = options.trim_end_matches(",volatile").to_string();
-                fell_back = true;
-            }
             other => break other,
         }
     };
-    if fell_back && mounted.is_ok() {
-        VOLATILE_REFUSED.store(true, Ordering::Relaxed);
-    }
     let _ = chdir("/");
     mounted.map_err(|e| Error::sys("mount overlay", e))?;
     Ok(root)
-}
-
-/// Set once the kernel refused a volatile overlay: later mounts go without.
-static VOLATILE_REFUSED: AtomicBool = AtomicBool::new(false);
-
-/// A member's overlay is volatile: it never syncs its upper layer. Its
-/// unmount at a destroy otherwise synced it, a btrfs commit of the volume,
-/// in the family's one thread: under bench/load.py a `DestroyMember` held
-/// the supervisor for 21 ms at the median and up to 359 ms, and forks and
-/// creates of the family waited behind it. A sync would buy nothing: what
-/// is on the volume does not outlive a power loss (docs/operations.md;
-/// Spaces are written and synced elsewhere).
-///
-/// A volatile mount leaves `work/incompat/volatile/dirty` in its work directory,
-/// and overlayfs refuses to mount over that again, since it cannot tell a
-/// crash from an unmount. The layers are mounted again on a rebuild, and a
-/// fork child's are a snapshot of its parent's, mark included; with no
-/// crash behind it (the host would have taken the volume's sandboxes with
-/// it) the mark is removed first.
-fn forget_volatile_mount(work: &Path) {
-    let _ = fs::remove_dir_all(work.join("work").join("incompat"));
 }
 
 pub fn unmount_root(root: &Path) {
