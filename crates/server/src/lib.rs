@@ -8,7 +8,6 @@
 
 pub mod error;
 pub mod front_door;
-pub mod heap;
 pub mod http;
 pub mod keepalive;
 pub mod openapi;
@@ -155,7 +154,6 @@ pub async fn serve_then(config: ServerConfig, started: impl FnOnce(AppState)) ->
     check_exposure(&config.listen, guarded).map_err(anyhow::Error::msg)?;
     let state = AppState::start(config.clone()).await?;
     started(state.clone());
-    tokio::spawn(heap::keep_trimmed());
     use axum::serve::ListenerExt;
     // Events are small writes: without TCP_NODELAY, Nagle and delayed ACKs
     // add ~40 ms to every exec.
