@@ -133,7 +133,7 @@ def test_a_supervisor_killed_mid_exec_rebuilds_its_sandbox_only(cold):
     assert wait_no_leaks(cold, expect_volume_mounted=True) == []
 
 
-# ── the server killed mid-create and mid-fork ───────────────────────────
+# ── killed processes slow to die ────────────────────────────────────────
 
 @pytest.mark.skipif(not os.path.isdir("/sys/fs/cgroup/freezer"),
                     reason="holds a killed process with cgroup v1's freezer (v2's kills frozen tasks)")
@@ -178,6 +178,8 @@ def test_a_destroy_waits_for_killed_processes_slow_to_die(cold):
             stuck.wait()
             os.rmdir(held)
 
+
+# ── the server killed mid-create and mid-fork ───────────────────────────
 
 @pytest.fixture(scope="module")
 def crashing(say, server):

@@ -60,7 +60,7 @@ impl Jail {
                 ))
             }
             Err(e) => {
-                let _ = cgroup.kill_all(DESTROY_DEADLINE);
+                let _ = kill_patiently(&cgroup, &spec.id);
                 let _ = cgroup.remove();
                 let _ = self.volume.delete_subvolume(&subvolume);
                 let _ = std::fs::remove_dir_all(self.run_dir(&spec.id));

@@ -77,7 +77,7 @@ impl Jail {
                 continue;
             }
             let cg = self.cgroups.open(&name);
-            cg.kill_all(DESTROY_DEADLINE)?;
+            kill_patiently(&cg, &name)?;
             cg.remove()?;
             tracing::info!(sandbox = %name, "removed a stale sandbox cgroup");
         }
@@ -112,24 +112,6 @@ impl Jail {
     /// new ones: a pasta's parent was the server that died).
     pub fn kill_stale_pastas(&self) {
         crate::net::kill_stale(&self.config.state_dir.join("run"));
-    }
-}
-
-/// SIGKILL every process of a sandbox's cgroup and wait until it is
-/// empty. Killed processes can take longer than `DESTROY_DEADLINE` to die
-/// when the whole machine stalls (bench/load.py, 2026-12-07: 17 s in which
-/// the server answered almost nothing); a destroy that gave up then left
-/// the member, its cgroup and its files behind for good. So it warns and
-/// waits on, up to `KILL_PATIENCE` in all. Blocking.
-fn kill_patiently(cgroup: &crate::cgroup::Cgroup, sandbox: &str) -> Result<()> {
-    let started = std::time::Instant::now();
-    loop {
-        match cgroup.kill_all(DESTROY_DEADLINE) {
-            Err(e) if started.elapsed() < KILL_PATIENCE => {
-                tracing::warn!(sandbox, err = %e, waited_s = started.elapsed().as_secs(), "killed processes are slow to die; waiting on");
-            }
-            done => return done,
-        }
     }
 }
 

@@ -207,6 +207,26 @@ const DESTROY_DEADLINE: Duration = Duration::from_secs(10);
 /// (`kill_patiently`).
 const KILL_PATIENCE: Duration = Duration::from_secs(300);
 
+/// SIGKILL every process of a sandbox's cgroup and wait until it is
+/// empty. Killed processes can take longer than `DESTROY_DEADLINE` to die
+/// when the whole machine stalls (bench/load.py, 2026-12-07: 17 s in which
+/// the server answered almost nothing); a destroy that gave up then left
+/// the member, its cgroup and its files behind for good. So it warns and
+/// waits on, up to `KILL_PATIENCE` in all. Every path that kills a
+/// sandbox's processes (destroy, rebuild, a failed create, a
+/// predecessor's leftovers) goes through here. Blocking.
+fn kill_patiently(cgroup: &crate::cgroup::Cgroup, sandbox: &str) -> Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        match cgroup.kill_all(DESTROY_DEADLINE) {
+            Err(e) if started.elapsed() < KILL_PATIENCE => {
+                tracing::warn!(sandbox, err = %e, waited_s = started.elapsed().as_secs(), "killed processes are slow to die; waiting on");
+            }
+            done => return done,
+        }
+    }
+}
+
 impl Jail {
     /// Open the engine: mount the volume, prepare cgroups, and clean up
     /// whatever a crashed predecessor left behind.

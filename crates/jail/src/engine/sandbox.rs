@@ -263,8 +263,8 @@ impl Sandbox {
     /// from the REPL, or its supervisor died): the filesystem survives,
     /// processes do not.
     pub async fn rebuild(&self) -> Result<()> {
-        let cgroup = self.cgroup.clone();
-        tokio::task::spawn_blocking(move || cgroup.kill_all(DESTROY_DEADLINE)).await.map_err(|e| Error::Thread(format!("join: {e}")))??;
+        let (cgroup, id) = (self.cgroup.clone(), self.id.clone());
+        tokio::task::spawn_blocking(move || kill_patiently(&cgroup, &id)).await.map_err(|e| Error::Thread(format!("join: {e}")))??;
         let shim = {
             let _one_at_a_time = self.family.restart.lock().await;
             let mut shim = self.shim();
