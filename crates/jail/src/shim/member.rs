@@ -5,13 +5,13 @@
 //! another member's, so nothing nests per generation.
 
 use std::fs;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 use nix::sys::wait::waitpid;
-use nix::unistd::{chdir, setresgid, setresuid, Gid, Pid, Uid};
+use nix::unistd::{setresgid, setresuid, Gid, Pid, Uid};
 
 use super::family::{open_ns, Family};
 use super::init;
@@ -66,23 +66,29 @@ pub struct Member {
     pub init_pid: Pid,
 }
 
-/// The overlay for a member, mounted in the shim's private mount namespace.
+/// The overlay for a member, mounted at `run_dir/name` in the current mount
+/// namespace (the shim's own, or a hollow member's; see `root_member`).
 pub fn mount_root(family: &Family, run_dir: &Path, name: &str, upper: &Path, work: &Path) -> Result<PathBuf> {
-    let dir = run_dir.join(name);
-    let root = dir.join("root");
-    fs::create_dir_all(&root).map_err(|e| Error::io("create root mount point", e))?;
-    // The layer paths overlayfs shows in the sandbox's /proc/self/mountinfo
-    // are the strings we pass: pass short relative names (links in `dir`)
-    // so no host path is visible inside.
-    let lower_links: Vec<String> = (0..family.lowers.len()).map(|i| if i == 0 { "l".to_string() } else { format!("l{i}") }).collect();
-    let links = lower_links.iter().map(String::as_str).zip(family.lowers.iter().map(PathBuf::as_path)).chain([("u", upper), ("w", work)]);
-    for (link, target) in links {
-        let path = dir.join(link);
-        let _ = fs::remove_file(&path);
-        std::os::unix::fs::symlink(target, &path).map_err(|e| Error::io("link overlay layer", e))?;
+    let root = run_dir.join(name);
+    match fs::create_dir(&root) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(Error::io("create root mount point", e)),
+        _ => {}
     }
-    let options = format!("lowerdir={},upperdir=u,workdir=w", lower_links.join(":"));
-    chdir(&dir).map_err(|e| Error::sys("enter run dir", e))?;
+    // The layers by descriptor: the strings passed are what the sandbox's
+    // /proc/self/mountinfo shows, and `/proc/self/fd/N` names no host path.
+    // No file is made per member for it (links on the host's ext4 cost
+    // the family's one thread an inode search each; docs/fork.md). Opened
+    // here, in the namespace the overlay is mounted in: overlayfs takes no
+    // layer mounted in another.
+    let open = |dir: &Path| {
+        rustix::fs::open(dir, rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+            .map_err(|e| Error::io("open overlay layer", e.into()))
+    };
+    let lowers = family.lowers.iter().map(|l| open(l)).collect::<Result<Vec<OwnedFd>>>()?;
+    let (upper, work) = (open(upper)?, open(work)?);
+    let by_fd = |fd: &OwnedFd| format!("/proc/self/fd/{}", fd.as_raw_fd());
+    let lowerdir: Vec<String> = lowers.iter().map(by_fd).collect();
+    let options = format!("lowerdir={},upperdir={},workdir={}", lowerdir.join(":"), by_fd(&upper), by_fd(&work));
     // After a rebuild the previous overlay on these layers may take a moment
     // to be released by the kernel (EBUSY: "upperdir in use").
     let mut tries = 0;
@@ -95,16 +101,16 @@ pub fn mount_root(family: &Family, run_dir: &Path, name: &str, upper: &Path, wor
             other => break other,
         }
     };
-    let _ = chdir("/");
-    mounted.map_err(|e| Error::sys("mount overlay", e))?;
+    if let Err(e) = mounted {
+        let _ = fs::remove_dir(&root);
+        return Err(Error::sys("mount overlay", e));
+    }
     Ok(root)
 }
 
 pub fn unmount_root(root: &Path) {
     let _ = umount2(root, MntFlags::MNT_DETACH);
-    if let Some(dir) = root.parent() {
-        let _ = fs::remove_dir_all(dir);
-    }
+    let _ = fs::remove_dir(root);
 }
 
 /// Join the cgroup, enter the family's user namespace as its root.

@@ -773,7 +773,7 @@ impl Shim {
         let root = match layers {
             Some((upper, work)) => member::mount_root(&self.family, &self.config.run_dir, &name, upper, work)?,
             // Hollow: its overlay is mounted by `root_member`, in its own namespace.
-            None => self.config.run_dir.join(&name).join("root"),
+            None => self.config.run_dir.join(&name),
         };
         let shape = if self.config.solo { init::Shape::Solo } else { init::Shape::Pooled };
         match member::start(&self.family, hostname, &root, layers.is_none(), cgroup_procs, shape) {
