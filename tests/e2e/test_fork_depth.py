@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from helpers import create_raw, delete_raw, exec_raw, is_family_reaper, proc_status, sandbox_cgroup_dirs, sandbox_host_pids, wait_pool
+from helpers import create_raw, delete_raw, exec_raw, proc_status, sandbox_cgroup_dirs, sandbox_host_pids
 
 
 def fork(http, sid: str, n: int) -> list[str]:
@@ -91,38 +91,3 @@ def test_a_chain_of_100_generations(server, http):
     finally:
         for sid in (chain[0], chain[-1]):
             delete_raw(http, sid)
-
-
-def supervisor_of(sid: str) -> int:
-    """Host pid of the family supervisor (`__shim`) of sandbox `sid`: the
-    parent of its init's parent, the family's reaper."""
-    for pid in sandbox_host_pids(sid):
-        reaper = int(proc_status(pid).get("PPid", "0") or 0)
-        if reaper > 0 and is_family_reaper(reaper):
-            return int(proc_status(reaper)["PPid"])
-    raise AssertionError(f"no family supervisor found for {sid}")
-
-
-def test_a_familys_supervisor_keeps_no_mount_per_sandbox(server, http):
-    """Every member made copies its supervisor's mount namespace into its
-    own and unmounts the copy again, so a supervisor holding a mount per
-    live sandbox made each new sandbox cost more than the last. It keeps
-    none: once a member's init is in its root, that root is the member's
-    namespace's alone."""
-    wait_pool(http)
-    first = create_raw(http)
-    made = [first]
-    try:
-        supervisor = supervisor_of(first)
-        before = len(open(f"/proc/{supervisor}/mountinfo").read().splitlines())
-        while len(made) < 16:
-            made.append(create_raw(http))
-        kin = [s for s in made if supervisor_of(s) == supervisor]
-        assert len(kin) >= 12, f"only {len(kin)} of the sandboxes share a family"
-        for s in kin:
-            assert exec_raw(http, s, "print(1)").stdout == "1\n"
-        after = len(open(f"/proc/{supervisor}/mountinfo").read().splitlines())
-        assert after <= before + 2, f"{len(kin)} sandboxes of one family: its supervisor's mounts went from {before} to {after}"
-    finally:
-        for s in made:
-            delete_raw(http, s)

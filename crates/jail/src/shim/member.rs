@@ -109,14 +109,8 @@ pub fn mount_root(family: &Family, run_dir: &Path, name: &str, upper: &Path, wor
 }
 
 pub fn unmount_root(root: &Path) {
-    detach_root(root);
-    let _ = fs::remove_dir(root);
-}
-
-/// Unmount the current namespace's mount of a member's root, if it has
-/// one (a member's own namespace keeps its own).
-pub fn detach_root(root: &Path) {
     let _ = umount2(root, MntFlags::MNT_DETACH);
+    let _ = fs::remove_dir(root);
 }
 
 /// Join the cgroup, enter the family's user namespace as its root.

@@ -800,17 +800,8 @@ impl Shim {
         });
         match made {
             Ok((m, fds)) => {
-                let pooled = shape == init::Shape::Pooled;
                 self.members.insert(name, m);
-                let replied = self.reply(req, Ok((Reply::Done, fds)));
-                // Its init has moved into the root, a mount of its own
-                // namespace. The shim's mount of it only made every member
-                // made after it copy it into its new mount namespace and
-                // unmount it again (docs/fork.md).
-                if pooled {
-                    member::detach_root(&root);
-                }
-                replied
+                self.reply(req, Ok((Reply::Done, fds)))
             }
             Err(e) => {
                 member::unmount_root(&root);
