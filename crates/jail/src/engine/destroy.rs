@@ -8,8 +8,7 @@ impl Jail {
     /// Destroy a sandbox and free everything it used. The family's shim
     /// (and its id range) goes with its last member.
     pub async fn destroy(&self, sandbox: &Sandbox) -> Result<()> {
-        let (cgroup, id) = (sandbox.cgroup.clone(), sandbox.id.clone());
-        tokio::task::spawn_blocking(move || kill_patiently(&cgroup, &id)).await.map_err(|e| Error::Thread(format!("join: {e}")))??;
+        kill_patiently_off_runtime(&sandbox.cgroup, &sandbox.id).await?;
         let shim = sandbox.shim();
         let _ = shim.call(Request::DestroyMember { member: sandbox.id.clone() }, &[]).await;
         shim.network_wanted.lock().await.remove(&sandbox.id);

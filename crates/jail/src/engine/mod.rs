@@ -227,6 +227,12 @@ fn kill_patiently(cgroup: &crate::cgroup::Cgroup, sandbox: &str) -> Result<()> {
     }
 }
 
+/// `kill_patiently` on the blocking pool: it sleeps while it waits.
+async fn kill_patiently_off_runtime(cgroup: &crate::cgroup::Cgroup, sandbox: &str) -> Result<()> {
+    let (cgroup, sandbox) = (cgroup.clone(), sandbox.to_string());
+    tokio::task::spawn_blocking(move || kill_patiently(&cgroup, &sandbox)).await.map_err(|e| Error::Thread(format!("join: {e}")))?
+}
+
 impl Jail {
     /// Open the engine: mount the volume, prepare cgroups, and clean up
     /// whatever a crashed predecessor left behind.

@@ -263,8 +263,7 @@ impl Sandbox {
     /// from the REPL, or its supervisor died): the filesystem survives,
     /// processes do not.
     pub async fn rebuild(&self) -> Result<()> {
-        let (cgroup, id) = (self.cgroup.clone(), self.id.clone());
-        tokio::task::spawn_blocking(move || kill_patiently(&cgroup, &id)).await.map_err(|e| Error::Thread(format!("join: {e}")))??;
+        kill_patiently_off_runtime(&self.cgroup, &self.id).await?;
         let shim = {
             let _one_at_a_time = self.family.restart.lock().await;
             let mut shim = self.shim();
