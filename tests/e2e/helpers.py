@@ -415,9 +415,10 @@ def resume(http: httpx.Client, space_id: str, **body) -> str:
     return info["id"]
 
 
-def crash_during_freeze(srv: "ForkboxServer", sid: str, after: float) -> None:
-    """Start freezing `sid`, kill -9 the server `after` seconds later, and
-    start it again (the freeze's request dies with it)."""
+def crash_during_freeze(srv: "ForkboxServer", sid: str, after: float, until=None) -> None:
+    """Start freezing `sid`, kill -9 the server `after` seconds later (or,
+    with `until`, as soon as `until()` holds, polled for at most `after`
+    seconds), and start it again (the freeze's request dies with it)."""
     started = threading.Event()
 
     def freeze_in_background():
@@ -431,19 +432,23 @@ def crash_during_freeze(srv: "ForkboxServer", sid: str, after: float) -> None:
     t = threading.Thread(target=freeze_in_background)
     t.start()
     started.wait()
-    time.sleep(after)
+    if until is None:
+        time.sleep(after)
+    else:
+        wait_until(until, after, "the moment to crash came", every=0.001)
     srv.kill()
     srv.start()
     srv.wait_ready()
     t.join(60)
 
 
-def wait_until(ok, timeout: float, what: str) -> None:
-    """Poll `ok()` until it holds; fail with `what` after `timeout` seconds."""
+def wait_until(ok, timeout: float, what: str, every: float = 0.1) -> None:
+    """Poll `ok()` every `every` seconds until it holds; fail with `what`
+    after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not ok():
         assert time.monotonic() < deadline, f"{what} (after {timeout:.0f} s)"
-        time.sleep(0.1)
+        time.sleep(every)
 
 
 def wait_pool(client: httpx.Client, template: str = "default", timeout: float = 300) -> dict:

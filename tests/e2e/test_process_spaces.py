@@ -19,7 +19,7 @@ import pytest
 from podflare import Client, Sandbox
 
 from conftest import start_server, stop_and_assert_clean
-from helpers import (Watch, assert_json_error, crash_during_freeze, create_raw, delete_raw, exec_ok, exec_raw, freeze, lazy_daemons, resume,
+from helpers import (Watch, assert_json_error, crash_during_freeze, create_raw, delete_raw, exec_ok, exec_raw, freeze, host_repl_pid, lazy_daemons, resume,
                      sandbox_host_pids, wait_no_leaks, wait_until)
 
 py = exec_ok
@@ -295,6 +295,50 @@ def test_a_crash_during_a_processes_freeze_leaves_the_sandbox_or_a_whole_space(s
             delete_raw(c, target)
             assert c.get("/v1/spaces").json() == {"spaces": []}
     print("crashed freezes left:", outcomes)
+
+
+def criu_is_inside(pid: int) -> bool:
+    """Whether criu's parasite code is mapped into host process `pid`
+    (from a memfd criu names CRIUMFD, for as long as it reads the
+    process's memory)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "/memfd:CRIUMFD" in f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_a_server_killed_while_criu_is_inside_the_repl_leaves_the_repl_running(srv):
+    """kill -9 the server while criu's dump has its parasite inside the
+    REPL, early and late in the REPL's memory: criu runs on to its end
+    (killed with the server, it left its code mapped in the REPL, and at
+    times the REPL died of it), the restarted server waits for it before it
+    takes the sandbox back, and the same REPL process answers with its
+    state, running again; no Space is left."""
+    # criu is inside for about a second per 512 MiB here.
+    for later in (0.0, 0.05, 0.2):
+        with srv.http(timeout=300) as c:
+            sid = create_raw(c, persistent=True, egress=False)
+            py(c, sid, "import os, threading, time\nblob = os.urandom(512 << 20)\nn = [0]\n"
+                       "threading.Thread(target=lambda: [n.__setitem__(0, n[0] + 1) or time.sleep(0.005) for _ in iter(int, 1)], daemon=True).start()")
+        repl = host_repl_pid(sid)
+        inside = []
+
+        def when():
+            if not inside and criu_is_inside(repl):
+                inside.append(time.monotonic())
+            return bool(inside) and time.monotonic() >= inside[0] + later and criu_is_inside(repl)
+
+        crash_during_freeze(srv, sid, 60, until=when)
+        with srv.http(timeout=300) as c:
+            assert c.get("/v1/spaces").json() == {"spaces": []}
+            assert c.get(f"/v1/sandboxes/{sid}").json()["state"] == "ready"
+            assert host_repl_pid(sid) == repl, "the REPL is the same process"
+            assert not criu_is_inside(repl), "criu's code was left in the REPL"
+            before = int(py(c, sid, "print(n[0])"))
+            time.sleep(0.2)
+            assert py(c, sid, "print(len(blob), n[0] > %d)" % before) == f"{512 << 20} True\n"
+            delete_raw(c, sid)
 
 
 def test_a_hibernated_sandbox_keeps_its_id_frees_its_memory_and_wakes_on_the_next_call(c):

@@ -26,7 +26,7 @@ mod version;
 pub use check::Readiness;
 pub use error::CriuError;
 pub use locate::{Criu, Source};
-pub use run::{run_logged, run_logged_unless};
+pub use run::{run_logged, run_logged_unless, LONGEST_RUN};
 pub use userns_image::rebase_userns_image;
 pub use version::{Version, MINIMUM};
 

@@ -57,6 +57,7 @@ impl Service {
             volume: config.volume,
             ..jail::JailConfig::new(config.state_dir.clone(), config.shim_exe.clone(), 0)
         })?;
+        jail.wait_for_dumps().await;
         let templates = Templates::new(config.templates_dir.clone(), &config.state_dir.join("custom-templates"), config.debian);
         tracing::info!(debian = %config.debian, python = config.debian.python(), "built-in templates are made from this release");
         templates.scan();

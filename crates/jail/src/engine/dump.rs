@@ -78,20 +78,18 @@ impl Jail {
         // only host root may make, so a restore gives the tree one it made
         // itself, under the new sandbox's name (shim/restore.rs).
         let uts = std::fs::File::open(format!("/proc/{init}/ns/uts")).map_err(|e| Error::io("open the tree's uts namespace", e))?;
-        // SAFETY: setns and prctl between fork and exec, on a descriptor
-        // opened before.
+        // A server killed mid-dump leaves criu running to its end, holding
+        // this lock, which the next server waits on (dump_lock.rs).
+        let lock = super::dump_lock::DumpLock::take(super::dump_lock::path(&sandbox.family.config.run_dir, &sandbox.id))?;
+        let lock_fd = lock.raw_fd();
+        // SAFETY: setns, fcntl and pwrite between fork and exec, on
+        // descriptors opened before.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
                 if libc::setns(uts.as_raw_fd(), libc::CLONE_NEWUTS) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                // A server killed mid-dump takes criu with it (the tree,
-                // left paused, is the restarted server's); set after the
-                // uid change, which clears it.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
+                super::dump_lock::hand_to_child(lock_fd)
             });
         }
         let log = images.join(DUMP_LOG);
@@ -99,8 +97,19 @@ impl Jail {
             .await
             .map_err(|e| Error::Thread(e.to_string()))?
             .map_err(|e| Error::Setup(e.to_string()))?;
+        drop(lock);
         seal(images)?;
         Ok(edges)
+    }
+}
+
+impl Jail {
+    /// Wait until no criu dump a previous server started still runs: until
+    /// then criu owns that sandbox's freezer, and writes into a Space's
+    /// partial directory (dump_lock.rs). A server calls this before it
+    /// reads its predecessor's Spaces or adopts its sandboxes.
+    pub async fn wait_for_dumps(&self) {
+        super::dump_lock::wait_for_all(&self.config.state_dir.join("run")).await
     }
 }
 

@@ -21,6 +21,7 @@ mod adopt;
 mod create;
 mod destroy;
 mod dump;
+mod dump_lock;
 mod fork;
 mod restore;
 mod sandbox;
