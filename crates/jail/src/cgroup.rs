@@ -388,7 +388,7 @@ impl Cgroup {
     }
 
     fn set_frozen(&self, frozen: bool) -> Result<()> {
-        let (file, value, done): (PathBuf, &str, Box<dyn Fn() -> bool>) = match self.version {
+        let (file, value, done): (PathBuf, &'static str, Box<dyn Fn() -> bool>) = match self.version {
             Version::V1 => {
                 let file = self.dir("freezer").join("freezer.state");
                 let want = if frozen { "FROZEN" } else { "THAWED" };
@@ -405,16 +405,13 @@ impl Cgroup {
                 )
             }
         };
-        write(&file, value)?;
-        // Freezing is asynchronous: a task in a syscall stops when it leaves it.
-        let start = Instant::now();
-        while !done() {
-            if start.elapsed() > Duration::from_secs(5) {
-                return Err(Error::Invalid(format!("sandbox cgroup did not become {value} within 5 s")));
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        Ok(())
+        // A freeze that does not finish is taken back: a cgroup left part
+        // frozen would stop the sandbox for good, with nobody to thaw it.
+        let undo = frozen.then_some(match self.version {
+            Version::V1 => "THAWED",
+            Version::V2 => "0",
+        });
+        change_state(|v| write(&file, v), done, value, undo, STATE_CHANGE_DEADLINE)
     }
 
     /// SIGKILL every process in the cgroup and wait until it is empty.
@@ -495,6 +492,34 @@ pub struct CpuTimes {
     pub system_ns: u64,
 }
 
+/// How long a freeze or thaw may take. Freezing is asynchronous (a task
+/// in a system call stops when it leaves it), and under load the kernel
+/// was seen holding tasks for about 10 s (docs/reliability.md): a fork
+/// that waits that long is slow, one that gives up at 5 s failed.
+const STATE_CHANGE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Ask for state `want` with `ask`, then wait until `reached()`: polled
+/// every 200 µs at first, as most changes take under a millisecond, then
+/// less often. Past `deadline`, ask for `undo` (when given) and fail.
+fn change_state(ask: impl Fn(&str) -> Result<()>, reached: impl Fn() -> bool, want: &str, undo: Option<&str>, deadline: Duration) -> Result<()> {
+    ask(want)?;
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(200);
+    while !reached() {
+        if start.elapsed() > deadline {
+            if let Some(undo) = undo {
+                ask(undo)?;
+            }
+            return Err(Error::Invalid(format!("sandbox cgroup did not become {want} within {} s", deadline.as_secs_f64())));
+        }
+        std::thread::sleep(pause);
+        if start.elapsed() > Duration::from_millis(10) {
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -563,5 +588,60 @@ mod tests {
         cg.set_limits(&LIMITS).unwrap();
         assert_eq!(cg.cpu_idle(), Some(false));
         assert_eq!(cg.cpu_weight(), Some(100));
+    }
+
+    mod change_state {
+        use super::super::*;
+        use std::cell::{Cell, RefCell};
+
+        /// A fake of the write into the freezer file: it records what it is asked.
+        fn recorder(asked: &RefCell<Vec<String>>) -> impl Fn(&str) -> Result<()> + '_ {
+            move |v| {
+                asked.borrow_mut().push(v.to_string());
+                Ok(())
+            }
+        }
+
+        #[test]
+        fn a_change_that_finishes_is_asked_for_once() {
+            let (asked, polls) = (RefCell::new(Vec::new()), Cell::new(0));
+            let ask = recorder(&asked);
+            let reached = || {
+                polls.set(polls.get() + 1);
+                polls.get() > 20
+            };
+            change_state(ask, reached, "FROZEN", Some("THAWED"), Duration::from_secs(5)).unwrap();
+            assert_eq!(*asked.borrow(), ["FROZEN"]);
+        }
+
+        #[test]
+        fn a_freeze_past_its_deadline_is_taken_back_and_fails() {
+            let asked = RefCell::new(Vec::new());
+            let ask = recorder(&asked);
+            let started = Instant::now();
+            let err = change_state(ask, || false, "FROZEN", Some("THAWED"), Duration::from_millis(100)).unwrap_err().to_string();
+            assert!(started.elapsed() >= Duration::from_millis(100));
+            assert_eq!(*asked.borrow(), ["FROZEN", "THAWED"], "the freeze was not taken back");
+            assert!(err.contains("did not become FROZEN within 0.1 s"), "{err}");
+        }
+
+        #[test]
+        fn a_freeze_just_within_its_deadline_succeeds() {
+            // Reached after 60 ms of a 100 ms deadline, as one reached
+            // after 6 s of 30 once failed at the old 5 s.
+            let asked = RefCell::new(Vec::new());
+            let ask = recorder(&asked);
+            let started = Instant::now();
+            change_state(ask, || started.elapsed() > Duration::from_millis(60), "FROZEN", Some("THAWED"), Duration::from_millis(100)).unwrap();
+            assert_eq!(*asked.borrow(), ["FROZEN"]);
+        }
+
+        #[test]
+        fn a_thaw_past_its_deadline_fails_without_freezing_again() {
+            let asked = RefCell::new(Vec::new());
+            let ask = recorder(&asked);
+            assert!(change_state(ask, || false, "THAWED", None, Duration::from_millis(20)).is_err());
+            assert_eq!(*asked.borrow(), ["THAWED"]);
+        }
     }
 }
