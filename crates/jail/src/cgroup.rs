@@ -388,12 +388,13 @@ impl Cgroup {
     }
 
     fn set_frozen(&self, frozen: bool) -> Result<()> {
-        let (file, value, done): (PathBuf, &'static str, Box<dyn Fn() -> bool>) = match self.version {
+        type Reached = Box<dyn Fn() -> std::io::Result<bool>>;
+        let (file, value, done): (PathBuf, &'static str, Reached) = match self.version {
             Version::V1 => {
                 let file = self.dir("freezer").join("freezer.state");
                 let want = if frozen { "FROZEN" } else { "THAWED" };
                 let check = file.clone();
-                (file, want, Box::new(move || fs::read_to_string(&check).map(|s| s.trim() == want).unwrap_or(false)))
+                (file, want, Box::new(move || fs::read_to_string(&check).map(|s| s.trim() == want)))
             }
             Version::V2 => {
                 let events = self.dirs[0].join("cgroup.events");
@@ -401,7 +402,7 @@ impl Cgroup {
                 (
                     self.dirs[0].join("cgroup.freeze"),
                     if frozen { "1" } else { "0" },
-                    Box::new(move || fs::read_to_string(&events).map(|s| s.lines().any(|l| l.trim() == want)).unwrap_or(false)),
+                    Box::new(move || fs::read_to_string(&events).map(|s| s.lines().any(|l| l.trim() == want))),
                 )
             }
         };
@@ -500,12 +501,30 @@ const STATE_CHANGE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Ask for state `want` with `ask`, then wait until `reached()`: polled
 /// every 200 µs at first, as most changes take under a millisecond, then
-/// less often. Past `deadline`, ask for `undo` (when given) and fail.
-fn change_state(ask: impl Fn(&str) -> Result<()>, reached: impl Fn() -> bool, want: &str, undo: Option<&str>, deadline: Duration) -> Result<()> {
+/// less often. Past `deadline`, ask for `undo` (when given) and fail. A
+/// state that can no longer be read (the cgroup was removed: its sandbox
+/// destroyed meanwhile) fails at once.
+fn change_state(
+    ask: impl Fn(&str) -> Result<()>,
+    reached: impl Fn() -> std::io::Result<bool>,
+    want: &str,
+    undo: Option<&str>,
+    deadline: Duration,
+) -> Result<()> {
     ask(want)?;
     let start = Instant::now();
     let mut pause = Duration::from_micros(200);
-    while !reached() {
+    loop {
+        match reached() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => {
+                if let Some(undo) = undo {
+                    let _ = ask(undo);
+                }
+                return Err(Error::io("read the cgroup's freezer state", e));
+            }
+        }
         if start.elapsed() > deadline {
             if let Some(undo) = undo {
                 ask(undo)?;
@@ -517,7 +536,6 @@ fn change_state(ask: impl Fn(&str) -> Result<()>, reached: impl Fn() -> bool, wa
             pause = (pause * 2).min(Duration::from_millis(10));
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -608,7 +626,7 @@ mod tests {
             let ask = recorder(&asked);
             let reached = || {
                 polls.set(polls.get() + 1);
-                polls.get() > 20
+                Ok(polls.get() > 20)
             };
             change_state(ask, reached, "FROZEN", Some("THAWED"), Duration::from_secs(5)).unwrap();
             assert_eq!(*asked.borrow(), ["FROZEN"]);
@@ -619,7 +637,7 @@ mod tests {
             let asked = RefCell::new(Vec::new());
             let ask = recorder(&asked);
             let started = Instant::now();
-            let err = change_state(ask, || false, "FROZEN", Some("THAWED"), Duration::from_millis(100)).unwrap_err().to_string();
+            let err = change_state(ask, || Ok(false), "FROZEN", Some("THAWED"), Duration::from_millis(100)).unwrap_err().to_string();
             assert!(started.elapsed() >= Duration::from_millis(100));
             assert_eq!(*asked.borrow(), ["FROZEN", "THAWED"], "the freeze was not taken back");
             assert!(err.contains("did not become FROZEN within 0.1 s"), "{err}");
@@ -632,15 +650,27 @@ mod tests {
             let asked = RefCell::new(Vec::new());
             let ask = recorder(&asked);
             let started = Instant::now();
-            change_state(ask, || started.elapsed() > Duration::from_millis(60), "FROZEN", Some("THAWED"), Duration::from_millis(100)).unwrap();
+            change_state(ask, || Ok(started.elapsed() > Duration::from_millis(60)), "FROZEN", Some("THAWED"), Duration::from_millis(100)).unwrap();
             assert_eq!(*asked.borrow(), ["FROZEN"]);
+        }
+
+        #[test]
+        fn a_cgroup_removed_mid_freeze_fails_at_once() {
+            // Its sandbox destroyed while a fork froze it: the fork's
+            // children waited the whole deadline, seen as leaks.
+            let asked = RefCell::new(Vec::new());
+            let started = Instant::now();
+            let gone = || Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+            assert!(change_state(recorder(&asked), gone, "FROZEN", Some("THAWED"), Duration::from_secs(30)).is_err());
+            assert!(started.elapsed() < Duration::from_secs(1), "waited {:?}", started.elapsed());
+            assert_eq!(*asked.borrow(), ["FROZEN", "THAWED"], "the freeze was not taken back");
         }
 
         #[test]
         fn a_thaw_past_its_deadline_fails_without_freezing_again() {
             let asked = RefCell::new(Vec::new());
             let ask = recorder(&asked);
-            assert!(change_state(ask, || false, "THAWED", None, Duration::from_millis(20)).is_err());
+            assert!(change_state(ask, || Ok(false), "THAWED", None, Duration::from_millis(20)).is_err());
             assert_eq!(*asked.borrow(), ["THAWED"]);
         }
     }
