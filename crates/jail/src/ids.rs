@@ -4,7 +4,6 @@
 //! host never hand out the same host ids; within a slot, blocks are handed
 //! out round-robin so a freed block is not reused at once.
 
-use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -55,8 +54,7 @@ impl IdAllocator {
             .write(true)
             .open(lock_dir.join(format!("{slot}.lock")))
             .map_err(|e| Error::io("open id slot lock", e))?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        if !crate::sys::try_lock_exclusive(&file) {
             return Ok(None);
         }
         let mut a = IdAllocator::in_slot(slot);

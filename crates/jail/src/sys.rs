@@ -290,6 +290,13 @@ pub fn set_thread_time_slice(tid: i32, slice: std::time::Duration) -> std::io::R
     Ok(())
 }
 
+/// Take an exclusive `flock` on `file` without waiting: whether it was
+/// free. The lock lives as long as the open file description.
+pub fn try_lock_exclusive(file: &std::fs::File) -> bool {
+    // SAFETY: flock on a descriptor the caller owns.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

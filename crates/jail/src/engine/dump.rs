@@ -101,9 +101,7 @@ impl Jail {
         seal(images)?;
         Ok(edges)
     }
-}
 
-impl Jail {
     /// Wait until no criu dump a previous server started still runs: until
     /// then criu owns that sandbox's freezer, and writes into a Space's
     /// partial directory (dump_lock.rs). A server calls this before it

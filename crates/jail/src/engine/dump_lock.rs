@@ -54,8 +54,7 @@ impl DumpLock {
             .mode(0o600)
             .open(&path)
             .map_err(|e| Error::io("open the dump's lock", e))?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        if !crate::sys::try_lock_exclusive(&file) {
             return Err(Error::Invalid("a dump of this sandbox is already running".into()));
         }
         Ok(DumpLock { file, path })
@@ -131,8 +130,7 @@ async fn wait_for(path: &Path, member: &str) -> Result<()> {
     let mut waited = false;
     let mut killed_at: Option<std::time::Instant> = None;
     loop {
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        if crate::sys::try_lock_exclusive(&file) {
             if waited {
                 tracing::info!(sandbox = %member, "the dump a previous server started has ended");
             }

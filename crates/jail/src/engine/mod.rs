@@ -108,8 +108,7 @@ fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File> {
         .write(true)
         .open(state_dir.join("server.lock"))
         .map_err(|e| Error::io("open state lock", e))?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    if !crate::sys::try_lock_exclusive(&file) {
         return Err(Error::Invalid(format!("another forkbox server is using {}", state_dir.display())));
     }
     Ok(file)
