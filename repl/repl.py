@@ -51,6 +51,8 @@ _ARM = _DISARM = None         # struct itimerspec: fire once after _HOLD_NS, and
 _jm = None                    # the journal's shared mapping (None: no journal)
 _jhead = None                 # its length, open-frame and foreign-writes words (3 u32)
 _jtaint = None                # in a fork child of user code: the parent's _jhead
+_jaddr = 0                    # where the journal is mapped (a forked REPL unmaps its parent's)
+_LIBC = None                  # libc through ctypes, loaded once (_libc): fork children inherit it
 _jat = 0                      # stream offset of the journal's first byte (bytes written to fd 3)
 _jin = 0                      # journal bytes before _held's: a write in progress
 _jbad = False                 # it overflowed: empty until what is held now is written
@@ -108,7 +110,7 @@ def _jover():
 def _start_journal():
     """A fresh, empty journal at fd 8 for a fresh control stream; none if
     that fails (output is then only as safe as the flusher makes it)."""
-    global _jm, _jhead, _jat, _jin, _jbad, _jtaint
+    global _jm, _jhead, _jat, _jin, _jbad, _jtaint, _jaddr
     _jm = _jtaint = None
     _jat = _jin = 0
     _jbad = False
@@ -119,10 +121,7 @@ def _start_journal():
             os.dup2(fd, _JOURNAL_FD, inheritable=False)
             os.close(fd)
         os.ftruncate(_JOURNAL_FD, _JSIZE)
-        mmap = ctypes.CDLL(None, use_errno=True).mmap
-        mmap.restype = ctypes.c_void_p
-        mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
-        addr = mmap(None, _JSIZE, 3, 1, _JOURNAL_FD, 0)          # PROT_READ|PROT_WRITE, MAP_SHARED
+        addr = _mmap()(None, _JSIZE, 3, 1, _JOURNAL_FD, 0)      # PROT_READ|PROT_WRITE, MAP_SHARED
         if addr is None or addr == ctypes.c_void_p(-1).value:
             return
         m = memoryview((ctypes.c_char * _JSIZE).from_address(addr)).cast('B')
@@ -130,7 +129,7 @@ def _start_journal():
         return
     with _lock:               # anything held already goes in first
         _pend_to_held_locked()
-        _jm, _jhead = m, m[8:20].cast('I')
+        _jm, _jhead, _jaddr = m, m[8:20].cast('I'), addr
         if _JHDR + len(_held) > _JSIZE:
             _jover()
         elif _held:
@@ -329,6 +328,38 @@ def _flusher():
             _write_locked()
 
 
+def _libc():
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
+
+
+def _mmap():
+    """libc's mmap, typed to take and return addresses."""
+    import ctypes
+    mmap = _libc().mmap
+    mmap.restype = ctypes.c_void_p
+    mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    return mmap
+
+
+def _drop_parent_journal():
+    """In a forked REPL: unmap the journal inherited from the parent, still
+    shared with it. Copying it (the fork plan's way with shared memory)
+    cost every child 132 KiB per generation above it, kept for its life:
+    a child starts a journal of its own (_start_journal) and never reads
+    its parent's. Returns the range it unmapped, (0, 0) if none."""
+    global _jaddr, _jhead, _jtaint
+    import ctypes
+    _jhead = _jtaint = None   # nothing may touch the mapping once it is gone
+    start, _jaddr = _jaddr, 0
+    if not start or _libc().munmap(ctypes.c_void_p(start), ctypes.c_size_t(_JSIZE)) != 0:
+        return 0, 0
+    return start, start + _JSIZE
+
+
 def _start_flusher():
     """Put a fresh timerfd at fd 7 and start the flusher thread; output is
     sent at once if either fails. The libc functions and timer values are
@@ -338,7 +369,7 @@ def _start_flusher():
         if _settime is None:
             import ctypes
             import struct
-            libc = ctypes.CDLL(None, use_errno=True)
+            libc = _libc()
             _ARM = ctypes.create_string_buffer(struct.pack('4q', 0, 0, 0, _HOLD_NS))
             _DISARM = ctypes.create_string_buffer(32)
             _timerfd_create = libc.timerfd_create
@@ -465,8 +496,8 @@ def _after_fork_child():
     _lock = _thread.RLock()
     _pend = bytearray()       # the parent sends its own pending and held output
     _held = bytearray()
-    if _jm is not None:       # the parent's journal stays mapped here (a forked REPL's
-        _jtaint = _jhead      # plan replaces the mapping); only its foreign-writes
+    if _jm is not None:       # the parent's journal stays mapped here (a forked REPL
+        _jtaint = _jhead      # unmaps it, _drop_parent_journal); only its foreign-writes
     _jm = None                # word may be written, by _writeall
     _jat = _jin = 0
     _jbad = False
@@ -577,8 +608,7 @@ def _setup_pidns():
         os.fstat(_LEAF_FD)
     except OSError:
         return False                  # not started by forkbox (tests on the host)
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     if libc.setns(_FAMILY_FD, _CLONE_NEWPID) != 0:
         return False
     _setns = libc.setns
@@ -839,8 +869,7 @@ def _take_descriptors(slot):
 
 
 def _become_child(fds, plan, cwd):
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     old_host = os.uname().nodename
     for fd, kind in zip(fds[_FORK_FDS['mnt']:_FORK_FDS['ipc'] + 1], _NS_TYPES):
         if libc.setns(fd, kind) != 0:
@@ -875,9 +904,12 @@ def _become_child(fds, plan, cwd):
             _redo_fd(entry)
         except OSError:
             _to_null(entry['fd'], entry.get('cloexec', True))
+    journal_start, journal_end = _drop_parent_journal()
     for entry in plan.get('maps', ()):
+        if entry['start'] < journal_end and entry['end'] > journal_start:
+            continue          # the parent's journal: unmapped above, not copied
         try:
-            _redo_map(libc, entry)
+            _redo_map(entry)
         except (OSError, ValueError):
             pass
     _reseed()
@@ -970,7 +1002,7 @@ def _fresh_socket(fd):
 _PROT = {'r': 1, 'w': 2, 'x': 4}
 
 
-def _redo_map(libc, e):
+def _redo_map(e):
     """Replace a shared mapping inherited from the parent, at the same
     address: a file mapping maps the child's own copy of the file, anything
     else (shared anonymous memory, SysV, memfd) gets a private copy."""
@@ -978,23 +1010,22 @@ def _redo_map(libc, e):
     start, end = e['start'], e['end']
     size = end - start
     prot = sum(_PROT[c] for c in e.get('perms', 'rw')[:3] if c in _PROT)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    mmap = _mmap()
     MAP_SHARED, MAP_FIXED, MAP_ANON = 0x01, 0x10, 0x20
     if e.get('kind') == 'file':
         fd = os.open(e['path'], os.O_RDWR if prot & 2 else os.O_RDONLY)
         try:
-            if libc.mmap(start, size, prot, MAP_SHARED | MAP_FIXED, fd, e.get('offset', 0)) == ctypes.c_void_p(-1).value:
+            if mmap(start, size, prot, MAP_SHARED | MAP_FIXED, fd, e.get('offset', 0)) == ctypes.c_void_p(-1).value:
                 raise OSError(ctypes.get_errno(), 'mmap')
         finally:
             os.close(fd)
         return
     data = ctypes.string_at(start, size) if prot & 1 else None
-    if libc.mmap(start, size, 3, MAP_SHARED | MAP_FIXED | MAP_ANON, -1, 0) == ctypes.c_void_p(-1).value:
+    if mmap(start, size, 3, MAP_SHARED | MAP_FIXED | MAP_ANON, -1, 0) == ctypes.c_void_p(-1).value:
         raise OSError(ctypes.get_errno(), 'mmap')
     if data is not None:
         ctypes.memmove(start, data, size)
-    libc.mprotect(ctypes.c_void_p(start), ctypes.c_size_t(size), prot)
+    _libc().mprotect(ctypes.c_void_p(start), ctypes.c_size_t(size), prot)
 
 
 def _reseed():
@@ -1003,19 +1034,19 @@ def _reseed():
     do the generators user code keeps: numpy 2's ``default_rng()``
     ``Generator``s, ``RandomState``s and ``random.Random``s bound to a name
     of the REPL's globals get fresh entropy too (objects nested deeper are
-    the user's to reseed)."""
-    for name in ('random', 'numpy.random'):
-        mod = sys.modules.get(name)
-        seed = getattr(mod, 'seed', None) if mod is not None else None
-        if seed is not None:
-            try:
-                seed()
-            except Exception:
-                pass
+    the user's to reseed). An `S` frame asks for this in a REPL that
+    criu copied, where no at-fork hook ran: ``random`` too."""
+    pyrandom = sys.modules.get('random')
+    if pyrandom is not None:
+        try:
+            pyrandom.seed()
+        except Exception:
+            pass
     nprandom = sys.modules.get('numpy.random')
+    if nprandom is not None:
+        _reseed_numpy(nprandom)
     generator = getattr(nprandom, 'Generator', None)
     legacy = getattr(nprandom, 'RandomState', None)
-    pyrandom = sys.modules.get('random')
     for value in list((_G or {}).values()):
         try:
             if generator is not None and isinstance(value, generator):
@@ -1024,6 +1055,21 @@ def _reseed():
             elif (legacy is not None and isinstance(value, legacy)) or \
                     (pyrandom is not None and isinstance(value, pyrandom.Random)):
                 value.seed()
+        except Exception:
+            pass
+
+
+def _reseed_numpy(nprandom):
+    """numpy's global generator (a Mersenne Twister) gets a state of 624
+    words from the kernel. Its ``seed()`` gets there through a SeedSequence
+    at three times the cost (0.2-0.5 ms of a fork child's start)."""
+    try:
+        np = sys.modules['numpy']
+        key = np.frombuffer(os.urandom(624 * 4), dtype=np.uint32)
+        nprandom.mtrand._rand.set_state(('MT19937', key, 624))   # 624: twist before the first draw
+    except Exception:
+        try:
+            nprandom.seed()
         except Exception:
             pass
 

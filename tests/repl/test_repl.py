@@ -447,6 +447,28 @@ def test_an_s_frame_reseeds_a_copied_repl(fresh):
     assert res.out == b'True True\n', res.out
 
 
+@pytest.mark.skipif(subprocess.run([PYTHON, '-c', 'import numpy'], capture_output=True).returncode != 0,
+                    reason='numpy not in %s (the python-datasci run has it)' % PYTHON)
+def test_an_s_frame_gives_numpys_global_generator_a_new_whole_state(fresh):
+    """numpy's global generator is reseeded with a state set from the
+    kernel's entropy (cheaper than its seed()): the draws change, the state
+    is a valid Mersenne Twister one, and a cached Gaussian is dropped as
+    seed() would."""
+    r = fresh
+    r.ok('import numpy as np\nnp.random.seed(1)\nnp.random.standard_normal()\n'
+         'before = np.random.get_state()\nexpect = np.random.random(4)\nnp.random.set_state(before)')
+    assert r.value('before[3]') == '1'           # a Gaussian is cached
+    r.send('S', b'{}')
+    res = r.run('s = np.random.get_state()\n'
+                'print(s[0], len(s[1]), s[2], s[3], (s[1] != before[1]).sum() > 600, '
+                'list(np.random.random(4)) != list(expect))')
+    assert res.out == b'MT19937 624 624 0 True True\n', res.out
+    # Two reseeds give two different streams.
+    r.ok('first = np.random.get_state()[1].copy()')
+    r.send('S', b'{}')
+    assert r.value('bool((np.random.get_state()[1] != first).sum() > 600)') == 'True'
+
+
 def test_sigint_idle_ignored(repl):
     os.kill(repl.proc.pid, signal.SIGINT)
     time.sleep(0.2)
