@@ -66,8 +66,10 @@ impl Service {
         }
         // Children inherit the parent's policy, each on a network of its own.
         let egress = parent.egress.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // Together: each closes its child's network gate through the
+        // family's shim, and a fork(32) waited for 32 round trips in a row.
+        futures::future::join_all(children.iter().map(|c| crate::sandbox::network::apply_soon(c, egress.clone()))).await;
         for c in &children {
-            crate::sandbox::network::apply_soon(c, egress.clone()).await;
             self.inner.records.save(c);
         }
         tracing::info!(sandbox = %id, children = ?ids, "forked");
