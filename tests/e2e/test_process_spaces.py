@@ -322,8 +322,10 @@ def seconds_criu_is_inside(c, sid: str, repl: int) -> float:
     space = {}
 
     def freeze_it():
-        space.update(c.post(f"/v1/sandboxes/{sid}/freeze").json())
-        done.set()
+        try:
+            space.update(freeze(c, sid))
+        finally:
+            done.set()        # a failed freeze must not leave the poll below spinning
 
     t = threading.Thread(target=freeze_it)
     t.start()
@@ -332,6 +334,7 @@ def seconds_criu_is_inside(c, sid: str, repl: int) -> float:
             seen.append(time.monotonic())
         time.sleep(0.001)
     t.join()
+    assert "space_id" in space, "the freeze failed"
     assert c.delete(f"/v1/spaces/{space['space_id']}").status_code == 204, space
     assert seen, "criu was never seen inside the REPL"
     return seen[-1] - seen[0]
