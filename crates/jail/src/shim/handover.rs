@@ -30,7 +30,7 @@
 //! destroying the child's member. Nothing here is kept across a restart of
 //! the server: a fork in flight then fails.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
@@ -105,11 +105,21 @@ fn refuse(listener: &Listener, id: u64, errno: i32) {
     let _ = listener.respond(id, Verdict::Errno(errno));
 }
 
-/// The family's members as a hand-over needs them: all of them, and those
-/// still being given their root (name → the `RootMember` request).
+/// The family's members as a hand-over needs them: all of them, those
+/// still being given their root (name → the `RootMember` request), and
+/// hollow ones not yet asked to take one.
 pub struct Members<'a> {
     pub all: &'a HashMap<String, Member>,
     pub rooting: &'a HashMap<String, u64>,
+    pub unrooted: &'a HashSet<String>,
+}
+
+impl Members<'_> {
+    /// Whether `member` has no root of its own yet: a child that joined it
+    /// now would run in the hollow init's mount namespace.
+    fn without_root(&self, member: &str) -> bool {
+        self.rooting.contains_key(member) || self.unrooted.contains(member)
+    }
 }
 
 /// A hand-over `ioctl` waiting for its answer: the listener it came on, its
@@ -199,11 +209,11 @@ impl HandOvers {
 
     /// Answer the caller of `take` (a fork child waiting in its take) with
     /// a socket holding slot `slot`'s descriptors, and free the slot; or,
-    /// while the child's member is still being rooted, hold the take until
-    /// it is (`rooted`).
+    /// while the child's member has no root yet (being rooted, or not yet
+    /// asked to be), hold the take until it has one (`rooted`).
     fn serve(&mut self, parent: i32, slot: usize, take: Call<'_>, members: &Members<'_>) {
         if let Some(s) = self.forks.get_mut(&parent).and_then(|f| f.get_mut(&slot)) {
-            if members.rooting.contains_key(&s.member) {
+            if members.without_root(&s.member) {
                 // Only the named child gets here, and it waits in one call
                 // at a time: a take held before is one a signal restarted.
                 match take.listener.try_clone() {

@@ -63,7 +63,11 @@ impl ShimConfig {
 /// 5: a fork child's hand-over waits for its member's root (`RootMember`
 /// answered), so a fork need not wait for its members' roots before the
 /// REPL forks; an older shim would hand a child a namespace without one.
-pub const PROTOCOL: u32 = 5;
+/// 6: a hand-over into a hollow member waits for its root even before
+/// `RootMember` came, so a fork may snapshot its parent while the REPL
+/// forks and send `RootMember` after; an older shim would hand the child
+/// the hollow member's namespaces at once.
+pub const PROTOCOL: u32 = 6;
 
 /// The first [`PROTOCOL`] with network gates.
 pub const NETWORK_GATES: u32 = 3;
@@ -71,6 +75,9 @@ pub const NETWORK_GATES: u32 = 3;
 pub const PAGES_IN: u32 = 4;
 /// The first [`PROTOCOL`] whose hand-overs wait for a member's root.
 pub const ROOTING_HOLDS_HANDOVERS: u32 = 5;
+/// The first [`PROTOCOL`] whose hand-overs into a hollow member wait for
+/// its root before `RootMember` came.
+pub const HOLLOWS_HOLD_HANDOVERS: u32 = 6;
 
 /// Who a command runs as inside the sandbox. Supplementary groups stay
 /// init's (as `setpriv --keep-groups`).

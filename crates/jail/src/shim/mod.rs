@@ -19,7 +19,7 @@ mod move_edges;
 mod restore;
 pub(crate) mod solo;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
@@ -87,6 +87,10 @@ struct Shim {
     creating: Vec<Creating>,
     /// Hollow members moving into their root → the request to answer.
     rooting: HashMap<String, u64>,
+    /// Hollow members not yet asked to move into a root (`RootMember`): a
+    /// fork may snapshot its parent while the REPL forks, so a child's
+    /// hand-over can come first, and waits (see `handover`).
+    unrooted: HashSet<String>,
     /// The shim's own mount namespace, to come back to from a member's.
     own_mnt: OwnedFd,
     /// REPLs that solo members' inits started (see `solo`).
@@ -100,6 +104,7 @@ struct Shim {
 struct Creating {
     req: u64,
     name: String,
+    hollow: bool,
     root: std::path::PathBuf,
     pending: member::Pending,
 }
@@ -187,6 +192,7 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
         gates: Default::default(),
         creating: Vec::new(),
         rooting: HashMap::new(),
+        unrooted: HashSet::new(),
         own_mnt,
         solo_repls: Default::default(),
         lazy: None,
@@ -370,7 +376,7 @@ impl Shim {
     /// A step of a fork's descriptor hand-over (see `handover`).
     fn hand_over(&mut self, listener: usize, n: crate::notify::Notification, step: crate::notify::HandOver) {
         let call = handover::Call { listener: &self.listeners[listener], id: n.id, caller: n.pid };
-        let members = handover::Members { all: &self.members, rooting: &self.rooting };
+        let members = handover::Members { all: &self.members, rooting: &self.rooting, unrooted: &self.unrooted };
         match step {
             crate::notify::HandOver::Give { slot, pid } => self.handovers.give(call, slot, pid, self.family_view.family_level(), &members),
             crate::notify::HandOver::Take { slot } => self.handovers.take(call, slot, &members),
@@ -669,6 +675,7 @@ impl Shim {
         setns(self.own_mnt.as_fd(), CloneFlags::CLONE_NEWNS).map_err(|e| Error::sys("return to the shim's mount namespace", e))?;
         let root = mounted?;
         channel::send(m.init.as_fd(), &InitRequest::Root { root }, &[])?;
+        self.unrooted.remove(&name);
         self.rooting.insert(name, req);
         Ok(())
     }
@@ -778,7 +785,7 @@ impl Shim {
         let shape = if self.config.solo { init::Shape::Solo } else { init::Shape::Pooled };
         match member::start(&self.family, hostname, &root, layers.is_none(), cgroup_procs, shape) {
             Ok(pending) => {
-                self.creating.push(Creating { req, name, root, pending });
+                self.creating.push(Creating { req, name, hollow: layers.is_none(), root, pending });
                 Ok(())
             }
             Err(e) => {
@@ -790,7 +797,7 @@ impl Shim {
 
     /// A member's init answered: finish the member and reply to its create.
     fn on_member_ready(&mut self, index: usize) -> Result<()> {
-        let Creating { req, name, root, pending } = self.creating.remove(index);
+        let Creating { req, name, hollow, root, pending } = self.creating.remove(index);
         let shape = if self.config.solo { init::Shape::Solo } else { init::Shape::Pooled };
         let made = member::finish(pending, shape).and_then(|m| {
             // The server watches init through a pidfd: its death must be
@@ -800,6 +807,9 @@ impl Shim {
         });
         match made {
             Ok((m, fds)) => {
+                if hollow {
+                    self.unrooted.insert(name.clone());
+                }
                 self.members.insert(name, m);
                 self.reply(req, Ok((Reply::Done, fds)))
             }
@@ -884,6 +894,7 @@ impl Shim {
                     self.gates.forget(mnt);
                 }
                 self.handovers.forget_member(&name);
+                self.unrooted.remove(&name);
                 // A fork that failed before its members had their roots.
                 if let Some(req) = self.rooting.remove(&name) {
                     let _ = self.reply(req, Err(Error::Invalid(format!("member {name} was destroyed before it had its root"))));
