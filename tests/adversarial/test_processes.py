@@ -11,12 +11,14 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
 
 from adversary import alive, bash_python, both, healthy, host_pids_running, repl, sh, uid_base
-from helpers import exec_ok, exec_raw, host_repl_pid, proc_cmdline, proc_status, sandbox_host_pids
+from helpers import (children_of, create_raw, delete_raw, exec_ok, exec_raw, host_repl_pid, ns, proc_cmdline, proc_status, root_of,
+                     sandbox_host_pids)
 
 # In the sandbox: per_pid(pid) makes every call that acts on one pid.
 PER_PID = """
@@ -348,3 +350,51 @@ report({'stolen': got, 'read': [x for x in read if x], 'impostors': {k: sorted(v
     finally:
         for child in children:
             http.delete(f"/v1/sandboxes/{child}")
+
+
+def test_a_slow_snapshot_does_not_let_a_fork_child_into_a_member_without_its_root(http):
+    """A parent where nothing but its idle REPL runs is not frozen: its
+    files are snapshotted while the REPL forks, and the member a child
+    joins gets its root only after that (docs/fork.md, "Snapshotting while
+    the REPL forks"). Until then the member's init still has the host's
+    root. The parent makes the snapshot slow, leaving 256 MiB unwritten
+    that btrfs writes out first, so its child asks for its namespaces long
+    before its member has a root: joined then, it would run with the host's
+    root. The child must be forked at once, wait in its parent's mount
+    namespace until its member has moved into its root, and then find the
+    parent's files whole."""
+    sid = create_raw(http, egress=False)
+    try:
+        exec_ok(http, sid, "x = 42\nopen('/tmp/unwritten', 'wb').write(b'a' * (256 << 20))")
+        repl = host_repl_pid(sid)
+        host_root, parent_mnt = root_of(os.getpid()), ns(repl, "mnt")
+        before = set(children_of(repl))
+        answer = {}
+        fork = threading.Thread(target=lambda: answer.update(r=http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 1}, timeout=120)))
+        forked_at = joined_at = None
+        fork.start()
+        while fork.is_alive() and joined_at is None:
+            forked = set(children_of(repl)) - before
+            if forked and forked_at is None:
+                forked_at = time.monotonic()
+            for child in forked:
+                try:
+                    assert root_of(child) != host_root, "the fork child has the host's root: it joined its member before the member had a root"
+                    if ns(child, "mnt") != parent_mnt:
+                        joined_at = time.monotonic()
+                except FileNotFoundError:
+                    pass
+            time.sleep(0.002)
+        fork.join()
+        r = answer["r"]
+        assert r.status_code == 200, r.text
+        assert forked_at is not None and joined_at is not None, "the fork child was not seen joining its member"
+        # Otherwise the attack never got its window and proves nothing.
+        assert joined_at - forked_at > 0.1, (
+            f"the REPL forked {joined_at - forked_at:.3f} s before its child joined its member: "
+            "it waited for the snapshot (the parent was frozen and snapshotted first)")
+        child = r.json()["children"][0]
+        assert exec_ok(http, child, "import os\nprint(x, os.path.getsize('/tmp/unwritten'))") == f"42 {256 << 20}\n"
+        delete_raw(http, child)
+    finally:
+        delete_raw(http, sid)

@@ -870,3 +870,47 @@ def pastas(state_dir: str) -> dict[str, int]:
             if a == b"--pid" and b.startswith(state_dir.encode()) and b.endswith(b".pasta.pid"):
                 found[os.path.basename(b.decode())[: -len(".pasta.pid")]] = int(pid)
     return found
+
+
+# --- a fork's members (test_fork_roots.py, adversarial test_processes.py) ---
+
+def ns(pid: int, kind: str) -> str:
+    return os.readlink(f"/proc/{pid}/ns/{kind}")
+
+
+def root_of(pid: int) -> tuple[int, int]:
+    """(device, inode) of the process's root directory."""
+    st = os.stat(f"/proc/{pid}/root/")
+    return st.st_dev, st.st_ino
+
+
+def children_of(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def family_spare_init(http, sid: str) -> int | None:
+    """The init of a hollow spare member of `sid`'s family (it shares the
+    family's user namespace; the warm pool's spares have their own)."""
+    family = ns(host_repl_pid(sid), "user")
+    for spare in http.get("/v1/pool").json().get("fork_spares", []):
+        for pid in sandbox_host_pids(spare):
+            try:
+                if ns(pid, "user") == family:
+                    return pid
+            except FileNotFoundError:
+                pass
+    return None
+
+
+def parent_with_a_hollow_spare(http, code: str) -> tuple[str, int]:
+    """A sandbox that ran `code`, and the init of the hollow spare its
+    family keeps for the next fork (a first fork leaves one)."""
+    sid = create_raw(http, egress=False)
+    exec_ok(http, sid, code)
+    r = http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 1})
+    assert r.status_code == 200, r.text
+    delete_raw(http, r.json()["children"][0])
+    found = []
+    wait_until(lambda: found.append(family_spare_init(http, sid)) or found[-1] is not None, 30, "the family kept no hollow spare")
+    return sid, found[-1]

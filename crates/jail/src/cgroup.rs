@@ -305,8 +305,14 @@ impl Cgroup {
 
     /// Host pids of every process in the cgroup.
     pub fn pids(&self) -> Vec<i32> {
-        let file = self.dir("pids").join("cgroup.procs");
-        fs::read_to_string(file).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
+        read_ids(&self.dir("pids").join("cgroup.procs"))
+    }
+
+    /// Host tids of every thread in the cgroup (v1 `tasks`, v2
+    /// `cgroup.threads`).
+    pub fn threads(&self) -> Vec<i32> {
+        let name = if self.version == Version::V1 { "tasks" } else { "cgroup.threads" };
+        read_ids(&self.dir("pids").join(name))
     }
 
     /// How many processes the kernel's OOM killer has killed in this cgroup.
@@ -471,6 +477,11 @@ impl Cgroup {
         }
         Ok(())
     }
+}
+
+/// The ids, one per line, of a `cgroup.procs`-like file (none if it is gone).
+fn read_ids(file: &Path) -> Vec<i32> {
+    fs::read_to_string(file).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
 
 fn write(path: &Path, value: &str) -> Result<()> {

@@ -119,7 +119,7 @@ async fn a_solo_sandboxs_init_runs_from_a_read_only_bind_and_its_repl_is_inits_c
     assert_eq!(status.code(), 0);
 
     // A family of one: no fork, no spares.
-    let fork = jail().fork_members(&sb, &[unique("t-solo-child")]).await;
+    let fork = jail().fork_members(&sb, &[unique("t-solo-child")], None).await;
     assert!(matches!(fork, Err(forkbox_jail::Error::Unsupported(_))), "{:?}", fork.err());
     jail().destroy(&sb).await.expect("destroy");
 }

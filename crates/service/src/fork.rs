@@ -125,10 +125,14 @@ impl Service {
         // Checked before members are made, which would otherwise be left.
         let session = slot.session.as_mut().ok_or_else(|| Error::Conflict("the sandbox has no Python process".into()))?;
         let ids: Vec<String> = (0..n).map(|_| new_id()).collect();
-        let (made, rooting) =
-            self.inner.engine.fork_members(parent.engine.as_ref(), &ids).await.map_err(|e| Error::internal("could not fork the sandbox", e))?;
+        let (made, mut rooting) = self
+            .inner
+            .engine
+            .fork_members(parent.engine.as_ref(), &ids, Some(session.host_pid))
+            .await
+            .map_err(|e| Error::internal("could not fork the sandbox", e))?;
         let membered = started.elapsed();
-        let answered = self.fork_answered(session, parent.engine.as_ref(), made, None, 0).await?;
+        let answered = self.fork_answered(session, parent.engine.as_ref(), made, None, 0, &mut rooting).await?;
         let forked = started.elapsed();
         let children = self.settle_fork(parent.engine.as_ref(), answered, rooting).await?;
         let mut lineage = parent.lineage.lock().map(|l| l.clone()).unwrap_or_default();

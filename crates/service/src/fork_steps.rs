@@ -77,6 +77,8 @@ impl Service {
     /// descriptors to the shim (as fork slots `first_slot`,
     /// `first_slot + 1`, …), have the REPL fork, take its answer. The REPL
     /// is free again when this returns; the children are still starting.
+    /// `rooting`: their roots on the way, which a failure waits for before
+    /// it destroys the members.
     pub(crate) async fn fork_answered(
         &self,
         session: &mut ReplSession,
@@ -84,6 +86,7 @@ impl Service {
         made: Vec<Forked>,
         plan: Option<&serde_json::Value>,
         first_slot: usize,
+        rooting: &mut jail::Rooting,
     ) -> Result<Answered, Error> {
         let mut members = Vec::with_capacity(made.len());
         let mut rest = Vec::with_capacity(made.len());
@@ -92,6 +95,9 @@ impl Service {
             rest.push((ns, exited));
         }
         let children = self.answer_steps(session, parent, &members, rest, plan, first_slot).await;
+        if children.is_err() {
+            rooting.snapshots_done().await;
+        }
         let children = self.or_discard(&members, children).await?;
         Ok(Answered { members, children, parent_repl: session.host_pid })
     }

@@ -189,7 +189,7 @@ impl Service {
             // Taken under the zygote's lock: its teardown (`destroy_warm`)
             // waits for every batch it answered to settle.
             let settling = Arc::clone(&warm.settling).read_owned().await;
-            let answered = self.fork_answered(session, warm.zygote.engine.as_ref(), spares, Some(&warm.plan), first_slot).await;
+            let answered = self.fork_answered(session, warm.zygote.engine.as_ref(), spares, Some(&warm.plan), first_slot, &mut jail::Rooting::done()).await;
             drop(zygote_slot);
             match answered {
                 Ok(answered) => {

@@ -10,9 +10,10 @@ const SOLO_HAS_NO_SIBLINGS: &str =
 
 impl Jail {
     /// Make `ids.len()` new members of `parent`'s family whose files are a
-    /// snapshot of the parent's, taken while the parent is frozen. Their
-    /// REPLs come from the parent's REPL forking itself into their
-    /// namespaces (see `ForkChild`); until then they have none.
+    /// snapshot of the parent's, taken while nothing in the parent can be
+    /// halfway through a write. Their REPLs come from the parent's REPL
+    /// (host pid `repl`) forking itself into their namespaces (see
+    /// `ForkChild`); until then they have none.
     ///
     /// Members come from the family's *hollow* spares (namespaces and init
     /// built ahead of time, see `refill_hollows`) where there are some, else
@@ -20,8 +21,10 @@ impl Jail {
     /// snapshot of the parent's layer, mounted in its own mount namespace.
     /// The roots are on their way when this returns (`Rooting`): the shim
     /// holds each child's hand-over until its member has one, so the REPL
-    /// can fork meanwhile.
-    pub async fn fork_members(&self, parent: &Sandbox, ids: &[String]) -> Result<(Vec<ForkChild>, Rooting)> {
+    /// can fork meanwhile. When nothing but init and the idle REPL runs in
+    /// the parent, even the snapshot is taken while the REPL forks
+    /// (`quiet_for_snapshot`); otherwise the parent is frozen for it first.
+    pub async fn fork_members(&self, parent: &Sandbox, ids: &[String], repl: Option<i32>) -> Result<(Vec<ForkChild>, Rooting)> {
         if parent.is_solo() {
             return Err(Error::Unsupported(SOLO_HAS_NO_SIBLINGS.into()));
         }
@@ -42,7 +45,7 @@ impl Jail {
                 }
             }
         }
-        match self.root_children(parent, &children).await {
+        match self.root_children(parent, &children, repl).await {
             Ok(rooting) => Ok((children, rooting)),
             Err(e) => {
                 self.destroy_children(&children).await;
@@ -57,10 +60,10 @@ impl Jail {
         }
     }
 
-    /// Snapshot the parent's layer (frozen) into each child's subvolume and
-    /// ask the shim to attach it as each child's root. A shim older than
+    /// Snapshot the parent's layer into each child's subvolume and ask the
+    /// shim to attach it as each child's root. A shim older than
     /// `ROOTING_HOLDS_HANDOVERS` is waited for here.
-    async fn root_children(&self, parent: &Sandbox, children: &[ForkChild]) -> Result<Rooting> {
+    async fn root_children(&self, parent: &Sandbox, children: &[ForkChild], repl: Option<i32>) -> Result<Rooting> {
         // A hollow child has no subvolume yet: its disk limit comes with
         // its snapshot.
         let limits = parent.limits();
@@ -69,35 +72,51 @@ impl Jail {
                 c.sandbox.set_limits(&limits)?;
             }
         }
+        let snapshots = Snapshots {
+            volume: self.volume.clone(),
+            src: parent.subvolume.clone(),
+            dsts: children.iter().map(|c| c.sandbox.subvolume.clone()).collect(),
+            limit: limits.disk_bytes,
+        };
+        let roots: Vec<Request> = children
+            .iter()
+            .map(|c| {
+                let sub = &c.sandbox.subvolume;
+                Request::RootMember { member: c.sandbox.id.clone(), upper: sub.join("upper"), work: sub.join("work") }
+            })
+            .collect();
+        let shim = parent.shim();
+        let quiet = match repl {
+            Some(repl) if shim.protocol() >= HOLLOWS_HOLD_HANDOVERS => parent.quiet_for_snapshot(repl).await,
+            _ => None,
+        };
+        if let Some(no_spawns) = quiet {
+            // Nothing to freeze: snapshot while the REPL forks. New
+            // processes wait (`no_spawns`) until the snapshot is taken.
+            let task = tokio::spawn(async move {
+                let taken = tokio::task::spawn_blocking(move || snapshots.take()).await;
+                drop(no_spawns);
+                taken.map_err(|e| Error::Thread(format!("join: {e}")))??;
+                send_roots(&shim, roots).await
+            });
+            return Ok(Rooting(Roots::Snapshotting(task)));
+        }
         // The parent is frozen only while its files are snapshotted (and
         // stays so if it was paused).
         let frozen = parent.cgroup.clone();
         let paused = Arc::clone(&parent.paused);
-        let dsts: Vec<PathBuf> = children.iter().map(|c| c.sandbox.subvolume.clone()).collect();
-        let (volume, src) = (self.volume.clone(), parent.subvolume.clone());
         tokio::task::spawn_blocking(move || -> Result<()> {
             let paused = paused.lock().unwrap_or_else(|e| e.into_inner());
             frozen.freeze()?;
-            // In parallel: concurrent snapshots share btrfs transaction commits.
-            let results: Vec<Result<()>> = std::thread::scope(|scope| {
-                let jobs: Vec<_> = dsts.iter().map(|dst| scope.spawn(|| volume.snapshot(&src, dst, limits.disk_bytes))).collect();
-                jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Error::Thread("snapshot thread panicked".into())))).collect()
-            });
+            let taken = snapshots.take();
             if !*paused {
                 frozen.thaw()?;
             }
-            results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
+            taken
         })
         .await
         .map_err(|e| Error::Thread(format!("join: {e}")))??;
-        let shim = parent.shim();
-        let mut sent = Vec::with_capacity(children.len());
-        for c in children {
-            let sub = &c.sandbox.subvolume;
-            let req = Request::RootMember { member: c.sandbox.id.clone(), upper: sub.join("upper"), work: sub.join("work") };
-            sent.push(shim.send(req, &[]).await?);
-        }
-        let rooting = Rooting(sent);
+        let rooting = Rooting(Roots::Sent(send_roots(&shim, roots).await?));
         if shim.protocol() < crate::shim::messages::ROOTING_HOLDS_HANDOVERS {
             rooting.wait().await?;
             return Ok(Rooting::done());
@@ -203,20 +222,69 @@ impl Jail {
     }
 }
 
+/// The parent's layer and where each child's copy of it goes.
+struct Snapshots {
+    volume: Volume,
+    src: PathBuf,
+    dsts: Vec<PathBuf>,
+    limit: u64,
+}
+
+impl Snapshots {
+    /// All at once: concurrent snapshots share btrfs transaction commits.
+    fn take(&self) -> Result<()> {
+        let results: Vec<Result<()>> = std::thread::scope(|scope| {
+            let jobs: Vec<_> = self.dsts.iter().map(|dst| scope.spawn(|| self.volume.snapshot(&self.src, dst, self.limit))).collect();
+            jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(Error::Thread("snapshot thread panicked".into())))).collect()
+        });
+        results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
+    }
+}
+
+/// Ask the shim to move each member into its root (`RootMember`).
+async fn send_roots(shim: &ShimHandle, roots: Vec<Request>) -> Result<Vec<crate::supervisor::Replying>> {
+    let mut sent = Vec::with_capacity(roots.len());
+    for req in roots {
+        sent.push(shim.send(req, &[]).await?);
+    }
+    Ok(sent)
+}
+
 /// The roots of a fork's members on their way (`Jail::fork_members`).
 /// Dropped, nothing waits for them; a member whose root failed is
-/// destroyed with the fork.
-pub struct Rooting(Vec<crate::supervisor::Replying>);
+/// destroyed with the fork (after `snapshots_done`).
+pub struct Rooting(Roots);
+
+enum Roots {
+    /// `RootMember` sent to the shim: its answers.
+    Sent(Vec<crate::supervisor::Replying>),
+    /// The snapshots still being taken (while the REPL forks); then sent.
+    Snapshotting(tokio::task::JoinHandle<Result<Vec<crate::supervisor::Replying>>>),
+}
 
 impl Rooting {
     /// Nothing left to wait for.
     pub fn done() -> Rooting {
-        Rooting(Vec::new())
+        Rooting(Roots::Sent(Vec::new()))
     }
 
     /// Until every member has its root (or one failed).
     pub async fn wait(self) -> Result<()> {
-        futures::future::try_join_all(self.0.into_iter().map(crate::supervisor::Replying::reply)).await.map(|_| ())
+        let sent = match self.0 {
+            Roots::Sent(sent) => sent,
+            Roots::Snapshotting(task) => task.await.map_err(|e| Error::Thread(format!("join: {e}")))??,
+        };
+        futures::future::try_join_all(sent.into_iter().map(crate::supervisor::Replying::reply)).await.map(|_| ())
+    }
+
+    /// Until no snapshot into the members is being taken any more: before
+    /// a failed fork destroys them, so no subvolume is made after its
+    /// member is gone.
+    pub async fn snapshots_done(&mut self) {
+        if let Roots::Snapshotting(task) = &mut self.0 {
+            let sent = task.await.ok().and_then(Result::ok).unwrap_or_default();
+            self.0 = Roots::Sent(sent);
+        }
     }
 }
 

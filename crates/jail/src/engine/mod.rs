@@ -23,6 +23,7 @@ mod destroy;
 mod dump;
 mod dump_lock;
 mod fork;
+mod quiet;
 mod restore;
 mod sandbox;
 mod tree_creds;

@@ -28,6 +28,10 @@ pub struct Sandbox {
     pub(super) paused: Arc<StdMutex<bool>>,
     /// Mirror of `paused` readable without waiting for a fork's freeze.
     pub(super) paused_now: std::sync::atomic::AtomicBool,
+    /// Held (read) while a command is asked for; a fork that snapshots
+    /// without freezing holds it (write) so no process starts meanwhile
+    /// (`quiet_for_snapshot`).
+    pub(super) spawn_gate: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Sandbox {
@@ -55,6 +59,7 @@ impl Sandbox {
             released: std::sync::atomic::AtomicBool::new(false),
             paused: Default::default(),
             paused_now: Default::default(),
+            spawn_gate: Default::default(),
         }
     }
 
@@ -211,6 +216,8 @@ impl Sandbox {
     /// Have init start `argv` as `run_as` with `stdio` as fds 0-2 (a
     /// terminal when `tty`).
     async fn launch(&self, argv: Vec<String>, env: Vec<String>, cwd: &str, stdio: [i32; 3], tty: bool, run_as: RunAs) -> Result<Launched> {
+        // Until the command is registered as on its way (see `spawn_gate`).
+        let _gate = self.spawn_gate.read().await;
         let id = self.next_command.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let (started_tx, started_rx) = oneshot::channel();

@@ -226,7 +226,7 @@ impl Engine for FakeEngine {
         Ok(())
     }
 
-    async fn fork_members(&self, parent: &dyn Member, ids: &[String]) -> jail::Result<(Vec<Forked>, jail::Rooting)> {
+    async fn fork_members(&self, parent: &dyn Member, ids: &[String], _repl: Option<i32>) -> jail::Result<(Vec<Forked>, jail::Rooting)> {
         self.shared.log(format!("fork_members {}", parent.id()));
         self.shared.check(Fault::ForkMembers)?;
         Ok((self.members_like(parent, ids, &parent.limits())?, jail::Rooting::done()))

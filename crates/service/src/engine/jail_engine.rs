@@ -29,8 +29,8 @@ impl Engine for Jail {
         Jail::destroy(self, own(member)?).await
     }
 
-    async fn fork_members(&self, parent: &dyn Member, ids: &[String]) -> jail::Result<(Vec<Forked>, jail::Rooting)> {
-        let (made, rooting) = Jail::fork_members(self, own(parent)?, ids).await?;
+    async fn fork_members(&self, parent: &dyn Member, ids: &[String], repl: Option<i32>) -> jail::Result<(Vec<Forked>, jail::Rooting)> {
+        let (made, rooting) = Jail::fork_members(self, own(parent)?, ids, repl).await?;
         Ok((forked(made), rooting))
     }
 

@@ -53,9 +53,10 @@ pub trait Engine: Send + Sync + 'static {
     async fn destroy(&self, member: &dyn Member) -> jail::Result<()>;
 
     /// Snapshot `parent`'s files into one new member per id (step one of a
-    /// fork, docs/fork.md); their REPLs come from `parent`'s forking, which
-    /// may start before their roots are attached (`jail::Rooting`).
-    async fn fork_members(&self, parent: &dyn Member, ids: &[String]) -> jail::Result<(Vec<Forked>, jail::Rooting)>;
+    /// fork, docs/fork.md); their REPLs come from `parent`'s REPL (host pid
+    /// `repl`) forking, which may start before their roots are attached, or
+    /// even before the snapshot is taken (`jail::Rooting`).
+    async fn fork_members(&self, parent: &dyn Member, ids: &[String], repl: Option<i32>) -> jail::Result<(Vec<Forked>, jail::Rooting)>;
     /// Members for `sibling`'s family with `limits`, for the warm pool.
     async fn spare_members(&self, sibling: &dyn Member, ids: &[String], limits: &Limits) -> jail::Result<Vec<Forked>>;
     /// Hand the supervisor child `slot`'s descriptors for the REPL that
