@@ -93,10 +93,15 @@ impl Jail {
         if let Some(no_spawns) = quiet {
             // Nothing to freeze: snapshot while the REPL forks. New
             // processes wait (`no_spawns`) until the snapshot is taken.
-            let task = tokio::spawn(async move {
-                let taken = tokio::task::spawn_blocking(move || snapshots.take()).await;
+            // Started here, not from the task below: a task waits for a
+            // worker, and the REPL's fork would start before the snapshot.
+            let taken = tokio::task::spawn_blocking(move || {
+                let taken = snapshots.take();
                 drop(no_spawns);
-                taken.map_err(|e| Error::Thread(format!("join: {e}")))??;
+                taken
+            });
+            let task = tokio::spawn(async move {
+                taken.await.map_err(|e| Error::Thread(format!("join: {e}")))??;
                 send_roots(&shim, roots).await
             });
             return Ok(Rooting(Roots::Snapshotting(task)));
