@@ -371,29 +371,31 @@ def test_a_slow_snapshot_does_not_let_a_fork_child_into_a_member_without_its_roo
         before = set(children_of(repl))
         answer = {}
         fork = threading.Thread(target=lambda: answer.update(r=http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 1}, timeout=120)))
-        forked_at = joined_at = None
+        forked_at = held_until = None
         fork.start()
-        while fork.is_alive() and joined_at is None:
+        while fork.is_alive():
             forked = set(children_of(repl)) - before
+            now = time.monotonic()
             if forked and forked_at is None:
-                forked_at = time.monotonic()
+                forked_at = now
             for child in forked:
                 try:
                     assert root_of(child) != host_root, "the fork child has the host's root: it joined its member before the member had a root"
-                    if ns(child, "mnt") != parent_mnt:
-                        joined_at = time.monotonic()
+                    if ns(child, "mnt") == parent_mnt:
+                        held_until = now
                 except FileNotFoundError:
                     pass
             time.sleep(0.002)
         fork.join()
         r = answer["r"]
         assert r.status_code == 200, r.text
-        assert forked_at is not None and joined_at is not None, "the fork child was not seen joining its member"
+        assert forked_at is not None and held_until is not None, "the fork child was never seen waiting in its parent's mount namespace"
         # Otherwise the attack never got its window and proves nothing.
-        assert joined_at - forked_at > 0.1, (
-            f"the REPL forked {joined_at - forked_at:.3f} s before its child joined its member: "
-            "it waited for the snapshot (the parent was frozen and snapshotted first)")
+        assert held_until - forked_at > 0.1, (
+            f"the fork child waited {held_until - forked_at:.3f} s for its member's root: "
+            "the REPL forked only once the snapshot was taken (the parent was frozen and snapshotted first)")
         child = r.json()["children"][0]
+        assert ns(host_repl_pid(child), "mnt") != parent_mnt, "the fork child never joined its member"
         assert exec_ok(http, child, "import os\nprint(x, os.path.getsize('/tmp/unwritten'))") == f"42 {256 << 20}\n"
         delete_raw(http, child)
     finally:
