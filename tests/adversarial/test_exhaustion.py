@@ -5,6 +5,7 @@ must stop at the sandbox's own limits while the host, the server and other
 sandboxes go on. Limits are kept small so the bombs are short."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -208,6 +209,73 @@ def test_cpu_hog_does_not_starve_another_sandbox(http, server, new_sandbox):
         assert healthy(http) and time.monotonic() - t < 1
     finally:
         delete_raw(http, hog)
+
+
+CPU_HIERARCHY = "/sys/fs/cgroup/cpu" if os.path.isdir("/sys/fs/cgroup/cpu") else "/sys/fs/cgroup"  # v1, or v2
+SANDBOX_WEIGHT_MOST = 200 * 1024 // 100 if CPU_HIERARCHY.endswith("/cpu") else 200  # a boosted sandbox
+
+
+def members_running_user_code(skip: set[str]) -> dict[str, int]:
+    """Member cgroups holding a process other than ours (its init, the
+    supervisor's helpers that build it): name → the CPU weight file's value."""
+    found = {}
+    for d in glob.glob(f"{CPU_HIERARCHY}/forkbox-*/*/"):
+        name = os.path.basename(d.rstrip("/"))
+        if name in skip:
+            continue
+        try:
+            weight = int(open(d + ("cpu.shares" if CPU_HIERARCHY.endswith("/cpu") else "cpu.weight")).read())
+            comms = [open(f"/proc/{p}/comm").read().strip() for p in open(d + "cgroup.procs").read().split()]
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue  # a member coming or going
+        if any(c not in ("forkbox-init", "forkbox") for c in comms):
+            found[name] = max(weight, found.get(name, 0))
+    return found
+
+
+def test_a_fork_child_never_runs_user_code_at_the_weight_its_member_was_set_up_at(http, new_sandbox):
+    """New members are set up at the supervisors' CPU weight, the most there
+    is, so that creates and forks do not queue behind busy sandboxes. Each
+    of two fork children spins in its REPL from the moment the fork answers
+    (and a fresh sandbox does the same), while every member cgroup is read
+    every 10 ms: none may hold anything but our own processes at more than
+    a sandbox's weight (only the zygote, which runs no user code, does)."""
+    sid = new_sandbox()
+    pool = http.get("/v1/pool").json()["templates"]
+    zygotes = {t["zygote"] for t in pool.values() if t.get("zygote")}
+    spin = "import time\nend = time.monotonic() + 1.0\nwhile time.monotonic() < end:\n    pass\n"
+    seen, stop = {}, threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            for name, weight in members_running_user_code(zygotes | {sid}).items():
+                seen[name] = max(weight, seen.get(name, 0))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    children = []
+    try:
+        r = http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 2}, timeout=120)
+        assert r.status_code == 200, r.text
+        children = r.json()["children"]
+        fresh = new_sandbox()
+        children_and_fresh = [*children, fresh]
+        spinners = [threading.Thread(target=exec_ok, args=(http, s, spin)) for s in children_and_fresh]
+        for t in spinners:
+            t.start()
+        for t in spinners:
+            t.join()
+    finally:
+        stop.set()
+        watcher.join()
+    try:
+        assert set(children_and_fresh) <= set(seen), f"the sandboxes were not seen running user code: {seen}"
+        heavy = {name: w for name, w in seen.items() if w > SANDBOX_WEIGHT_MOST}
+        assert not heavy, f"user code ran at more than a sandbox's CPU weight: {heavy}"
+    finally:
+        for child in children:
+            delete_raw(http, child)
 
 
 def allocated_bytes(top: str) -> int:

@@ -103,8 +103,63 @@ def test_the_zygote_outweighs_every_sandbox(http):
     assert zygote, "no default zygote"
     assert cpu_weight(zygote) == 10_000
     sid = create_raw(http)
+    child = None
     try:
         assert cpu_weight(sid) in (BASE, BASE * BOOST)
+        # Its members were set up at the supervisors' weight: a fork child
+        # is back at a sandbox's before its REPL arrives.
+        r = http.post(f"/v1/sandboxes/{sid}/fork", json={"n": 1})
+        assert r.status_code == 200, r.text
+        child = r.json()["children"][0]
+        assert cpu_weight(child) in (BASE, BASE * BOOST)
+    finally:
+        for s in (child, sid):
+            if s:
+                delete_raw(http, s)
+
+
+def supervisors_of(server_pid: int) -> list[int]:
+    """The families' supervisors (`forkbox __shim`) the server started."""
+    found = []
+    for p in subprocess.run(["pgrep", "-P", str(server_pid)], capture_output=True, text=True).stdout.split():
+        try:
+            argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if len(argv) > 1 and argv[1] == b"__shim":
+            found.append(int(p))
+    return found
+
+
+def cpu_cgroup_of(pid: int) -> str:
+    """The process's cgroup in the cpu hierarchy (v1) or the unified one (v2)."""
+    for line in open(f"/proc/{pid}/cgroup").read().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(",") or (controllers == "" and not CPU_ROOT.endswith("/cpu")):
+            return path
+    raise AssertionError(f"no cpu cgroup for {pid}")
+
+
+def test_the_families_supervisors_run_in_a_cgroup_of_their_own_at_the_highest_weight(http, server):
+    """Every create, fork, exec and destroy goes through a family's
+    supervisor: at an ordinary weight it queued behind the busy sandboxes
+    it serves (bench/load.py). Its cgroup sits beside the sandboxes' parent
+    (so it is never taken for a sandbox's) at the most weight there is."""
+    sid = create_raw(http)
+    try:
+        shims = supervisors_of(server.proc.pid)
+        assert shims, "no family supervisor found"
+        groups = {cpu_cgroup_of(p) for p in shims}
+        assert len(groups) == 1, groups
+        (group,) = groups
+        assert group.startswith("/forkbox-") and group.endswith(".supervisors"), group
+        if CPU_ROOT.endswith("/cpu"):
+            assert open(f"{CPU_ROOT}{group}/cpu.shares").read().strip() == "102400"
+        else:
+            assert open(f"{CPU_ROOT}{group}/cpu.weight").read().strip() == "10000"
+        # The sandbox itself is not in it.
+        procs = open(glob.glob(f"{CPU_ROOT}/forkbox-*/{sid}/cgroup.procs")[0]).read().split()
+        assert procs and all(cpu_cgroup_of(int(p)).endswith(f"/{sid}") for p in procs)
     finally:
         delete_raw(http, sid)
 
@@ -131,17 +186,22 @@ def unboosted(say, server):
 
 
 def test_cpu_boost_1_leaves_every_weight_as_created(unboosted):
+    """Nothing revises a weight here: a sandbox and a fork child are at a
+    sandbox's weight, though their members were set up at the supervisors'."""
     with unboosted.http() as c:
         sid, hog = create_raw(c), create_raw(c)
+        r = c.post(f"/v1/sandboxes/{sid}/fork", json={"n": 1})
+        assert r.status_code == 200, r.text
+        child = r.json()["children"][0]
         try:
             exec_ok(c, hog, START_HOG)
             time.sleep(1.0)
-            assert [cpu_weight(s) for s in (sid, hog)] == [BASE, BASE]
+            assert [cpu_weight(s) for s in (sid, child, hog)] == [BASE, BASE, BASE]
             assert [cpu_idle(s) for s in (sid, hog)] == [False, False], "a hog went to the idle class"
             assert get(scrape(c), "forkbox_cpu_boosted_sandboxes") == 0
         finally:
-            delete_raw(c, sid)
-            delete_raw(c, hog)
+            for s in (child, sid, hog):
+                delete_raw(c, s)
 
 
 @pytest.mark.parametrize("value", ["0", "101", "x"])

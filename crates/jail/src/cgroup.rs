@@ -61,6 +61,26 @@ pub struct Cgroups {
     parent: String,
 }
 
+/// The CPU weight of the families' supervisors, the most a cgroup can
+/// have. Every create, fork, exec and destroy goes through a family's
+/// supervisor; at an ordinary weight it queued behind the busy sandboxes it
+/// serves (bench/load.py: creates, forks and destroys waited seconds).
+/// It runs only what the server or its members ask, one request at a time.
+pub const SUPERVISOR_CPU_WEIGHT: u64 = 10_000;
+
+/// The cgroup of the families' supervisors (`Cgroups::supervisors`).
+#[derive(Debug, Clone)]
+pub struct SupervisorGroup {
+    dir: PathBuf,
+}
+
+impl SupervisorGroup {
+    /// Move process `pid` (all its threads) into the group.
+    pub fn place(&self, pid: u32) -> Result<()> {
+        write(&self.dir.join("cgroup.procs"), &pid.to_string())
+    }
+}
+
 /// One sandbox's cgroup (a directory per hierarchy on v1, one on v2).
 #[derive(Debug, Clone)]
 pub struct Cgroup {
@@ -161,6 +181,16 @@ impl Cgroups {
         if self.version == Version::V1 {
             let _ = fs::remove_dir(self.freezer_anchor());
         }
+        // Still busy while families wait for the next server to adopt them.
+        let _ = fs::remove_dir(self.supervisors_dir());
+    }
+
+    fn supervisors_dir(&self) -> PathBuf {
+        let hierarchy = match self.version {
+            Version::V1 => self.root.join("cpu"),
+            Version::V2 => self.root.clone(),
+        };
+        hierarchy.join(format!("{}.supervisors", self.parent))
     }
 
     /// v1: an empty cgroup, beside the parent, kept frozen for the server's
@@ -181,6 +211,20 @@ impl Cgroups {
     /// so it is never taken for a sandbox's.
     fn freezer_anchor(&self) -> PathBuf {
         self.root.join("freezer").join(format!("{}.freezer-on", self.parent))
+    }
+
+    /// The cgroup the families' supervisors (`__shim` processes) run in,
+    /// made if missing: beside the parent, so it is never taken for a
+    /// sandbox's, in the CPU controller alone, at `SUPERVISOR_CPU_WEIGHT`.
+    pub fn supervisors(&self) -> Result<SupervisorGroup> {
+        let dir = self.supervisors_dir();
+        fs::create_dir_all(&dir).map_err(|e| Error::io("create the supervisors' cgroup", e))?;
+        let weight_file = dir.join(match self.version {
+            Version::V1 => "cpu.shares",
+            Version::V2 => "cpu.weight",
+        });
+        write(&weight_file, &weight_value(self.version, SUPERVISOR_CPU_WEIGHT).to_string())?;
+        Ok(SupervisorGroup { dir })
     }
 
     /// The cgroup of an existing sandbox (without creating it).
@@ -256,11 +300,7 @@ impl Cgroup {
 
     /// Set the relative CPU weight alone (100 = an ordinary group).
     pub fn set_cpu_weight(&self, weight: u64) -> Result<()> {
-        let value = match self.version {
-            Version::V1 => (weight.clamp(1, 10000) * 1024 / 100).max(2),
-            Version::V2 => weight.clamp(1, 10000),
-        };
-        write(&self.cpu_weight_file(), &value.to_string())
+        write(&self.cpu_weight_file(), &weight_value(self.version, weight).to_string())
     }
 
     /// The relative CPU weight in force now, as `set_cpu_weight` takes it.
@@ -479,6 +519,15 @@ impl Cgroup {
     }
 }
 
+/// What a weight (1..=10000, 100 = an ordinary group) is written as: v1
+/// `cpu.shares` (1024 for 100), v2 `cpu.weight` as it is.
+fn weight_value(version: Version, weight: u64) -> u64 {
+    match version {
+        Version::V1 => (weight.clamp(1, 10000) * 1024 / 100).max(2),
+        Version::V2 => weight.clamp(1, 10000),
+    }
+}
+
 /// The ids, one per line, of a `cgroup.procs`-like file (none if it is gone).
 fn read_ids(file: &Path) -> Vec<i32> {
     fs::read_to_string(file).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
@@ -589,6 +638,23 @@ mod tests {
         fs::remove_file(anchor.join("freezer.state")).unwrap(); // a real cgroup's files go with it
         cgroups.remove_parent();
         assert!(!anchor.exists());
+    }
+
+    #[test]
+    fn supervisors_run_beside_the_parent_at_the_highest_weight_and_go_at_shutdown() {
+        let root = fake_v1_root(false);
+        let cgroups = Cgroups::at(root.path(), "t").unwrap();
+        let group = cgroups.supervisors().unwrap();
+        let dir = root.path().join("cpu/forkbox-t.supervisors");
+        assert_eq!(fs::read_to_string(dir.join("cpu.shares")).unwrap(), "102400");
+        group.place(4242).unwrap();
+        assert_eq!(fs::read_to_string(dir.join("cgroup.procs")).unwrap(), "4242");
+        assert_eq!(cgroups.existing(), Vec::<String>::new(), "not a sandbox's cgroup");
+        for f in ["cpu.shares", "cgroup.procs"] {
+            fs::remove_file(dir.join(f)).unwrap(); // a real cgroup's files go with it
+        }
+        cgroups.remove_parent();
+        assert!(!dir.exists());
     }
 
     #[test]

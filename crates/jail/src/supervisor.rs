@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -35,6 +35,27 @@ impl Replying {
 pub(crate) struct CommandWaiters {
     pub(crate) started: Option<oneshot::Sender<()>>,
     pub(crate) exited: oneshot::Sender<ExitStatus>,
+}
+
+/// How a family's supervisor is started: its binary, and the cgroup it
+/// runs in (none where that cgroup could not be made: it runs where the
+/// server does, as before).
+#[derive(Debug, Clone)]
+pub(crate) struct ShimLauncher {
+    pub(crate) exe: PathBuf,
+    pub(crate) group: Option<crate::cgroup::SupervisorGroup>,
+}
+
+impl ShimLauncher {
+    /// Move a supervisor into the group. Not fatal: it only decides how
+    /// soon the supervisor runs under load.
+    pub(crate) fn place(&self, pid: u32) {
+        if let Some(group) = &self.group {
+            if let Err(e) = group.place(pid) {
+                tracing::warn!(pid, err = %e, "could not move a family's supervisor into its cgroup");
+            }
+        }
+    }
 }
 
 /// The server's connection to one family's shim.
@@ -78,6 +99,11 @@ impl ShimHandle {
         })
     }
 
+    /// Host pid of a shim we did not start (adopted after a restart).
+    pub(crate) fn adopted_pid(&self) -> Option<i32> {
+        self.adopted_pid
+    }
+
     pub(crate) fn protocol(&self) -> u32 {
         self.protocol.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -86,12 +112,12 @@ impl ShimHandle {
         self.protocol.store(protocol, std::sync::atomic::Ordering::Relaxed)
     }
 
-    pub(crate) async fn start(exe: &Path, config: &ShimConfig, range: crate::ids::IdRange) -> Result<Arc<ShimHandle>> {
+    pub(crate) async fn start(launcher: &ShimLauncher, config: &ShimConfig, range: crate::ids::IdRange) -> Result<Arc<ShimHandle>> {
         use std::os::unix::process::CommandExt;
         let (ours, theirs) = channel::pair()?;
         let theirs_raw = theirs.as_raw_fd();
         let json = serde_json::to_string(config).map_err(|e| Error::Protocol(e.to_string()))?;
-        let mut cmd = std::process::Command::new(exe);
+        let mut cmd = std::process::Command::new(&launcher.exe);
         cmd.arg("__shim").arg(json).stdin(std::process::Stdio::null());
         // SAFETY: only async-signal-safe calls (dup2/fcntl) in the child.
         unsafe {
@@ -101,6 +127,8 @@ impl ShimHandle {
             });
         }
         let child = cmd.spawn().map_err(|e| Error::io("start sandbox supervisor", e))?;
+        // Before it builds anything: what it forks starts in the group too.
+        launcher.place(child.id());
         drop(theirs);
         nix::fcntl::fcntl(&ours, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).map_err(|e| Error::sys("nonblocking", e))?;
         // SAFETY: the AsyncFd owns `ours`, so the descriptor stays open and

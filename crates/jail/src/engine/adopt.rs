@@ -129,6 +129,10 @@ impl Jail {
                 return Err(Error::NotAdopted(format!("its supervisor is gone ({e})")));
             }
         };
+        // An older server may have left it where that server ran.
+        if let Some(pid) = shim.adopted_pid().and_then(|p| u32::try_from(p).ok()) {
+            self.launcher.place(pid);
+        }
         let present = match shim.call(Request::ListMembers, &[]).await {
             Ok((Reply::Members { members, protocol }, _)) => {
                 shim.set_protocol(protocol);
@@ -142,7 +146,7 @@ impl Jail {
         };
         let family = Arc::new(FamilyHandle {
             shim: StdMutex::new(Arc::clone(&shim)),
-            shim_exe: self.config.shim_exe.clone(),
+            launcher: self.launcher.clone(),
             config: config.clone(),
             members: std::sync::atomic::AtomicUsize::new(0),
             hollows: tokio::sync::Mutex::new(Vec::new()),

@@ -78,6 +78,8 @@ pub struct Jail {
     config: JailConfig,
     volume: Volume,
     cgroups: Cgroups,
+    /// Starts the families' supervisors, in their cgroup.
+    launcher: crate::supervisor::ShimLauncher,
     ids: StdMutex<IdAllocator>,
     /// Names of the hollow spares the families keep (for `spare_ids`).
     hollow_ids: StdMutex<std::collections::HashSet<String>>,
@@ -186,7 +188,7 @@ struct Launched {
 struct FamilyHandle {
     /// The family's supervisor; replaced if it dies (see `Sandbox::rebuild`).
     shim: StdMutex<Arc<ShimHandle>>,
-    shim_exe: PathBuf,
+    launcher: crate::supervisor::ShimLauncher,
     config: ShimConfig,
     /// Live members (hollow spares included); the shim stops with the last one.
     members: std::sync::atomic::AtomicUsize,
@@ -243,6 +245,8 @@ impl Jail {
         let lock = lock_state_dir(&config.state_dir)?;
         let volume = Volume::open(&config.state_dir, config.volume)?;
         let cgroups = Cgroups::detect(&instance_name(&config.state_dir))?;
+        let group = cgroups.supervisors().map_err(|e| tracing::warn!(err = %e, "families' supervisors run at an ordinary CPU weight")).ok();
+        let launcher = crate::supervisor::ShimLauncher { exe: config.shim_exe.clone(), group };
         // The slot our predecessor used, so the families it left are ours.
         let slot_file = config.state_dir.join("id-slot");
         let preferred = std::fs::read_to_string(&slot_file).ok().and_then(|s| s.trim().parse().ok());
@@ -252,6 +256,7 @@ impl Jail {
             config,
             volume,
             cgroups,
+            launcher,
             ids: StdMutex::new(ids),
             hollow_ids: Default::default(),
             refills: tokio::sync::RwLock::new(true),

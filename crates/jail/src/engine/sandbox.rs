@@ -283,7 +283,7 @@ impl Sandbox {
                 shim.shutdown().await;
                 let config = &self.family.config;
                 let range = crate::ids::IdRange { base: config.id_base, count: config.id_count };
-                shim = ShimHandle::start(&self.family.shim_exe, config, range).await?;
+                shim = ShimHandle::start(&self.family.launcher, config, range).await?;
                 *self.family.shim.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&shim);
             }
             shim
