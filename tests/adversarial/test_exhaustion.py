@@ -238,8 +238,8 @@ def test_a_fork_child_never_runs_user_code_at_the_weight_its_member_was_set_up_a
     is, so that creates and forks do not queue behind busy sandboxes. Each
     of two fork children spins in its REPL from the moment the fork answers
     (and a fresh sandbox does the same), while every member cgroup is read
-    every 10 ms: none may hold anything but our own processes at more than
-    a sandbox's weight (only the zygote, which runs no user code, does)."""
+    every 10 ms: none of the three may be seen running it at more than a
+    sandbox's weight."""
     sid = new_sandbox()
     pool = http.get("/v1/pool").json()["templates"]
     zygotes = {t["zygote"] for t in pool.values() if t.get("zygote")}
@@ -271,7 +271,9 @@ def test_a_fork_child_never_runs_user_code_at_the_weight_its_member_was_set_up_a
         watcher.join()
     try:
         assert set(children_and_fresh) <= set(seen), f"the sandboxes were not seen running user code: {seen}"
-        heavy = {name: w for name, w in seen.items() if w > SANDBOX_WEIGHT_MOST}
+        # Ours alone: a zygote the pool warms meanwhile (its successor's,
+        # when one retires) is as heavy, and runs no user code.
+        heavy = {name: seen[name] for name in children_and_fresh if seen[name] > SANDBOX_WEIGHT_MOST}
         assert not heavy, f"user code ran at more than a sandbox's CPU weight: {heavy}"
     finally:
         for child in children:
