@@ -219,11 +219,7 @@ impl Cgroups {
     pub fn supervisors(&self) -> Result<SupervisorGroup> {
         let dir = self.supervisors_dir();
         fs::create_dir_all(&dir).map_err(|e| Error::io("create the supervisors' cgroup", e))?;
-        let weight_file = dir.join(match self.version {
-            Version::V1 => "cpu.shares",
-            Version::V2 => "cpu.weight",
-        });
-        write(&weight_file, &weight_value(self.version, SUPERVISOR_CPU_WEIGHT).to_string())?;
+        write(&dir.join(weight_file_name(self.version)), &weight_value(self.version, SUPERVISOR_CPU_WEIGHT).to_string())?;
         Ok(SupervisorGroup { dir })
     }
 
@@ -292,10 +288,7 @@ impl Cgroup {
     /// The cgroup's CPU weight file: v1 `cpu.shares` (1024 for a weight
     /// of 100), v2 `cpu.weight`.
     fn cpu_weight_file(&self) -> PathBuf {
-        match self.version {
-            Version::V1 => self.dir("cpu").join("cpu.shares"),
-            Version::V2 => self.dirs[0].join("cpu.weight"),
-        }
+        self.dir("cpu").join(weight_file_name(self.version))
     }
 
     /// Set the relative CPU weight alone (100 = an ordinary group).
@@ -516,6 +509,14 @@ impl Cgroup {
             }
         }
         Ok(())
+    }
+}
+
+/// The file a cgroup's CPU weight is written to: v1 `cpu.shares`, v2 `cpu.weight`.
+fn weight_file_name(version: Version) -> &'static str {
+    match version {
+        Version::V1 => "cpu.shares",
+        Version::V2 => "cpu.weight",
     }
 }
 
