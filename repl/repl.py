@@ -509,6 +509,13 @@ def _after_fork_child():
     _int_pending = False
     _child = True
     _MAIN = _get_ident()
+    forking = _forking
+    if forking is not None and forking[0] == _MAIN:
+        _child = False        # a sandbox's REPL, not a user's fork child
+        try:
+            _join_sandbox(*forking[1:])
+        except BaseException:
+            _exit_now(121)
 
 
 # ---- pid namespaces ----------------------------------------------------------
@@ -750,6 +757,13 @@ _forks_dead = {}              # fork child pid -> when we first saw it dead
 _REAP_AFTER = 1.0             # seconds a dead fork child stays a zombie
 _pending = []                 # (hand-over slot, descriptor count) of each child of the fork being assembled
 _plan = None
+# While the main thread forks a sandbox: (its thread id, hand-over slot,
+# descriptor count, plan, cwd). The child joins its sandbox in
+# _after_fork_child, the first at-fork hook (registered before any user
+# code runs), so hooks a user registered with os.register_at_fork run in
+# the child's own sandbox, and may start threads: joining a mount
+# namespace needs a single-threaded process.
+_forking = None
 
 
 def _reap_forks():
@@ -795,7 +809,7 @@ def _fork_frame(ctl, msg):
 
 def _fork(fid, children, plan):
     """Fork once per (hand-over slot, descriptor count) of ``children``."""
-    global _child
+    global _forking
     _flush_all()
     _flush_now()
     try:
@@ -808,20 +822,17 @@ def _fork(fid, children, plan):
         if n < 8:
             error = 'fork frame %d announced %d descriptors, not 8 or more' % (i, n)
             break
+        _forking = (_MAIN, slot, n, plan, cwd)
         try:
             pid = _os_fork()
         except OSError as e:
             error = 'fork: %s' % e
             break
-        if pid == 0:
-            _child = False    # a sandbox's REPL, not a user's fork child
-            try:
-                fds = _take_descriptors(slot)
-            except OSError:
-                _exit_now(121)
-            if len(fds) != n:
-                _exit_now(121)
-            _become_child(fds, plan, cwd)
+        finally:
+            _forking = None
+        if pid == 0:          # joined its sandbox already, in _after_fork_child
+            _frame(b'R', _json({'pid': os.getpid(), 'python': sys.version.split()[0], 'pidns': _setns is not None, 'forked': True}))
+            _start_flusher()  # after joining the cgroups, which moved this thread only
             return
         _forks.add(pid)
         try:
@@ -866,6 +877,15 @@ def _take_descriptors(slot):
     finally:
         sock.close()
     return _rights(anc)
+
+
+def _join_sandbox(slot, n, plan, cwd):
+    """In fork child ``slot``, still single-threaded: take its ``n``
+    descriptors and become the REPL of its own sandbox."""
+    fds = _take_descriptors(slot)
+    if len(fds) != n:
+        _exit_now(121)
+    _become_child(fds, plan, cwd)
 
 
 def _become_child(fds, plan, cwd):
@@ -914,8 +934,6 @@ def _become_child(fds, plan, cwd):
             pass
     _reseed()
     _start_journal()
-    _frame(b'R', _json({'pid': os.getpid(), 'python': sys.version.split()[0], 'pidns': _setns is not None, 'forked': True}))
-    _start_flusher()          # after joining the cgroups, which moved this thread only
 
 
 def _to_null(fd, cloexec):

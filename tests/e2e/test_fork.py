@@ -138,6 +138,45 @@ def test_children_have_their_own_hostname_and_processes(sandbox):
         child.close()
 
 
+def test_at_fork_hooks_run_in_the_childs_own_sandbox_and_may_start_threads(sandbox):
+    """A hook registered with os.register_at_fork(after_in_child=...) runs
+    once the child has joined its own sandbox: it names the child's host,
+    binds in the child's network and writes in the child's files. A thread
+    it starts used to make every fork fail (a child with two threads cannot
+    join a mount namespace)."""
+    py(sandbox, r'''
+import json, os, socket, threading, time
+seen = {}
+def hook():
+    seen['host'] = os.uname().nodename
+    try:
+        seen['listener'] = socket.create_server(('127.0.0.1', 7717))
+        seen['bound'] = True
+    except OSError as e:
+        seen['bound'] = str(e)
+    with open('/root/hooked', 'w') as f:
+        f.write(seen['host'])
+    threading.Thread(target=time.sleep, args=(300,), name='hooked', daemon=True).start()
+os.register_at_fork(after_in_child=hook)
+''')
+    children = sandbox.fork(2)
+    try:
+        for child in children:
+            got = json.loads(py(child, "print(json.dumps([seen.get('host'), seen.get('bound'), open('/root/hooked').read(), [t.name for t in threading.enumerate()]]))"))
+            assert got[:3] == [child.id, True, child.id], got
+            assert "hooked" in got[3], got
+        # None of it happened in the parent's sandbox.
+        assert py(sandbox, "socket.create_server(('127.0.0.1', 7717)).close()\nprint(seen, os.path.exists('/root/hooked'))").strip() == "{} False"
+        (grandchild,) = children[0].fork(1)
+        try:
+            assert py(grandchild, "print(seen['host'], open('/root/hooked').read())").split() == [grandchild.id] * 2
+        finally:
+            grandchild.close()
+    finally:
+        for c in children:
+            c.close()
+
+
 def test_distinct_randomness(sandbox):
     code = ("import random, uuid, secrets, os, numpy\n"
             "print(json.dumps([random.random(), str(uuid.uuid4()), secrets.token_hex(8), os.urandom(8).hex(), numpy.random.random()]))")

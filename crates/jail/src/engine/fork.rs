@@ -101,7 +101,7 @@ impl Jail {
                 taken
             });
             let task = tokio::spawn(async move {
-                taken.await.map_err(|e| Error::Thread(format!("join: {e}")))??;
+                joined(taken.await)??;
                 send_roots(&shim, roots).await
             });
             return Ok(Rooting(Roots::Snapshotting(task)));
@@ -110,7 +110,7 @@ impl Jail {
         // stays so if it was paused).
         let frozen = parent.cgroup.clone();
         let paused = Arc::clone(&parent.paused);
-        tokio::task::spawn_blocking(move || -> Result<()> {
+        let taken = tokio::task::spawn_blocking(move || -> Result<()> {
             let paused = paused.lock().unwrap_or_else(|e| e.into_inner());
             frozen.freeze()?;
             let taken = snapshots.take();
@@ -119,8 +119,8 @@ impl Jail {
             }
             taken
         })
-        .await
-        .map_err(|e| Error::Thread(format!("join: {e}")))??;
+        .await;
+        joined(taken)??;
         let rooting = Rooting(Roots::Sent(send_roots(&shim, roots).await?));
         if shim.protocol() < crate::shim::messages::ROOTING_HOLDS_HANDOVERS {
             rooting.wait().await?;
@@ -277,7 +277,7 @@ impl Rooting {
     pub async fn wait(self) -> Result<()> {
         let sent = match self.0 {
             Roots::Sent(sent) => sent,
-            Roots::Snapshotting(task) => task.await.map_err(|e| Error::Thread(format!("join: {e}")))??,
+            Roots::Snapshotting(task) => joined(task.await)??,
         };
         futures::future::try_join_all(sent.into_iter().map(crate::supervisor::Replying::reply)).await.map(|_| ())
     }
@@ -301,4 +301,9 @@ pub struct ForkChild {
     pub ns: Vec<OwnedFd>,
     /// Resolves with its REPL's exit status once that REPL dies.
     pub exited: oneshot::Receiver<ExitStatus>,
+}
+
+/// A finished task's result, its panic (or cancellation) as an error.
+fn joined<T>(result: std::result::Result<T, tokio::task::JoinError>) -> Result<T> {
+    result.map_err(|e| Error::Thread(format!("join: {e}")))
 }
