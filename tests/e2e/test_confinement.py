@@ -3,6 +3,10 @@ seccomp, the capability sets, the masked /proc files, /dev, the IPC
 namespace, the init's protections, and the REPL's own narrower rules."""
 from __future__ import annotations
 
+import os
+
+from helpers import sandbox_cgroup_dirs
+
 
 def sh(sb, cmd):
     r = sb.run_code(cmd, language="bash")
@@ -76,6 +80,35 @@ def test_init_is_protected_from_the_sandbox(sandbox):
     assert lines[0] == ("-1000" if host_can_lower_oom_scores() else "0")
     assert "Permission denied" in lines[1]
     assert lines[-1] == "forkbox-init", "init died from a kill inside its own namespace"
+
+
+def init_fds(sandbox_id: str) -> dict[str, str]:
+    """What the sandbox's init holds open, read from the host."""
+    for d in sandbox_cgroup_dirs(sandbox_id):
+        with open(os.path.join(d, "cgroup.procs")) as f:
+            for pid in f.read().split():
+                with open(f"/proc/{pid}/comm") as c:
+                    if c.read().strip() == "forkbox-init":
+                        return {fd: os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    raise AssertionError(f"no init found for {sandbox_id}")
+
+
+def test_init_keeps_nothing_of_the_compiled_policy_the_shim_hands_it(sandbox):
+    """Each member's init reads the seccomp programs the shim compiled
+    once from a sealed memfd (crates/jail/src/shim/sealed_policy.rs), then
+    closes it: the init of a sandbox from the warm pool and of a fork
+    child hold no such descriptor, and their processes are confined by
+    what it carried."""
+    (child,) = sandbox.fork(1)
+    try:
+        for sb in (sandbox, child):
+            held = init_fds(sb.id)
+            assert not [t for t in held.values() if "memfd:" in t], held
+            status = sh(sb, "grep Seccomp: /proc/self/status")
+            assert status.split() == ["Seccomp:", "2"], status
+            assert "denied" in py(sb, "import ctypes, os\nprint('denied' if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0 else 'allowed')")
+    finally:
+        child.close()
 
 
 def test_the_repl_may_setns_only_with_an_explicit_namespace_type(sandbox):

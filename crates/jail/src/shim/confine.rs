@@ -35,8 +35,13 @@ pub enum Role {
 
 impl Confinement {
     pub fn load() -> Result<Confinement, crate::policy::PolicyError> {
+        Self::with_seccomp(crate::policy::seccomp()?)
+    }
+
+    /// The confinement around seccomp programs compiled already.
+    pub fn with_seccomp(seccomp: SeccompPolicy) -> Result<Confinement, crate::policy::PolicyError> {
         Ok(Confinement {
-            seccomp: crate::policy::seccomp()?,
+            seccomp,
             capabilities: crate::policy::capabilities()?,
             repl_capabilities: crate::policy::repl_capabilities()?,
             repl_notify: crate::notify::repl_filter(),

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
@@ -17,6 +17,7 @@ use nix::unistd::{chdir, pivot_root, sethostname, Pid};
 
 use super::confine::Confinement;
 use super::messages::{ExitStatus, InitMessage, InitRequest, RunAs};
+use super::sealed_policy;
 use crate::channel;
 use crate::sys::{self, Forked};
 
@@ -78,7 +79,7 @@ pub enum Shape {
 ///
 /// `root: None` makes a *hollow* member: namespaces and init ready, its root
 /// attached later (`InitRequest::Root`, when a fork hands it its files).
-pub fn run(sock: OwnedFd, root: Option<&Path>, hostname: &str, shape: Shape) -> ! {
+pub fn run(sock: OwnedFd, policy: BorrowedFd<'_>, root: Option<&Path>, hostname: &str, shape: Shape) -> ! {
     if shape == Shape::Solo {
         solo_exec(sock, root, hostname)
     }
@@ -94,10 +95,10 @@ pub fn run(sock: OwnedFd, root: Option<&Path>, hostname: &str, shape: Shape) -> 
             std::process::exit(1);
         }
     };
-    // Keep only the socket to the shim (on fd 3) and the executable.
-    let _ = sys::dup_to(sock.as_raw_fd(), 3);
-    let _ = sys::dup_to(exe.as_raw_fd(), 4);
-    sys::close_fds_from(5);
+    // Keep only the socket to the shim (on fd 3), the executable and the
+    // compiled policy (`sealed_policy::INIT_FD`).
+    let _ = sys::place_fds(&[sock.as_raw_fd(), exe.as_raw_fd(), policy.as_raw_fd()], 3);
+    sys::close_fds_from(sealed_policy::INIT_FD + 1);
     let argv0 = std::ffi::CString::new(INIT_ARGV0).unwrap_or_default();
     let argv = [argv0.as_ptr(), std::ptr::null()];
     let envp: [*const libc::c_char; 1] = [std::ptr::null()];
@@ -189,6 +190,7 @@ fn renewed_running() -> Option<HashMap<i32, u64>> {
 /// to the shim is fd 3.
 pub fn main() -> ! {
     let shape = if std::env::args().nth(1).as_deref() == Some(SOLO_ARG) { Shape::Solo } else { Shape::Pooled };
+    let inherited = sealed_policy::take_inherited();
     sys::close_fds_from(4);
     // SAFETY: prctl with a NUL-terminated name.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"forkbox-init".as_ptr(), 0, 0, 0) };
@@ -198,8 +200,9 @@ pub fn main() -> ! {
     if let Some(running) = renewed_running() {
         serve_renewed(sock, running)
     }
-    // Ready first: compiling the policy (~1 ms) overlaps with the server's
-    // next steps; the first command waits for it anyway.
+    // Ready first: compiling the policy (~1 ms, where the shim left none)
+    // overlaps with the server's next steps; the first command waits for
+    // it anyway.
     if channel::send_with_credentials(sock.as_fd(), &InitMessage::Ready).is_err() {
         std::process::exit(1);
     }
@@ -213,7 +216,7 @@ pub fn main() -> ! {
             }
         },
     };
-    let confinement = match Confinement::load() {
+    let confinement = match confinement(inherited) {
         Ok(c) => c,
         Err(e) => {
             // Nothing can run without it: say why, then die (the server
@@ -234,6 +237,19 @@ pub fn main() -> ! {
         std::process::exit(1);
     }
     serve(sock, &confinement, HashMap::new())
+}
+
+/// The confinement, with the seccomp programs the shim compiled when it
+/// left them (`sealed_policy`), compiled here otherwise.
+fn confinement(inherited: Option<Result<crate::policy::SeccompPolicy, sealed_policy::SealedPolicyError>>) -> Result<Confinement, crate::policy::PolicyError> {
+    match inherited {
+        Some(Ok(seccomp)) => Confinement::with_seccomp(seccomp),
+        Some(Err(e)) => {
+            eprintln!("forkbox-init: the shim's compiled policy is unusable ({e}); compiling it here");
+            Confinement::load()
+        }
+        None => Confinement::load(),
+    }
 }
 
 /// A renewed solo init (see `renew`): its channel and sandbox are set up,

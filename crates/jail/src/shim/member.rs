@@ -5,7 +5,7 @@
 //! another member's, so nothing nests per generation.
 
 use std::fs;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -142,14 +142,24 @@ pub struct Pending {
 ///
 /// `root` is where the member's overlay is (or, for a hollow member, will
 /// be) mounted; a hollow member's init waits for `InitRequest::Root`.
-pub fn start(family: &Family, hostname: &str, root: &Path, hollow: bool, cgroup_procs: &[PathBuf], shape: init::Shape) -> Result<Pending> {
+/// `policy`: the shim's sealed seccomp programs, which init reads instead
+/// of compiling them (`sealed_policy`).
+pub fn start(
+    family: &Family,
+    policy: BorrowedFd<'_>,
+    hostname: &str,
+    root: &Path,
+    hollow: bool,
+    cgroup_procs: &[PathBuf],
+    shape: init::Shape,
+) -> Result<Pending> {
     let (ours, theirs) = channel::pair()?;
     channel::pass_credentials(ours.as_fd())?;
     // SAFETY: the shim is single-threaded.
     match unsafe { sys::fork_with(0) }.map_err(|e| Error::sys("fork", e))? {
         Forked::Child => {
             drop(ours);
-            let code = match build_in_child(family, hostname, (!hollow).then_some(root), cgroup_procs, theirs, shape) {
+            let code = match build_in_child(family, policy, hostname, (!hollow).then_some(root), cgroup_procs, theirs, shape) {
                 Ok(()) => 0,
                 Err((sock, e)) => {
                     let _ = channel::send(sock.as_fd(), &InitMessage::SetupFailed { error: e }, &[]);
@@ -201,6 +211,7 @@ fn own_channel(first: &OwnedFd) -> Result<OwnedFd> {
 /// namespaces and fork init.
 fn build_in_child(
     family: &Family,
+    policy: BorrowedFd<'_>,
     hostname: &str,
     root: Option<&Path>,
     cgroup_procs: &[PathBuf],
@@ -230,7 +241,7 @@ fn build_in_child(
             }
             // SAFETY: single-threaded.
             match unsafe { sys::fork_with(0) } {
-                Ok(Forked::Child) => init::run(sock, root, hostname, shape),
+                Ok(Forked::Child) => init::run(sock, policy, root, hostname, shape),
                 Ok(Forked::Parent(_)) => {
                     // SAFETY: leaving a forked child; init is reparented to the reaper.
                     unsafe { libc::_exit(0) }

@@ -17,6 +17,7 @@ mod member;
 pub mod messages;
 mod move_edges;
 mod restore;
+mod sealed_policy;
 pub(crate) mod solo;
 
 use std::collections::{HashMap, HashSet};
@@ -75,6 +76,9 @@ struct Shim {
     forked: HashMap<i32, (String, OwnedFd)>,
     sigchld: nix::sys::signalfd::SignalFd,
     confinement: Confinement,
+    /// `confinement`'s seccomp programs, for each member's init
+    /// (`sealed_policy`).
+    sealed_policy: OwnedFd,
     /// Seccomp listeners of the REPLs (shared with their forks), and the
     /// view of the family's processes their calls are vetted against.
     listeners: Vec<crate::notify::Listener>,
@@ -131,6 +135,7 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).map_err(|e| Error::sys("make / private", e))?;
     fs::create_dir_all(&config.run_dir).map_err(|e| Error::io("create run dir", e))?;
     let confinement = Confinement::load().map_err(|e| Error::Policy(e.to_string()))?;
+    let sealed_policy = sealed_policy::seal(&confinement.seccomp).map_err(|e| Error::Policy(e.to_string()))?;
     // SAFETY: plain prctl.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let mut mask = nix::sys::signal::SigSet::empty();
@@ -186,6 +191,7 @@ fn run(config_json: &str, sock: OwnedFd) -> Result<()> {
         forked: HashMap::new(),
         sigchld,
         confinement,
+        sealed_policy,
         listeners: Vec::new(),
         family_view,
         handovers: Default::default(),
@@ -783,7 +789,7 @@ impl Shim {
             None => self.config.run_dir.join(&name),
         };
         let shape = if self.config.solo { init::Shape::Solo } else { init::Shape::Pooled };
-        match member::start(&self.family, hostname, &root, layers.is_none(), cgroup_procs, shape) {
+        match member::start(&self.family, self.sealed_policy.as_fd(), hostname, &root, layers.is_none(), cgroup_procs, shape) {
             Ok(pending) => {
                 self.creating.push(Creating { req, name, hollow: layers.is_none(), root, pending });
                 Ok(())
