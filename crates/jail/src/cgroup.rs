@@ -61,12 +61,21 @@ pub struct Cgroups {
     parent: String,
 }
 
-/// The CPU weight of the families' supervisors, the most a cgroup can
-/// have. Every create, fork, exec and destroy goes through a family's
-/// supervisor; at an ordinary weight it queued behind the busy sandboxes it
-/// serves (bench/load.py: creates, forks and destroys waited seconds).
-/// It runs only what the server or its members ask, one request at a time.
-pub const SUPERVISOR_CPU_WEIGHT: u64 = 10_000;
+/// The CPU weight of the families' supervisors' cgroup: an ordinary one.
+/// It sits beside the sandboxes' parent, so under contention the
+/// supervisors together get as much CPU as all the sandboxes together.
+/// Every create, fork, exec and destroy goes through a supervisor; among
+/// the sandboxes' groups (the server's cgroup, before) they queued behind
+/// busy sandboxes. The most weight there is (10000) served bench/load.py's
+/// forks and destroys, but cost a fifth of bench/churn.py's throughput
+/// against this one, which serves both better (docs/fork.md).
+pub const SUPERVISOR_CPU_WEIGHT: u64 = 100;
+
+/// The CPU weight of a new member's cgroup while its init sets it up
+/// (mounts, namespaces), the most there is: at a sandbox's, behind every
+/// busy sandbox, a member took 0.3 s at the median and 2.6 s at p99 to
+/// build (bench/load.py). Only init runs in it at that weight.
+pub const MEMBER_SETUP_CPU_WEIGHT: u64 = 10_000;
 
 /// The cgroup of the families' supervisors (`Cgroups::supervisors`).
 #[derive(Debug, Clone)]
@@ -642,12 +651,12 @@ mod tests {
     }
 
     #[test]
-    fn supervisors_run_beside_the_parent_at_the_highest_weight_and_go_at_shutdown() {
+    fn supervisors_run_beside_the_parent_at_an_ordinary_weight_and_go_at_shutdown() {
         let root = fake_v1_root(false);
         let cgroups = Cgroups::at(root.path(), "t").unwrap();
         let group = cgroups.supervisors().unwrap();
         let dir = root.path().join("cpu/forkbox-t.supervisors");
-        assert_eq!(fs::read_to_string(dir.join("cpu.shares")).unwrap(), "102400");
+        assert_eq!(fs::read_to_string(dir.join("cpu.shares")).unwrap(), "1024");
         group.place(4242).unwrap();
         assert_eq!(fs::read_to_string(dir.join("cgroup.procs")).unwrap(), "4242");
         assert_eq!(cgroups.existing(), Vec::<String>::new(), "not a sandbox's cgroup");

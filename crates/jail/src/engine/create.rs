@@ -200,12 +200,10 @@ impl Jail {
         hollow: bool,
     ) -> Result<(Sandbox, Result<(Vec<OwnedFd>, oneshot::Receiver<ExitStatus>)>)> {
         let shim = sibling.shim();
-        // Its init sets the member up (mounts, namespaces) in its cgroup:
-        // at the supervisors' weight until it is ready, as the supervisor
-        // that started it (bench/load.py: at an ordinary weight, behind
-        // every busy sandbox, a member took 0.3 s at the median and 2.6 s
-        // at p99 to build). Nothing but init runs in it until the reply.
-        let setting_up = Limits { cpu_weight: crate::cgroup::SUPERVISOR_CPU_WEIGHT, ..*limits };
+        // Its init sets the member up (mounts, namespaces) in its cgroup,
+        // at the most weight until it is ready (`MEMBER_SETUP_CPU_WEIGHT`).
+        // Nothing but init runs in it until the reply.
+        let setting_up = Limits { cpu_weight: crate::cgroup::MEMBER_SETUP_CPU_WEIGHT, ..*limits };
         let cgroup = match tokio::task::block_in_place(|| self.cgroups.create(id, &setting_up)) {
             Ok(c) => c,
             Err(e) => {
