@@ -13,7 +13,7 @@
 //! jt u8, jf u8, k u32), all native-endian: the same binary writes and
 //! reads it on the same machine.
 
-use std::io::{Read, Seek, Write};
+use std::io::{Seek, Write};
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
@@ -81,10 +81,11 @@ pub fn read(fd: BorrowedFd<'_>) -> Result<SeccompPolicy, SealedPolicyError> {
     if !seals.contains(SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW) {
         return Err(SealedPolicyError::NotSealed);
     }
-    let mut file = std::fs::File::from(fd.try_clone_to_owned()?);
-    file.rewind()?;
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)?;
+    // By position, never through the file offset: every init the shim
+    // forks shares this description's offset with the others.
+    let file = std::fs::File::from(fd.try_clone_to_owned()?);
+    let mut bytes = vec![0; file.metadata()?.len() as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, 0)?;
     let rest = bytes.strip_prefix(MAGIC.as_slice()).ok_or(SealedPolicyError::Malformed("no magic"))?;
     let mut cursor = Cursor(rest);
     let member = cursor.program()?;
@@ -126,6 +127,8 @@ impl Cursor<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
     use super::*;
 
     fn compiled() -> SeccompPolicy {
